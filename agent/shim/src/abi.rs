@@ -1,0 +1,375 @@
+//! The MPI ABI as seen at run time: which flavour is loaded (Open MPI, or the MPICH ABI family),
+//! its handle widths, constants and status layout, and the real `PMPI_*` functions.
+//!
+//! No MPI header is used: one library serves both flavours. Handles are passed through as
+//! machine words (`usize`) — an MPICH `int` handle arrives in the low 32 bits of its register or
+//! stack slot, and the callee reads only those, so forwarding the word unchanged is exact. When
+//! commscope itself compares or hashes a handle it first [`Abi::norm`]alizes it.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use commscope_wire::op::dtype;
+
+/// A handle as passed by value (`MPI_Comm`, `MPI_Datatype`, `MPI_Op`, `MPI_Request`, …).
+pub type H = usize;
+
+/// The MPI implementation family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// Open MPI: handles are pointers to predefined objects.
+    OpenMpi,
+    /// MPICH and its ABI family (Intel MPI, MVAPICH, Cray MPICH): handles are 32-bit ints.
+    Mpich,
+}
+
+impl Flavour {
+    /// The name recorded in trace headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::OpenMpi => "openmpi",
+            Flavour::Mpich => "mpich",
+        }
+    }
+}
+
+static FLAVOUR: AtomicU8 = AtomicU8::new(0);
+
+/// Looks a symbol up in the process (the MPI library the application linked or loaded).
+pub fn lookup(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_NEXT finds the definition after this
+    // library, which is the real one when this library is preloaded.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: as above, searching the global scope (e.g. an MPI loaded with dlopen).
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// A lazily resolved real function, cached in an atomic.
+#[derive(Debug)]
+pub struct Real {
+    name: &'static CStr,
+    ptr: AtomicUsize,
+}
+
+impl Real {
+    /// A function named `name`, resolved on first use.
+    pub const fn new(name: &'static CStr) -> Self {
+        Real { name, ptr: AtomicUsize::new(0) }
+    }
+
+    /// The function's address, or 0 when the loaded MPI does not have it.
+    #[inline]
+    pub fn get(&self) -> usize {
+        let p = self.ptr.load(Ordering::Relaxed);
+        if p != 0 {
+            return p;
+        }
+        let p = lookup(self.name) as usize;
+        self.ptr.store(p, Ordering::Relaxed);
+        p
+    }
+
+    /// The symbol name.
+    pub fn name(&self) -> &'static CStr {
+        self.name
+    }
+}
+
+/// Declares the real (`PMPI_*`) entry points: `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a
+/// function `PMPI_Send(a, …)` that forwards to the loaded MPI, or returns `MPI_ERR_OTHER`
+/// (printing one line) when the library lacks the symbol.
+macro_rules! pmpi {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
+        $(
+            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            #[inline]
+            pub unsafe fn $name($($arg: $ty),*) -> ::std::ffi::c_int {
+                static REAL: $crate::abi::Real = $crate::abi::Real::new(
+                    match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(s) => s,
+                        Err(_) => panic!("symbol name"),
+                    },
+                );
+                let p = REAL.get();
+                if p == 0 {
+                    $crate::abi::missing(REAL.name());
+                    return $crate::abi::ERR_OTHER;
+                }
+                // SAFETY: `p` is the address of the MPI library's function of this name, whose C
+                // signature is the one declared here (handles as machine words).
+                let f: unsafe extern "C" fn($($ty),*) -> ::std::ffi::c_int = unsafe { ::std::mem::transmute(p) };
+                // SAFETY: the caller passes the application's own arguments through.
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+pub(crate) use pmpi;
+
+/// `MPI_ERR_OTHER` in both flavours' numbering is not the same (16 / 15); the value only reaches
+/// an application whose MPI library lacks a function it called, which cannot link anyway.
+pub const ERR_OTHER: c_int = 15;
+
+/// Reports a missing real function once per process.
+#[cold]
+pub fn missing(name: &CStr) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        crate::util::warn(format_args!(
+            "the MPI library has no {}; the call fails with MPI_ERR_OTHER",
+            name.to_string_lossy()
+        ))
+    });
+}
+
+/// Flavour-specific constants and layout.
+#[derive(Debug)]
+pub struct Abi {
+    pub flavour: Flavour,
+    pub comm_world: u64,
+    pub comm_self: u64,
+    pub comm_null: u64,
+    pub request_null: u64,
+    pub any_source: i32,
+    pub any_tag: i32,
+    pub proc_null: i32,
+    pub root: i32,
+    pub undefined: i32,
+    pub in_place: usize,
+    pub status_ignore: usize,
+    /// Size of `MPI_Status` in bytes.
+    pub status_size: usize,
+    pub status_source: usize,
+    pub status_tag: usize,
+    pub status_error: usize,
+    /// Size of a handle stored in memory (arrays, output arguments): 8 or 4.
+    pub handle_size: usize,
+    /// Predefined datatypes: (normalized handle, code).
+    pub dtypes: Vec<(u64, u16)>,
+}
+
+/// The largest `MPI_Status` of the supported flavours, in bytes, with room to spare.
+pub const STATUS_MAX: usize = 64;
+
+impl Abi {
+    /// Detects the loaded flavour. Returns `None` when no MPI is loaded.
+    pub fn detect() -> Option<Abi> {
+        let world = lookup(c"ompi_mpi_comm_world");
+        let abi = if !world.is_null() {
+            let sym = |n: &CStr| lookup(n) as u64;
+            let dt = |n: &CStr, code: u16| (sym(n), code);
+            let dtypes = vec![
+                dt(c"ompi_mpi_byte", dtype::BYTE),
+                dt(c"ompi_mpi_char", dtype::CHAR),
+                dt(c"ompi_mpi_signed_char", dtype::SIGNED_CHAR),
+                dt(c"ompi_mpi_unsigned_char", dtype::UNSIGNED_CHAR),
+                dt(c"ompi_mpi_short", dtype::SHORT),
+                dt(c"ompi_mpi_unsigned_short", dtype::UNSIGNED_SHORT),
+                dt(c"ompi_mpi_int", dtype::INT),
+                dt(c"ompi_mpi_unsigned", dtype::UNSIGNED),
+                dt(c"ompi_mpi_long", dtype::LONG),
+                dt(c"ompi_mpi_unsigned_long", dtype::UNSIGNED_LONG),
+                dt(c"ompi_mpi_long_long_int", dtype::LONG_LONG),
+                dt(c"ompi_mpi_unsigned_long_long", dtype::UNSIGNED_LONG_LONG),
+                dt(c"ompi_mpi_float", dtype::FLOAT),
+                dt(c"ompi_mpi_double", dtype::DOUBLE),
+                dt(c"ompi_mpi_long_double", dtype::LONG_DOUBLE),
+                dt(c"ompi_mpi_int8_t", dtype::INT8),
+                dt(c"ompi_mpi_int16_t", dtype::INT16),
+                dt(c"ompi_mpi_int32_t", dtype::INT32),
+                dt(c"ompi_mpi_int64_t", dtype::INT64),
+                dt(c"ompi_mpi_uint8_t", dtype::UINT8),
+                dt(c"ompi_mpi_uint16_t", dtype::UINT16),
+                dt(c"ompi_mpi_uint32_t", dtype::UINT32),
+                dt(c"ompi_mpi_uint64_t", dtype::UINT64),
+                dt(c"ompi_mpi_c_bool", dtype::C_BOOL),
+                dt(c"ompi_mpi_packed", dtype::PACKED),
+                dt(c"ompi_mpi_float_int", dtype::FLOAT_INT),
+                dt(c"ompi_mpi_double_int", dtype::DOUBLE_INT),
+                dt(c"ompi_mpi_long_int", dtype::LONG_INT),
+                dt(c"ompi_mpi_2int", dtype::TWO_INT),
+            ];
+            Abi {
+                flavour: Flavour::OpenMpi,
+                comm_world: world as u64,
+                comm_self: sym(c"ompi_mpi_comm_self"),
+                comm_null: sym(c"ompi_mpi_comm_null"),
+                request_null: sym(c"ompi_request_null"),
+                any_source: -1,
+                any_tag: -1,
+                proc_null: -2,
+                root: -4,
+                undefined: -32766,
+                in_place: 1,
+                status_ignore: 0,
+                status_size: 24,
+                status_source: 0,
+                status_tag: 4,
+                status_error: 8,
+                handle_size: 8,
+                dtypes: dtypes.into_iter().filter(|&(h, _)| h != 0).collect(),
+            }
+        } else if !lookup(c"PMPI_Init").is_null() {
+            let dtypes = vec![
+                (0x4c00010d, dtype::BYTE),
+                (0x4c000101, dtype::CHAR),
+                (0x4c000118, dtype::SIGNED_CHAR),
+                (0x4c000102, dtype::UNSIGNED_CHAR),
+                (0x4c000203, dtype::SHORT),
+                (0x4c000204, dtype::UNSIGNED_SHORT),
+                (0x4c000405, dtype::INT),
+                (0x4c000406, dtype::UNSIGNED),
+                (0x4c000807, dtype::LONG),
+                (0x4c000808, dtype::UNSIGNED_LONG),
+                (0x4c000809, dtype::LONG_LONG),
+                (0x4c000819, dtype::UNSIGNED_LONG_LONG),
+                (0x4c00040a, dtype::FLOAT),
+                (0x4c00080b, dtype::DOUBLE),
+                (0x4c00100c, dtype::LONG_DOUBLE),
+                (0x4c000137, dtype::INT8),
+                (0x4c000238, dtype::INT16),
+                (0x4c000439, dtype::INT32),
+                (0x4c00083a, dtype::INT64),
+                (0x4c00013b, dtype::UINT8),
+                (0x4c00023c, dtype::UINT16),
+                (0x4c00043d, dtype::UINT32),
+                (0x4c00083e, dtype::UINT64),
+                (0x4c00013f, dtype::C_BOOL),
+                (0x4c00010f, dtype::PACKED),
+                (0x8c000000, dtype::FLOAT_INT),
+                (0x8c000001, dtype::DOUBLE_INT),
+                (0x8c000002, dtype::LONG_INT),
+                (0x4c000816, dtype::TWO_INT),
+            ];
+            Abi {
+                flavour: Flavour::Mpich,
+                comm_world: 0x4400_0000,
+                comm_self: 0x4400_0001,
+                comm_null: 0x0400_0000,
+                request_null: 0x2c00_0000,
+                any_source: -2,
+                any_tag: -1,
+                proc_null: -1,
+                root: -3,
+                undefined: -32766,
+                in_place: usize::MAX,
+                status_ignore: 1,
+                status_size: 20,
+                status_source: 8,
+                status_tag: 12,
+                status_error: 16,
+                handle_size: 4,
+                dtypes,
+            }
+        } else {
+            return None;
+        };
+        FLAVOUR.store(abi.flavour as u8 + 1, Ordering::Relaxed);
+        Some(abi)
+    }
+
+    /// A handle as commscope compares and hashes it: MPICH handles are 32-bit.
+    #[inline]
+    pub fn norm(&self, h: H) -> u64 {
+        match self.flavour {
+            Flavour::OpenMpi => h as u64,
+            Flavour::Mpich => h as u32 as u64,
+        }
+    }
+
+    /// Reads the handle stored at `p` (an output argument or array element).
+    ///
+    /// # Safety
+    /// `p` must point to a readable handle of this flavour.
+    #[inline]
+    pub unsafe fn read_handle(&self, p: *const c_void) -> u64 {
+        // SAFETY: per the contract, `p` points to a handle of `handle_size` bytes.
+        unsafe {
+            if self.handle_size == 8 {
+                (p as *const u64).read_unaligned()
+            } else {
+                u64::from((p as *const u32).read_unaligned())
+            }
+        }
+    }
+
+    /// Reads element `i` of a handle array.
+    ///
+    /// # Safety
+    /// `base` must point to at least `i + 1` handles of this flavour.
+    #[inline]
+    pub unsafe fn read_handle_at(&self, base: *const c_void, i: usize) -> u64 {
+        // SAFETY: in bounds per the contract.
+        unsafe { self.read_handle((base as *const u8).add(i * self.handle_size) as *const c_void) }
+    }
+
+    /// The source, tag and error fields of a status.
+    ///
+    /// # Safety
+    /// `st` must point to a status of this flavour.
+    #[inline]
+    pub unsafe fn status_fields(&self, st: *const u8) -> (i32, i32, i32) {
+        // SAFETY: offsets are within the flavour's status struct.
+        unsafe {
+            (
+                (st.add(self.status_source) as *const i32).read_unaligned(),
+                (st.add(self.status_tag) as *const i32).read_unaligned(),
+                (st.add(self.status_error) as *const i32).read_unaligned(),
+            )
+        }
+    }
+
+    /// Whether a status pointer is one of the "ignore" sentinels (or null).
+    #[inline]
+    pub fn is_status_ignore(&self, st: *mut c_void) -> bool {
+        st.is_null() || st as usize == self.status_ignore
+    }
+
+    /// The datatype code of a predefined type, else [`dtype::DERIVED`].
+    #[inline]
+    pub fn dtype_code(&self, h: u64) -> u16 {
+        for &(k, code) in &self.dtypes {
+            if k == h {
+                return code;
+            }
+        }
+        dtype::DERIVED
+    }
+
+    /// Contract value for special ranks: -1 none, -2 `MPI_PROC_NULL`, -3 `MPI_ANY_SOURCE`
+    /// (unresolved), -4 `MPI_ROOT`; real ranks unchanged.
+    #[inline]
+    pub fn rank_value(&self, r: i32) -> i32 {
+        if r >= 0 {
+            r
+        } else if r == self.proc_null {
+            -2
+        } else if r == self.any_source {
+            -3
+        } else if r == self.root {
+            -4
+        } else {
+            -1
+        }
+    }
+}
+
+/// The library's version string, from `MPI_Get_library_version`.
+pub fn library_version() -> String {
+    pmpi! {
+        fn PMPI_Get_library_version(buf: *mut c_char, len: *mut c_int) -> c_int;
+    }
+    // MPICH's MPI_MAX_LIBRARY_VERSION_STRING is 8192, Open MPI's 256.
+    let mut buf = vec![0 as c_char; 8192];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer is as large as either flavour's maximum.
+    if unsafe { PMPI_Get_library_version(buf.as_mut_ptr(), &mut len) } != 0 {
+        return String::new();
+    }
+    // SAFETY: the library NUL-terminates within the buffer; the last byte is still 0.
+    let s = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy();
+    s.lines().next().unwrap_or_default().trim().to_owned()
+}

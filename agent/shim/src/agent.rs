@@ -1,0 +1,144 @@
+//! Registration with the node agent: hands the memfd over the agent's Unix socket and keeps the
+//! connection, registering again whenever the agent restarts.
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use commscope_wire::registration::{PROTOCOL_VERSION, REPLY_SIZE, Reply, Request, Status};
+use commscope_wire::shm::{Consumer, LAYOUT_VERSION};
+
+use crate::state::Shim;
+use crate::util::{self, now_mono};
+
+/// How often to try an agent that is not there.
+const RETRY_NS: u64 = 1_000_000_000;
+
+/// The connection to the agent.
+#[derive(Debug, Default)]
+pub struct Link {
+    stream: Option<UnixStream>,
+    next_try: u64,
+    warned: bool,
+}
+
+impl Link {
+    /// Not connected.
+    pub fn new() -> Link {
+        Link::default()
+    }
+
+    /// Keeps the registration alive: notices a closed connection and reconnects.
+    pub fn poll(&mut self, shim: &Shim) {
+        if let Some(s) = &self.stream {
+            if closed(s) {
+                self.stream = None;
+                self.next_try = 0;
+            } else {
+                return;
+            }
+        }
+        let now = now_mono();
+        if now < self.next_try {
+            return;
+        }
+        self.next_try = now + RETRY_NS;
+        let path = &shim.config.agent_socket;
+        if !shim.config.agent_socket_explicit && !path.exists() {
+            return;
+        }
+        match register(shim) {
+            Ok(s) => {
+                shim.shm.attach_consumer(Consumer::Agent);
+                self.stream = Some(s);
+                self.warned = false;
+            }
+            Err(e) => {
+                if shim.config.agent_socket_explicit && !self.warned {
+                    util::warn(format_args!(
+                        "cannot register with the agent at {}: {e}; retrying every second",
+                        path.display()
+                    ));
+                    self.warned = true;
+                }
+            }
+        }
+    }
+
+    /// Closes the connection (the agent sees the process leave).
+    pub fn close(&mut self) {
+        self.stream = None;
+    }
+}
+
+fn closed(s: &UnixStream) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: peeking one byte into a valid buffer, without blocking.
+    let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n == 0 {
+        return true;
+    }
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR));
+    }
+    false
+}
+
+fn register(shim: &Shim) -> std::io::Result<UnixStream> {
+    let s = UnixStream::connect(&shim.config.agent_socket)?;
+    s.set_write_timeout(Some(Duration::from_secs(1)))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let req = Request {
+        version: PROTOCOL_VERSION,
+        layout_version: LAYOUT_VERSION as u16,
+        pid: shim.pid,
+        rank: shim.rank,
+        world_size: shim.world_size,
+        start_time: shim.start_time,
+        shm_size: shim.shm.len() as u64,
+        job: shim.job.clone(),
+        node: shim.node.clone(),
+        flavour: shim.abi.flavour.name().to_owned(),
+    };
+    send_with_fd(&s, &req.encode(), shim.memfd)?;
+    let mut reply = [0u8; REPLY_SIZE];
+    (&s).read_exact(&mut reply)?;
+    let reply = Reply::decode(&reply).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    if reply.status != Status::Accepted {
+        return Err(std::io::Error::other(format!("the agent refused the registration ({:?})", reply.status)));
+    }
+    Ok(s)
+}
+
+/// Sends `bytes` with `fd` attached as `SCM_RIGHTS`.
+fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: i32) -> std::io::Result<()> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: zeroed msghdr is a valid starting value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points to `space` bytes, enough for one cmsg carrying one fd.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut i32, fd);
+    }
+    // SAFETY: a fully initialized msghdr on a connected socket.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != bytes.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short registration write"));
+    }
+    Ok(())
+}

@@ -1,0 +1,718 @@
+//! The process-wide recorder: activation, the hot-path gate, and the helpers every wrapper uses
+//! to record a call.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
+
+use commscope_wire::hash::{self, Hasher, domain};
+use commscope_wire::op::{Clock, Op, flags};
+use commscope_wire::record::{
+    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record, encode_call, kind,
+};
+use commscope_wire::shm::{Counter, Geometry, InFlight, Shm, in_flight_status, state as shm_state};
+
+use crate::abi::{Abi, H};
+use crate::tables::{CommEntry, CommInfo, CommTable, Dir, P2pTable, RequestTable, comm_flags};
+use crate::util::{self, Config, now_mono, now_real};
+
+/// Lifecycle of the shim in this process.
+pub mod life {
+    /// Loaded; waiting for `MPI_Init`.
+    pub const DORMANT: u8 = 0;
+    /// Recording.
+    pub const ACTIVE: u8 = 1;
+    /// `COMMSCOPE_DISABLE=1`, a forked child, or activation failed: pure pass-through.
+    pub const OFF: u8 = 2;
+    /// After `MPI_Finalize` or exit.
+    pub const DONE: u8 = 3;
+}
+
+static LIFE: AtomicU8 = AtomicU8::new(life::DORMANT);
+static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Held while a wrapper records; a nested wrapper (the MPI library calling its own public
+/// entry points) finds it taken and passes straight through.
+#[derive(Debug)]
+pub struct Guard(());
+
+impl Drop for Guard {
+    #[inline]
+    fn drop(&mut self) {
+        IN_HOOK.with(|f| f.set(false));
+    }
+}
+
+/// The recorder, if recording and not re-entered.
+#[inline]
+pub fn active() -> Option<(&'static Shim, Guard)> {
+    if LIFE.load(Ordering::Acquire) != life::ACTIVE {
+        return None;
+    }
+    let taken = IN_HOOK.with(|f| f.replace(true));
+    if taken {
+        return None;
+    }
+    let p = SHIM.load(Ordering::Acquire);
+    // SAFETY: SHIM is set (to a leaked, never freed Box) before LIFE becomes ACTIVE.
+    let shim = unsafe { p.as_ref() }?;
+    Some((shim, Guard(())))
+}
+
+/// The current lifecycle state.
+pub fn life() -> u8 {
+    LIFE.load(Ordering::Acquire)
+}
+
+/// Switches to pure pass-through.
+pub fn set_life(v: u8) {
+    LIFE.store(v, Ordering::Release);
+}
+
+/// The recorder regardless of state (for shutdown paths).
+pub fn shim() -> Option<&'static Shim> {
+    // SAFETY: as in `active`.
+    unsafe { SHIM.load(Ordering::Acquire).as_ref() }
+}
+
+/// Runs `f`, turning a panic into pass-through mode instead of unwinding into C.
+#[inline]
+pub fn shielded<T>(shim: &Shim, f: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            shim.shm.count(Counter::DroppedInternal, 1);
+            set_life(life::OFF);
+            shim.shm.set_state(shm_state::FAILED);
+            util::warn(format_args!("internal error; recording stopped, the application continues unaffected"));
+            None
+        }
+    }
+}
+
+/// A call in progress.
+#[derive(Debug)]
+pub struct Begun {
+    pub call: Call,
+    pub slot: Option<usize>,
+}
+
+/// Everything the recorder holds for the process.
+#[derive(Debug)]
+pub struct Shim {
+    pub abi: Abi,
+    pub shm: Shm,
+    pub memfd: c_int,
+    pub config: Config,
+    pub rank: i32,
+    pub world_size: i32,
+    pub job: String,
+    pub node: String,
+    pub pid: u32,
+    pub start_time: u64,
+    pub library: String,
+    pub mono_anchor: u64,
+    pub real_anchor: u64,
+    pub comms: CommTable,
+    pub requests: RequestTable,
+    pub p2p: P2pTable,
+    /// The world group, for translating ranks.
+    pub world_group: H,
+    /// Counters for communicators created from a member set rather than a whole parent.
+    pub set_counters: Mutex<HashMap<(u64, u64), u64>>,
+    /// Counter for process-local communicator ids.
+    pub local_ids: AtomicU64,
+    /// The local trace file, shared by the background thread and shutdown paths.
+    pub local: Mutex<Option<crate::writer::LocalTrace>>,
+    pub stop: AtomicBool,
+    pub background: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Creates the shared-memory region (a memfd, mapped shared).
+fn create_region(config: &Config) -> Result<(Shm, c_int), String> {
+    let geometry = Geometry { ring_capacity: config.ring_records, in_flight_slots: config.in_flight_slots };
+    let size = geometry.total_size();
+    // SAFETY: a valid NUL-terminated name and flags.
+    let fd = unsafe { libc::memfd_create(c"commscope-ring".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("memfd_create failed: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is our new memfd.
+    if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        return Err(format!("failed to size the ring ({size} bytes): {e}"));
+    }
+    // SAFETY: mapping `size` bytes of our memfd, shared, read-write.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        return Err(format!("failed to map the ring ({size} bytes): {e}"));
+    }
+    let base = NonNull::new(p as *mut u8).ok_or("mmap returned null")?;
+    // SAFETY: a fresh, zero-filled, page-aligned mapping of `size` bytes that is never unmapped.
+    let shm = unsafe { Shm::format(base, size, geometry) }.map_err(|e| e.to_string())?;
+    Ok((shm, fd))
+}
+
+/// The job id from the environment (commscope's own, then the launcher's), if any.
+fn job_from_env() -> Option<String> {
+    if let Some(j) = util::env("COMMSCOPE_JOB_ID").filter(|s| !s.trim().is_empty()) {
+        return Some(j.trim().to_owned());
+    }
+    if let Some(j) = util::env("SLURM_JOB_ID") {
+        return Some(match util::env("SLURM_STEP_ID") {
+            Some(step) => format!("slurm-{j}.{step}"),
+            None => format!("slurm-{j}"),
+        });
+    }
+    if let Some(ns) = util::env("PMIX_NAMESPACE") {
+        return Some(format!("pmix-{ns}"));
+    }
+    if let Some(id) = util::env("OMPI_MCA_ess_base_jobid") {
+        return Some(format!("ompi-{id}"));
+    }
+    if let Some(id) = util::env("TORCHELASTIC_RUN_ID") {
+        return Some(format!("torchelastic-{id}"));
+    }
+    None
+}
+
+crate::abi::pmpi! {
+    fn PMPI_Comm_rank(comm: H, rank: *mut c_int) -> c_int;
+    fn PMPI_Comm_size(comm: H, size: *mut c_int) -> c_int;
+    fn PMPI_Comm_remote_size(comm: H, size: *mut c_int) -> c_int;
+    fn PMPI_Comm_test_inter(comm: H, flag: *mut c_int) -> c_int;
+    fn PMPI_Comm_group(comm: H, group: *mut c_void) -> c_int;
+    fn PMPI_Comm_remote_group(comm: H, group: *mut c_void) -> c_int;
+    fn PMPI_Group_size(group: H, size: *mut c_int) -> c_int;
+    fn PMPI_Group_translate_ranks(g1: H, n: c_int, r1: *const c_int, g2: H, r2: *mut c_int) -> c_int;
+    fn PMPI_Group_free(group: *mut c_void) -> c_int;
+    fn PMPI_Bcast(buf: *mut c_void, count: c_int, dtype: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Type_size(dtype: H, size: *mut c_int) -> c_int;
+}
+
+/// Activates recording after a successful `MPI_Init`. Never fails the application: on any
+/// problem it reports once and leaves the shim a pass-through.
+pub fn activate() {
+    if life() != life::DORMANT {
+        return;
+    }
+    if util::env_flag("COMMSCOPE_DISABLE", false) {
+        set_life(life::OFF);
+        return;
+    }
+    let result = std::panic::catch_unwind(build);
+    match result {
+        Ok(Ok(shim)) => {
+            let shim: &'static Shim = Box::leak(Box::new(shim));
+            SHIM.store(shim as *const Shim as *mut Shim, Ordering::Release);
+            shim.shm.set_state(shm_state::ACTIVE);
+            set_life(life::ACTIVE);
+            shim.announce();
+            crate::writer::start(shim);
+            // SAFETY: registering plain extern "C" functions without arguments.
+            unsafe {
+                libc::atexit(at_exit);
+                libc::pthread_atfork(None, None, Some(in_forked_child));
+            }
+        }
+        Ok(Err(why)) => {
+            set_life(life::OFF);
+            util::warn(format_args!("not recording: {why}"));
+        }
+        Err(_) => {
+            set_life(life::OFF);
+            util::warn(format_args!("not recording: internal error during activation"));
+        }
+    }
+}
+
+fn build() -> Result<Shim, String> {
+    let abi = Abi::detect().ok_or("no MPI library found in the process")?;
+    let config = Config::from_env();
+    let world = abi.comm_world as H;
+    let (mut rank, mut size) = (0, 0);
+    // SAFETY: valid out-pointers; MPI is initialized.
+    unsafe {
+        PMPI_Comm_rank(world, &mut rank);
+        PMPI_Comm_size(world, &mut size);
+    }
+    let pid = std::process::id();
+    let start_time = util::process_start_time();
+
+    // The job id: every rank must agree. The environment is the same on every rank of a launch;
+    // without a launcher id, rank 0 draws a nonce and broadcasts it (through PMPI, before the
+    // application can issue any collective).
+    let job = match job_from_env() {
+        Some(j) => util::sanitize_job(&j),
+        None => {
+            let mut buf = [0u8; 64];
+            if rank == 0 {
+                let nonce = Hasher::new().word(domain::JOB_NONCE).word(now_real()).word(u64::from(pid)).word(start_time).finish();
+                let s = format!("mpi-{nonce:016x}");
+                buf[..s.len()].copy_from_slice(s.as_bytes());
+            }
+            let byte = abi.dtypes.iter().find(|d| d.1 == commscope_wire::op::dtype::BYTE).map(|d| d.0).unwrap_or(0);
+            // SAFETY: a 64-byte buffer broadcast as 64 MPI_BYTEs on the world communicator.
+            let rc = unsafe { PMPI_Bcast(buf.as_mut_ptr().cast(), 64, byte as H, 0, world) };
+            if rc != 0 {
+                return Err(format!("failed to agree on a job id (MPI_Bcast returned {rc}); set COMMSCOPE_JOB_ID"));
+            }
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(64);
+            util::sanitize_job(&String::from_utf8_lossy(&buf[..end]))
+        }
+    };
+    let node = util::env("COMMSCOPE_NODE")
+        .or_else(|| util::env("NODE_NAME"))
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(hostname);
+    let (shm, memfd) = create_region(&config)?;
+    shm.set_identity(pid, start_time, rank, size, &job, &node);
+
+    let mut world_group: u64 = 0;
+    // SAFETY: valid out-pointer large enough for either handle width.
+    unsafe { PMPI_Comm_group(world, (&mut world_group as *mut u64).cast()) };
+    // SAFETY: the out-pointer was just written by MPI.
+    let world_group = unsafe { abi.read_handle((&world_group as *const u64).cast()) } as H;
+
+    let shim = Shim {
+        library: crate::abi::library_version(),
+        abi,
+        shm,
+        memfd,
+        config,
+        rank,
+        world_size: size,
+        job,
+        node,
+        pid,
+        start_time,
+        mono_anchor: now_mono(),
+        real_anchor: now_real(),
+        comms: CommTable::new(4096),
+        requests: RequestTable::new(8192),
+        p2p: P2pTable::new(16384),
+        world_group,
+        set_counters: Mutex::new(HashMap::new()),
+        local_ids: AtomicU64::new(0),
+        local: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        background: Mutex::new(None),
+    };
+    let world_id = hash::world_comm_id(&shim.job);
+    let self_id = hash::self_comm_id(&shim.job, rank);
+    shim.comms.insert(shim.abi.comm_world, CommInfo { id: world_id, size, rank, ..Default::default() });
+    shim.comms.insert(shim.abi.comm_self, CommInfo { id: self_id, size: 1, rank: 0, ..Default::default() });
+    Ok(shim)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buffer and its length.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "localhost".to_owned();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| shutdown(false, EXIT_STATUS_UNKNOWN));
+}
+
+extern "C" fn in_forked_child() {
+    // The child shares the parent's ring mapping; it must never write to it.
+    if life() == life::ACTIVE {
+        set_life(life::OFF);
+    }
+}
+
+/// Stops recording and flushes everything: at `MPI_Finalize` (`clean`), at exit, or before
+/// `MPI_Abort`.
+pub fn shutdown(clean: bool, exit_status: i32) {
+    if LIFE.compare_exchange(life::ACTIVE, life::DONE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let Some(shim) = shim() else { return };
+    let now = now_mono();
+    shim.push_heartbeat(now, clean);
+    shim.push(&Record::Process(Process {
+        rec_seq: 0,
+        event: ProcessEvent::Exit,
+        t_mono: now,
+        t_real: now_real(),
+        pid: shim.pid,
+        exit_status,
+        start_time: shim.start_time,
+        rank: shim.rank,
+        world_size: shim.world_size,
+    }));
+    crate::writer::stop(shim);
+    shim.shm.set_state(shm_state::FINALIZED);
+}
+
+impl Shim {
+    /// Appends a (non-call) record to the ring.
+    pub fn push(&self, r: &Record) -> Option<u64> {
+        let mut raw = [0u8; RECORD_SIZE];
+        r.encode_body(&mut raw);
+        self.shm.push(&raw)
+    }
+
+    /// Appends a heartbeat.
+    pub fn push_heartbeat(&self, now: u64, last: bool) {
+        let in_flight = self.shm.in_flight().len() as u32;
+        self.push(&Record::Heartbeat(Heartbeat {
+            rec_seq: 0,
+            flags: if last { flags::FINAL } else { 0 },
+            t_mono: now,
+            t_real: now_real(),
+            in_flight,
+            rank: self.rank,
+            dropped_ring_full: self.shm.counter(Counter::DroppedRingFull),
+            dropped_in_flight: self.shm.counter(Counter::DroppedInFlight),
+            dropped_other: self.shm.counter(Counter::DroppedRequests)
+                + self.shm.counter(Counter::DroppedP2pSeq)
+                + self.shm.counter(Counter::DroppedComms)
+                + self.shm.counter(Counter::DroppedInternal),
+            produced: self.shm.head(),
+        }));
+        self.shm.beat(now);
+    }
+
+    /// The first records: process start and the predefined communicators.
+    fn announce(&self) {
+        self.push(&Record::Process(Process {
+            rec_seq: 0,
+            event: ProcessEvent::Start,
+            t_mono: now_mono(),
+            t_real: now_real(),
+            pid: self.pid,
+            exit_status: EXIT_STATUS_UNKNOWN,
+            start_time: self.start_time,
+            rank: self.rank,
+            world_size: self.world_size,
+        }));
+        for (h, name) in [(self.abi.comm_world, "MPI_COMM_WORLD"), (self.abi.comm_self, "MPI_COMM_SELF")] {
+            if let Some(e) = self.comms.get(h) {
+                self.comm_record(CommEvent::Created, e, 0, Some(name.as_bytes()));
+            }
+        }
+    }
+
+    /// Writes a `comm` record for an entry.
+    pub fn comm_record(&self, event: CommEvent, e: &CommEntry, parent: u64, name: Option<&[u8]>) {
+        let mut c = Comm::new(
+            event,
+            e.id.load(Ordering::Relaxed),
+            parent,
+            now_mono(),
+            self.rank,
+            e.rank.load(Ordering::Relaxed),
+            e.size.load(Ordering::Relaxed),
+            e.remote_size.load(Ordering::Relaxed),
+        );
+        c.flags = comm_record_flags(e.flags.load(Ordering::Relaxed));
+        if let Some(n) = name {
+            c.set_name(n);
+        }
+        self.push(&Record::Comm(c));
+    }
+
+    /// The entry of a communicator handle; one the shim has not seen created (a constructor it
+    /// does not wrap) gets a process-local id, flagged as such.
+    #[inline]
+    pub fn comm(&self, h: H) -> Option<&CommEntry> {
+        let key = self.abi.norm(h);
+        if let Some(e) = self.comms.get(key) {
+            return Some(e);
+        }
+        self.adopt_unknown_comm(h)
+    }
+
+    #[cold]
+    fn adopt_unknown_comm(&self, h: H) -> Option<&CommEntry> {
+        let key = self.abi.norm(h);
+        if key == self.abi.comm_null {
+            return None;
+        }
+        let (inter, size, rank, remote) = self.comm_shape(h);
+        let id = Hasher::new()
+            .word(domain::LOCAL)
+            .str(&self.job)
+            .word(self.rank as u32 as u64)
+            .word(key)
+            .word(self.local_ids.fetch_add(1, Ordering::Relaxed))
+            .finish();
+        let flags = comm_flags::LOCAL_ID | if inter { comm_flags::INTERCOMM } else { 0 };
+        match self.comms.insert(key, CommInfo { id, size, rank, remote_size: remote, flags }) {
+            Some(e) => {
+                self.comm_record(CommEvent::Created, e, 0, None);
+                Some(e)
+            }
+            None => {
+                self.shm.count(Counter::DroppedComms, 1);
+                None
+            }
+        }
+    }
+
+    /// (intercommunicator?, size, rank, remote size) of a communicator.
+    pub fn comm_shape(&self, h: H) -> (bool, i32, i32, i32) {
+        let (mut inter, mut size, mut rank, mut remote) = (0, 0, 0, 0);
+        // SAFETY: valid out-pointers; `h` is a communicator the application passed.
+        unsafe {
+            PMPI_Comm_test_inter(h, &mut inter);
+            PMPI_Comm_size(h, &mut size);
+            PMPI_Comm_rank(h, &mut rank);
+            if inter != 0 {
+                PMPI_Comm_remote_size(h, &mut remote);
+            }
+        }
+        (inter != 0, size, rank, remote)
+    }
+
+    /// Sorted world ranks of a communicator's members (both groups of an intercommunicator).
+    pub fn members(&self, h: H) -> Vec<i32> {
+        let (inter, ..) = self.comm_shape(h);
+        let mut out = self.group_world_ranks(h, false);
+        if inter {
+            out.extend(self.group_world_ranks(h, true));
+        }
+        out.sort_unstable();
+        out
+    }
+
+    fn group_world_ranks(&self, comm: H, remote: bool) -> Vec<i32> {
+        let mut g: u64 = 0;
+        // SAFETY: valid out-pointer, large enough for either handle width.
+        let rc = unsafe {
+            if remote {
+                PMPI_Comm_remote_group(comm, (&mut g as *mut u64).cast())
+            } else {
+                PMPI_Comm_group(comm, (&mut g as *mut u64).cast())
+            }
+        };
+        if rc != 0 {
+            return Vec::new();
+        }
+        // SAFETY: just written by MPI.
+        let gh = unsafe { self.abi.read_handle((&g as *const u64).cast()) } as H;
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        unsafe { PMPI_Group_size(gh, &mut n) };
+        let ranks: Vec<c_int> = (0..n.max(0)).collect();
+        let mut world = vec![0 as c_int; ranks.len()];
+        // SAFETY: both arrays hold `n` ints.
+        unsafe { PMPI_Group_translate_ranks(gh, n, ranks.as_ptr(), self.world_group, world.as_mut_ptr()) };
+        // SAFETY: frees the group handle MPI gave us (written back as GROUP_NULL).
+        unsafe { PMPI_Group_free((&mut g as *mut u64).cast()) };
+        world
+    }
+
+    /// The size in bytes of one element of a datatype (0 for a null or invalid type).
+    #[inline]
+    pub fn type_size(&self, dt: H) -> u64 {
+        let mut s: c_int = 0;
+        // SAFETY: valid out-pointer; an invalid type makes MPI return an error, leaving 0.
+        unsafe { PMPI_Type_size(dt, &mut s) };
+        s.max(0) as u64
+    }
+
+    /// Starts recording a collective.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_coll(&self, comm: H, op: Op, bytes: u64, count: u64, dtype: u16, root: i32, flags: u16) -> Begun {
+        let t = now_mono();
+        let mut call = Call {
+            op: op as u8,
+            flags,
+            peer: root,
+            tag: -1,
+            bytes,
+            count,
+            dtype,
+            rank: self.rank,
+            clock: Clock::HostMono as u8,
+            peer2: -1,
+            tag2: -1,
+            t_enter: t,
+            ..Default::default()
+        };
+        if let Some(e) = self.comm(comm) {
+            call.comm_id = e.id.load(Ordering::Relaxed);
+            call.seq = e.seq.fetch_add(1, Ordering::Relaxed);
+            call.op_seq = e.op_seq[op as usize].fetch_add(1, Ordering::Relaxed);
+            call.comm_rank = e.rank.load(Ordering::Relaxed);
+            call.comm_size = e.size.load(Ordering::Relaxed);
+            call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
+        }
+        let slot = self.claim(&call, in_flight_status::IN_CALL);
+        Begun { call, slot }
+    }
+
+    /// Starts recording a point-to-point call; `peer` and `tag` are the application's values
+    /// (possibly wildcards). `seq_now` assigns the p2p sequence at once (sends, and receives
+    /// without wildcards).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin_p2p(&self, comm: H, op: Op, peer: i32, tag: i32, bytes: u64, count: u64, dtype: u16, flags: u16, dir: Dir) -> Begun {
+        let t = now_mono();
+        let mut call = Call {
+            op: op as u8,
+            flags,
+            peer: self.abi.rank_value(peer),
+            tag,
+            bytes,
+            count,
+            dtype,
+            rank: self.rank,
+            clock: Clock::HostMono as u8,
+            peer2: -1,
+            tag2: -1,
+            t_enter: t,
+            ..Default::default()
+        };
+        if peer == self.abi.any_source {
+            call.flags |= flags::ANY_SOURCE;
+        }
+        if dir == Dir::Recv && tag == self.abi.any_tag {
+            call.flags |= flags::ANY_TAG;
+        }
+        if let Some(e) = self.comm(comm) {
+            call.comm_id = e.id.load(Ordering::Relaxed);
+            call.seq = e.seq.load(Ordering::Relaxed);
+            call.comm_rank = e.rank.load(Ordering::Relaxed);
+            call.comm_size = e.size.load(Ordering::Relaxed);
+            call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
+        }
+        if call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 || dir == Dir::Send {
+            self.assign_p2p_seq(&mut call, dir);
+        }
+        let slot = self.claim(&call, in_flight_status::IN_CALL);
+        Begun { call, slot }
+    }
+
+    /// Sets `op_seq` from the p2p counters (`peer`/`tag` must be resolved).
+    #[inline]
+    pub fn assign_p2p_seq(&self, call: &mut Call, dir: Dir) {
+        if call.peer < 0 {
+            return; // MPI_PROC_NULL: no message
+        }
+        match self.p2p.next(call.comm_id, call.peer, call.tag, dir) {
+            Some(s) => call.op_seq = s,
+            None => {
+                call.flags |= flags::P2P_SEQ_UNKNOWN;
+                self.shm.count(Counter::DroppedP2pSeq, 1);
+            }
+        }
+    }
+
+    /// Fills in what a receive's status tells (source, tag, sequence for wildcards).
+    ///
+    /// # Safety
+    /// `st` must point to a status of the loaded flavour.
+    #[inline]
+    pub unsafe fn complete_recv(&self, call: &mut Call, st: *const u8, seq_at_completion: bool) {
+        // SAFETY: per the contract.
+        let (src, tag, _) = unsafe { self.abi.status_fields(st) };
+        if call.flags & flags::ANY_SOURCE != 0 {
+            call.peer = self.abi.rank_value(src);
+        }
+        if call.flags & flags::ANY_TAG != 0 {
+            call.tag = tag;
+        }
+        if seq_at_completion {
+            self.assign_p2p_seq(call, Dir::Recv);
+        }
+    }
+
+    #[inline]
+    fn claim(&self, call: &Call, status: u8) -> Option<usize> {
+        let hint = SLOT_HINT.with(Cell::get);
+        let slot = self.shm.in_flight_claim(
+            hint,
+            &InFlight {
+                comm_id: call.comm_id,
+                seq: if Op::from_code(call.op).is_p2p() { call.op_seq } else { call.seq },
+                t_enter: call.t_enter,
+                bytes: call.bytes,
+                op: call.op,
+                status,
+                flags: call.flags,
+                peer: call.peer,
+                tag: call.tag,
+                tid: util::tid(),
+                comm_rank: call.comm_rank,
+            },
+        );
+        if let Some(s) = slot {
+            SLOT_HINT.with(|h| h.set(s));
+        }
+        slot
+    }
+
+    /// Marks a begun call as posted (nonblocking) in the in-flight table.
+    pub fn mark_posted(&self, b: &Begun) {
+        if let Some(s) = b.slot {
+            if let Some(mut e) = self.shm.in_flight_read(s) {
+                e.status = in_flight_status::POSTED;
+                self.shm.in_flight_write(s, &e);
+            }
+        }
+    }
+
+    /// Completes a call: stamps the exit time and status, frees its in-flight slot and writes
+    /// the record.
+    #[inline]
+    pub fn finish(&self, mut call: Call, slot: Option<usize>, rc: c_int) {
+        call.t_exit = now_mono();
+        call.status = rc;
+        if let Some(s) = slot {
+            self.shm.in_flight_release(s);
+        }
+        let mut raw = [0u8; RECORD_SIZE];
+        encode_call(&mut raw, kind::CALL, &call);
+        self.shm.push(&raw);
+    }
+
+    /// The creation counter for a communicator built from a member set (not collectively over a
+    /// whole parent): counts earlier creations of the same set from the same parent.
+    pub fn set_counter(&self, parent: u64, members: &[i32]) -> u64 {
+        let key = (parent, hash::member_set_hash(members));
+        let mut m = self.set_counters.lock().unwrap_or_else(|p| p.into_inner());
+        let c = m.entry(key).or_insert(0);
+        let v = *c;
+        *c += 1;
+        v
+    }
+}
+
+fn comm_call_flags(f: u32) -> u16 {
+    let mut out = 0;
+    if f & comm_flags::LOCAL_ID != 0 {
+        out |= flags::LOCAL_COMM_ID;
+    }
+    if f & comm_flags::INTERCOMM != 0 {
+        out |= flags::INTERCOMM;
+    }
+    out
+}
+
+fn comm_record_flags(f: u32) -> u16 {
+    comm_call_flags(f)
+}

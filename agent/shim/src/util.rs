@@ -1,0 +1,166 @@
+//! Clocks, thread ids, warnings and configuration from the environment.
+
+use std::io::Write;
+
+/// `CLOCK_MONOTONIC` in nanoseconds (vDSO: no system call).
+#[inline]
+pub fn now_mono() -> u64 {
+    clock(libc::CLOCK_MONOTONIC)
+}
+
+/// `CLOCK_REALTIME` in nanoseconds since the epoch.
+#[inline]
+pub fn now_real() -> u64 {
+    clock(libc::CLOCK_REALTIME)
+}
+
+#[inline]
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
+/// The kernel thread id of the caller, cached per thread.
+#[inline]
+pub fn tid() -> u32 {
+    thread_local! {
+        static TID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    TID.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        // SAFETY: gettid has no preconditions.
+        let v = unsafe { libc::gettid() } as u32;
+        t.set(v);
+        v
+    })
+}
+
+/// Writes one `commscope: …` line to stderr (never per call: only for configuration problems
+/// and failures, each reported once).
+pub fn warn(args: std::fmt::Arguments<'_>) {
+    let mut line = Vec::with_capacity(160);
+    let _ = writeln!(line, "commscope: {args}");
+    let _ = std::io::stderr().write_all(&line);
+}
+
+/// The process start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
+pub fn process_start_time() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return 0 };
+    rest.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// An environment variable, if set and valid UTF-8.
+pub fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// A boolean switch: `1/true/yes/on` or `0/false/no/off/""`; anything else is reported and
+/// treated as `default`.
+pub fn env_flag(name: &str, default: bool) -> bool {
+    match env(name).as_deref().map(str::trim).map(str::to_ascii_lowercase).as_deref() {
+        None => default,
+        Some("1" | "true" | "yes" | "on") => true,
+        Some("0" | "false" | "no" | "off" | "") => false,
+        Some(other) => {
+            warn(format_args!("ignoring {name}={other:?}: expected 1 or 0; using {}", u8::from(default)));
+            default
+        }
+    }
+}
+
+/// An integer setting within `[min, max]`; a bad value is reported and `default` used.
+pub fn env_u64(name: &str, default: u64, min: u64, max: u64) -> u64 {
+    match env(name) {
+        None => default,
+        Some(s) => match s.trim().parse::<u64>() {
+            Ok(v) if (min..=max).contains(&v) => v,
+            _ => {
+                warn(format_args!(
+                    "ignoring {name}={s:?}: expected an integer from {min} to {max}; using {default}"
+                ));
+                default
+            }
+        },
+    }
+}
+
+/// The shim's settings, read once at activation.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `COMMSCOPE_TRACE_DIR`: write local trace files there.
+    pub trace_dir: Option<std::path::PathBuf>,
+    /// `COMMSCOPE_AGENT_SOCKET` (default `/run/commscope/agent.sock`).
+    pub agent_socket: std::path::PathBuf,
+    /// Whether the socket was named explicitly (then failures to reach it are reported).
+    pub agent_socket_explicit: bool,
+    /// `COMMSCOPE_RING_RECORDS`: ring capacity (rounded up to a power of two).
+    pub ring_records: u64,
+    /// `COMMSCOPE_IN_FLIGHT_SLOTS`.
+    pub in_flight_slots: u32,
+    /// `COMMSCOPE_FLUSH_MS`: how often the background thread drains the ring.
+    pub flush_ms: u64,
+}
+
+/// The default agent socket.
+pub const DEFAULT_AGENT_SOCKET: &str = "/run/commscope/agent.sock";
+
+impl Config {
+    /// Reads the environment.
+    pub fn from_env() -> Config {
+        let trace_dir = env("COMMSCOPE_TRACE_DIR").filter(|s| !s.trim().is_empty()).map(Into::into);
+        let explicit = env("COMMSCOPE_AGENT_SOCKET").filter(|s| !s.trim().is_empty());
+        Config {
+            trace_dir,
+            agent_socket_explicit: explicit.is_some(),
+            agent_socket: explicit.unwrap_or_else(|| DEFAULT_AGENT_SOCKET.to_owned()).into(),
+            ring_records: env_u64("COMMSCOPE_RING_RECORDS", 1 << 16, 1 << 6, 1 << 24).next_power_of_two(),
+            in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 256, 1, 1 << 16) as u32,
+            flush_ms: env_u64("COMMSCOPE_FLUSH_MS", 200, 10, 1000),
+        }
+    }
+}
+
+/// Makes a job id safe to use as a directory name and to carry in fixed-size fields: at most 63
+/// bytes of `[A-Za-z0-9._-]`; longer ids keep a prefix and gain a hash suffix so they stay
+/// distinct.
+pub fn sanitize_job(id: &str) -> String {
+    let clean: String =
+        id.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    let clean = clean.trim_start_matches('.').to_owned();
+    if clean.is_empty() {
+        return "job".to_owned();
+    }
+    if clean.len() <= 63 {
+        return clean;
+    }
+    let h = commscope_wire::hash::fnv1a64(id.as_bytes());
+    format!("{}-{:016x}", &clean[..46], h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_become_safe_directory_names() {
+        assert_eq!(sanitize_job("slurm-123.0"), "slurm-123.0");
+        assert_eq!(sanitize_job("../../etc"), "_.._etc");
+        assert_eq!(sanitize_job(""), "job");
+        let long = "x".repeat(200);
+        let s = sanitize_job(&long);
+        assert_eq!(s.len(), 63);
+        assert_ne!(s, sanitize_job(&"x".repeat(201)));
+    }
+
+    #[test]
+    fn start_time_is_read_from_proc() {
+        assert!(process_start_time() > 0);
+    }
+}

@@ -1,0 +1,190 @@
+//! The background thread: heartbeats, `enter` records for calls that stay in flight, the local
+//! trace file, and the agent registration.
+//!
+//! It wakes every `COMMSCOPE_FLUSH_MS` (default 200 ms), so a trace file is never more than
+//! that behind, and a process killed while stuck in a call leaves `enter` records naming it.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use commscope_wire::cst;
+use commscope_wire::record::{Call, RECORD_SIZE, RawRecord, Record};
+use commscope_wire::shm::{Consumer, Counter};
+
+use crate::state::Shim;
+use crate::util::{self, now_mono};
+
+/// Calls in flight longer than this get an `enter` record.
+const ENTER_AFTER_NS: u64 = 100_000_000;
+/// Heartbeat period.
+const BEAT_NS: u64 = 1_000_000_000;
+/// Records per trace-file block at most.
+const BLOCK_RECORDS: usize = 4096;
+
+/// The local trace file.
+#[derive(Debug)]
+pub struct LocalTrace {
+    writer: cst::Writer<File>,
+    path: PathBuf,
+    batch: Vec<RawRecord>,
+}
+
+impl LocalTrace {
+    fn open(shim: &Shim, dir: &std::path::Path) -> std::io::Result<LocalTrace> {
+        let header = cst::Header {
+            version: cst::FORMAT_VERSION,
+            job: shim.job.clone(),
+            node: shim.node.clone(),
+            pid: shim.pid,
+            rank: shim.rank,
+            world_size: shim.world_size,
+            start_time: shim.start_time,
+            mono_anchor: shim.mono_anchor,
+            real_anchor: shim.real_anchor,
+            library: shim.library.clone(),
+            flavour: shim.abi.flavour.name().to_owned(),
+            writer_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let job_dir = dir.join(&shim.job);
+        std::fs::create_dir_all(&job_dir)?;
+        let path = job_dir.join(header.file_name());
+        let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
+        Ok(LocalTrace { writer: cst::Writer::new(file, &header)?, path, batch: Vec::with_capacity(BLOCK_RECORDS) })
+    }
+}
+
+/// Opens the trace file (if asked for) and starts the background thread.
+pub fn start(shim: &'static Shim) {
+    if let Some(dir) = &shim.config.trace_dir {
+        match LocalTrace::open(shim, dir) {
+            Ok(t) => {
+                shim.shm.attach_consumer(Consumer::Local);
+                *shim.local.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+            }
+            Err(e) => util::warn(format_args!(
+                "cannot write trace files under {}: {e}; continuing without them",
+                dir.display()
+            )),
+        }
+    }
+    let spawned = std::thread::Builder::new().name("commscope".into()).stack_size(256 << 10).spawn(move || run(shim));
+    match spawned {
+        Ok(h) => *shim.background.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
+        Err(e) => util::warn(format_args!("cannot start the background thread: {e}; trace files are written at exit only")),
+    }
+}
+
+/// Stops the background thread and writes out whatever is left.
+pub fn stop(shim: &Shim) {
+    shim.stop.store(true, Ordering::Release);
+    let handle = shim.background.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(h) = handle {
+        h.thread().unpark();
+        let _ = h.join();
+    }
+    drain_local(shim);
+}
+
+struct Loop {
+    last_beat: u64,
+    /// Per in-flight slot, the (comm, seq, t_enter) already reported with an `enter` record.
+    reported: Vec<(u64, u64, u64)>,
+    agent: crate::agent::Link,
+}
+
+fn run(shim: &'static Shim) {
+    let mut l = Loop {
+        last_beat: 0,
+        reported: vec![(0, 0, 0); shim.shm.geometry().in_flight_slots as usize],
+        agent: crate::agent::Link::new(),
+    };
+    let period = Duration::from_millis(shim.config.flush_ms);
+    while !shim.stop.load(Ordering::Acquire) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tick(shim, &mut l)));
+        std::thread::park_timeout(period);
+    }
+    l.agent.close();
+}
+
+fn tick(shim: &Shim, l: &mut Loop) {
+    let now = now_mono();
+    if now.saturating_sub(l.last_beat) >= BEAT_NS {
+        shim.push_heartbeat(now, false);
+        l.last_beat = now;
+    }
+    report_stuck_calls(shim, l, now);
+    drain_local(shim);
+    l.agent.poll(shim);
+}
+
+/// Writes an `enter` record for every call in flight longer than [`ENTER_AFTER_NS`] that has
+/// not been reported yet.
+fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
+    for (idx, e) in shim.shm.in_flight() {
+        if now.saturating_sub(e.t_enter) < ENTER_AFTER_NS {
+            continue;
+        }
+        let key = (e.comm_id, e.seq, e.t_enter);
+        let Some(seen) = l.reported.get_mut(idx) else { continue };
+        if *seen == key {
+            continue;
+        }
+        *seen = key;
+        let p2p = commscope_wire::op::Op::from_code(e.op).is_p2p();
+        shim.push(&Record::Enter(Call {
+            op: e.op,
+            flags: e.flags,
+            comm_id: e.comm_id,
+            seq: if p2p { 0 } else { e.seq },
+            op_seq: if p2p { e.seq } else { 0 },
+            bytes: e.bytes,
+            peer: e.peer,
+            tag: e.tag,
+            t_enter: e.t_enter,
+            rank: shim.rank,
+            comm_rank: e.comm_rank,
+            peer2: -1,
+            tag2: -1,
+            ..Default::default()
+        }));
+    }
+}
+
+/// Moves published records from the ring into the trace file.
+fn drain_local(shim: &Shim) {
+    let mut guard = shim.local.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(t) = guard.as_mut() else { return };
+    loop {
+        t.batch.clear();
+        let from = shim.shm.cursor(Consumer::Local);
+        let end = shim.shm.read_from(from, BLOCK_RECORDS, |r| {
+            let mut raw = [0u8; RECORD_SIZE];
+            raw.copy_from_slice(r);
+            t.batch.push(raw);
+        });
+        if t.batch.is_empty() {
+            if end != from {
+                shim.shm.advance(Consumer::Local, end);
+            }
+            return;
+        }
+        if let Err(e) = t.writer.append(&t.batch) {
+            shim.shm.count(Counter::TraceWriteErrors, 1);
+            util::warn(format_args!(
+                "failed to write {}: {e}; local tracing stopped ({} records not written)",
+                t.path.display(),
+                t.batch.len()
+            ));
+            shim.shm.advance(Consumer::Local, end);
+            shim.shm.detach_consumer(Consumer::Local);
+            *guard = None;
+            return;
+        }
+        shim.shm.advance(Consumer::Local, end);
+        if t.batch.len() < BLOCK_RECORDS {
+            return;
+        }
+    }
+}

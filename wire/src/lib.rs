@@ -1,0 +1,30 @@
+//! commscope's wire model: what every component agrees on.
+//!
+//! - [`op`]: operation names, datatype codes, flags and clocks.
+//! - [`record`]: the record kinds of the contract (`call`, `enter`, `comm`, `heartbeat`,
+//!   `process`) and their fixed 128-byte raw layout.
+//! - [`hash`]: the identity hash behind communicator ids.
+//! - [`shm`]: the shared-memory region (ring + in-flight table) a traced process shares with
+//!   its node agent; [`registration`]: the handshake that hands it over.
+//! - [`cst`]: the shim's append-only trace files.
+//! - `parquet` (feature `parquet`): the job trace as Parquet.
+//! - `grpc` (feature `grpc`): the agent ⇄ collector protocol.
+//!
+//! Without features the crate has no dependencies, so the preload shim can use it.
+//! Data flows: the shim encodes [`record::Record`]s into the ring of a [`shm::Shm`] and, when
+//! asked, into [`cst`] files; the agent reads the ring and in-flight table, and ships records
+//! to the collector over `grpc`; traces are merged into Parquet.
+
+pub mod crc;
+pub mod cst;
+pub mod hash;
+pub mod op;
+pub mod record;
+pub mod registration;
+pub mod shm;
+
+#[cfg(feature = "parquet")]
+pub mod parquet;
+
+#[cfg(feature = "grpc")]
+pub mod grpc;

@@ -1,0 +1,646 @@
+//! The job trace as Parquet: one table, one row per record, a `kind` column telling which
+//! columns apply. The schema is documented in `docs/trace-format.md`; columns are only ever
+//! added (readers ignore columns they do not know and tolerate missing nullable ones).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{Int32Builder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow_array::{Array, ArrayRef, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::cst::Header;
+use crate::hash::format_comm_id;
+use crate::op::{Clock, Op, dtype};
+use crate::record::{Call, Comm, CommEvent, Heartbeat, Process, ProcessEvent, Record};
+
+/// The schema version written into the file's key-value metadata (`commscope.schema`).
+pub const SCHEMA_VERSION: u32 = 1;
+/// Rows per record batch / row group chunk.
+const BATCH_ROWS: usize = 64 * 1024;
+
+/// Why a Parquet trace could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// File I/O failed.
+    #[error("failed to access {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Parquet library failed.
+    #[error("failed to process Parquet file {path}: {source}")]
+    Parquet {
+        path: String,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// Arrow failed.
+    #[error("failed to process Parquet file {path}: {source}")]
+    Arrow {
+        path: String,
+        #[source]
+        source: arrow_schema::ArrowError,
+    },
+    /// The file is Parquet but not a commscope trace (a required column is missing or mistyped).
+    #[error("{path} is not a commscope Parquet trace: {reason}")]
+    NotATrace { path: String, reason: String },
+    /// Written by a newer commscope.
+    #[error("{path} has Parquet trace schema version {found}, newer than the supported version {SCHEMA_VERSION}; upgrade commscope to read it")]
+    NewerVersion { path: String, found: u32 },
+}
+
+/// One process's records with its identity.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTrace {
+    pub header: Header,
+    pub records: Vec<Record>,
+}
+
+fn u64f(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::UInt64, nullable)
+}
+fn i32f(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::Int32, nullable)
+}
+fn strf(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::Utf8, nullable)
+}
+
+/// The table's schema.
+pub fn schema() -> SchemaRef {
+    let fields = vec![
+        // identity of the recording process
+        strf("job", false),
+        strf("node", false),
+        Field::new("pid", DataType::UInt32, false),
+        u64f("process_start", false),
+        i32f("rank", false),
+        i32f("world_size", false),
+        strf("flavour", false),
+        u64f("mono_anchor_ns", false),
+        u64f("real_anchor_ns", false),
+        // every record
+        u64f("rec_seq", false),
+        strf("kind", false),
+        Field::new("flags", DataType::UInt32, false),
+        // call / enter
+        strf("op", true),
+        i32f("status", true),
+        u64f("comm_id", true),
+        strf("comm", true),
+        u64f("seq", true),
+        u64f("op_seq", true),
+        u64f("bytes", true),
+        u64f("count", true),
+        strf("dtype", true),
+        i32f("peer", true),
+        i32f("tag", true),
+        i32f("peer2", true),
+        i32f("tag2", true),
+        u64f("op_seq2", true),
+        u64f("t_enter_ns", true),
+        u64f("t_exit_ns", true),
+        u64f("gpu_start_ns", true),
+        u64f("gpu_end_ns", true),
+        strf("clock", true),
+        Field::new("offset_ns", DataType::Int64, true),
+        u64f("error_ns", true),
+        i32f("comm_rank", true),
+        i32f("comm_size", true),
+        // comm
+        strf("event", true),
+        u64f("parent_comm_id", true),
+        strf("comm_name", true),
+        i32f("remote_size", true),
+        // heartbeat / process / comm time
+        u64f("t_ns", true),
+        u64f("t_real_ns", true),
+        Field::new("in_flight", DataType::UInt32, true),
+        u64f("dropped_ring_full", true),
+        u64f("dropped_in_flight", true),
+        u64f("dropped_other", true),
+        u64f("produced", true),
+        i32f("exit_status", true),
+    ];
+    let mut md = std::collections::HashMap::new();
+    md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
+    Arc::new(Schema::new_with_metadata(fields, md))
+}
+
+#[derive(Default)]
+struct Columns {
+    job: StringBuilder,
+    node: StringBuilder,
+    pid: UInt32Builder,
+    process_start: UInt64Builder,
+    rank: Int32Builder,
+    world_size: Int32Builder,
+    flavour: StringBuilder,
+    mono_anchor: UInt64Builder,
+    real_anchor: UInt64Builder,
+    rec_seq: UInt64Builder,
+    kind: StringBuilder,
+    flags: UInt32Builder,
+    op: StringBuilder,
+    status: Int32Builder,
+    comm_id: UInt64Builder,
+    comm: StringBuilder,
+    seq: UInt64Builder,
+    op_seq: UInt64Builder,
+    bytes: UInt64Builder,
+    count: UInt64Builder,
+    dtype: StringBuilder,
+    peer: Int32Builder,
+    tag: Int32Builder,
+    peer2: Int32Builder,
+    tag2: Int32Builder,
+    op_seq2: UInt64Builder,
+    t_enter: UInt64Builder,
+    t_exit: UInt64Builder,
+    gpu_start: UInt64Builder,
+    gpu_end: UInt64Builder,
+    clock: StringBuilder,
+    offset: Int64Builder,
+    error: UInt64Builder,
+    comm_rank: Int32Builder,
+    comm_size: Int32Builder,
+    event: StringBuilder,
+    parent: UInt64Builder,
+    comm_name: StringBuilder,
+    remote_size: Int32Builder,
+    t: UInt64Builder,
+    t_real: UInt64Builder,
+    in_flight: UInt32Builder,
+    dropped_ring_full: UInt64Builder,
+    dropped_in_flight: UInt64Builder,
+    dropped_other: UInt64Builder,
+    produced: UInt64Builder,
+    exit_status: Int32Builder,
+    rows: usize,
+}
+
+impl Columns {
+    fn push(&mut self, h: &Header, r: &Record) {
+        self.rows += 1;
+        self.job.append_value(&h.job);
+        self.node.append_value(&h.node);
+        self.pid.append_value(h.pid);
+        self.process_start.append_value(h.start_time);
+        self.rank.append_value(h.rank);
+        self.world_size.append_value(h.world_size);
+        self.flavour.append_value(&h.flavour);
+        self.mono_anchor.append_value(h.mono_anchor);
+        self.real_anchor.append_value(h.real_anchor);
+        self.rec_seq.append_value(r.rec_seq());
+        self.kind.append_value(r.kind_name());
+        let call = match r {
+            Record::Call(c) | Record::Enter(c) => Some(c),
+            _ => None,
+        };
+        let comm = if let Record::Comm(c) = r { Some(c) } else { None };
+        let hb = if let Record::Heartbeat(b) = r { Some(b) } else { None };
+        let pr = if let Record::Process(p) = r { Some(p) } else { None };
+        let flags = match r {
+            Record::Call(c) | Record::Enter(c) => c.flags,
+            Record::Comm(c) => c.flags,
+            Record::Heartbeat(b) => b.flags,
+            Record::Process(_) => 0,
+        };
+        self.flags.append_value(u32::from(flags));
+        self.op.append_option(call.map(|c| c.op().name()));
+        self.status.append_option(call.map(|c| c.status));
+        let comm_id = call.map(|c| c.comm_id).or(comm.map(|c| c.comm_id));
+        self.comm_id.append_option(comm_id);
+        self.comm.append_option(comm_id.map(format_comm_id));
+        self.seq.append_option(call.map(|c| c.seq));
+        self.op_seq.append_option(call.map(|c| c.op_seq));
+        self.bytes.append_option(call.map(|c| c.bytes));
+        self.count.append_option(call.map(|c| c.count));
+        self.dtype.append_option(call.map(|c| dtype::name(c.dtype)));
+        self.peer.append_option(call.map(|c| c.peer));
+        self.tag.append_option(call.map(|c| c.tag));
+        self.peer2.append_option(call.map(|c| c.peer2));
+        self.tag2.append_option(call.map(|c| c.tag2));
+        self.op_seq2.append_option(call.map(|c| c.op_seq2));
+        self.t_enter.append_option(call.map(|c| c.t_enter));
+        self.t_exit.append_option(call.filter(|_| matches!(r, Record::Call(_))).map(|c| c.t_exit));
+        self.gpu_start.append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
+        self.gpu_end.append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_end));
+        self.clock.append_option(call.map(|c| c.clock().name()));
+        self.offset.append_null();
+        self.error.append_null();
+        self.comm_rank.append_option(call.map(|c| c.comm_rank).or(comm.map(|c| c.comm_rank)));
+        self.comm_size.append_option(call.map(|c| c.comm_size).or(comm.map(|c| c.size)));
+        self.event.append_option(
+            comm.map(|c| match c.event {
+                CommEvent::Created => "created",
+                CommEvent::Freed => "freed",
+                CommEvent::Named => "named",
+            })
+            .or(pr.map(|p| match p.event {
+                ProcessEvent::Start => "start",
+                ProcessEvent::Exit => "exit",
+            })),
+        );
+        self.parent.append_option(comm.map(|c| c.parent));
+        self.comm_name.append_option(comm.map(|c| c.name()).filter(|n| !n.is_empty()));
+        self.remote_size.append_option(comm.map(|c| c.remote_size));
+        self.t.append_option(comm.map(|c| c.t).or(hb.map(|b| b.t_mono)).or(pr.map(|p| p.t_mono)));
+        self.t_real.append_option(hb.map(|b| b.t_real).or(pr.map(|p| p.t_real)));
+        self.in_flight.append_option(hb.map(|b| b.in_flight));
+        self.dropped_ring_full.append_option(hb.map(|b| b.dropped_ring_full));
+        self.dropped_in_flight.append_option(hb.map(|b| b.dropped_in_flight));
+        self.dropped_other.append_option(hb.map(|b| b.dropped_other));
+        self.produced.append_option(hb.map(|b| b.produced));
+        self.exit_status.append_option(pr.filter(|p| p.exit_status != crate::record::EXIT_STATUS_UNKNOWN).map(|p| p.exit_status));
+    }
+
+    fn finish(&mut self) -> Vec<ArrayRef> {
+        self.rows = 0;
+        vec![
+            Arc::new(self.job.finish()),
+            Arc::new(self.node.finish()),
+            Arc::new(self.pid.finish()),
+            Arc::new(self.process_start.finish()),
+            Arc::new(self.rank.finish()),
+            Arc::new(self.world_size.finish()),
+            Arc::new(self.flavour.finish()),
+            Arc::new(self.mono_anchor.finish()),
+            Arc::new(self.real_anchor.finish()),
+            Arc::new(self.rec_seq.finish()),
+            Arc::new(self.kind.finish()),
+            Arc::new(self.flags.finish()),
+            Arc::new(self.op.finish()),
+            Arc::new(self.status.finish()),
+            Arc::new(self.comm_id.finish()),
+            Arc::new(self.comm.finish()),
+            Arc::new(self.seq.finish()),
+            Arc::new(self.op_seq.finish()),
+            Arc::new(self.bytes.finish()),
+            Arc::new(self.count.finish()),
+            Arc::new(self.dtype.finish()),
+            Arc::new(self.peer.finish()),
+            Arc::new(self.tag.finish()),
+            Arc::new(self.peer2.finish()),
+            Arc::new(self.tag2.finish()),
+            Arc::new(self.op_seq2.finish()),
+            Arc::new(self.t_enter.finish()),
+            Arc::new(self.t_exit.finish()),
+            Arc::new(self.gpu_start.finish()),
+            Arc::new(self.gpu_end.finish()),
+            Arc::new(self.clock.finish()),
+            Arc::new(self.offset.finish()),
+            Arc::new(self.error.finish()),
+            Arc::new(self.comm_rank.finish()),
+            Arc::new(self.comm_size.finish()),
+            Arc::new(self.event.finish()),
+            Arc::new(self.parent.finish()),
+            Arc::new(self.comm_name.finish()),
+            Arc::new(self.remote_size.finish()),
+            Arc::new(self.t.finish()),
+            Arc::new(self.t_real.finish()),
+            Arc::new(self.in_flight.finish()),
+            Arc::new(self.dropped_ring_full.finish()),
+            Arc::new(self.dropped_in_flight.finish()),
+            Arc::new(self.dropped_other.finish()),
+            Arc::new(self.produced.finish()),
+            Arc::new(self.exit_status.finish()),
+        ]
+    }
+}
+
+/// Writes processes' records to a Parquet file (written to a temporary name, then renamed, so a
+/// reader never sees half a file).
+pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
+    let p = path.display().to_string();
+    let tmp = path.with_extension("parquet.partial");
+    let file = std::fs::File::create(&tmp).map_err(|source| Error::Io { path: tmp.display().to_string(), source })?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_max_row_group_row_count(Some(1 << 20))
+        .build();
+    let schema = schema();
+    let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    let mut cols = Columns::default();
+    let mut rows = 0u64;
+    let flush = |cols: &mut Columns, w: &mut ArrowWriter<std::fs::File>| -> Result<(), Error> {
+        if cols.rows == 0 {
+            return Ok(());
+        }
+        let batch = RecordBatch::try_new(schema.clone(), cols.finish()).map_err(|source| Error::Arrow { path: p.clone(), source })?;
+        w.write(&batch).map_err(|source| Error::Parquet { path: p.clone(), source })
+    };
+    for proc in processes {
+        for r in &proc.records {
+            cols.push(&proc.header, r);
+            rows += 1;
+            if cols.rows >= BATCH_ROWS {
+                flush(&mut cols, &mut w)?;
+            }
+        }
+    }
+    flush(&mut cols, &mut w)?;
+    w.close().map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: p.clone(), source })?;
+    Ok(rows)
+}
+
+/// Whether `bytes` start like a Parquet file.
+pub fn sniff(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PAR1")
+}
+
+struct Cols<'a> {
+    batch: &'a RecordBatch,
+    path: &'a str,
+}
+
+impl<'a> Cols<'a> {
+    fn get<T: Array + 'static>(&self, name: &str, required: bool) -> Result<Option<&'a T>, Error> {
+        let Some(col) = self.batch.column_by_name(name) else {
+            return if required {
+                Err(Error::NotATrace { path: self.path.to_owned(), reason: format!("column `{name}` is missing") })
+            } else {
+                Ok(None)
+            };
+        };
+        match col.as_any().downcast_ref::<T>() {
+            Some(a) => Ok(Some(a)),
+            None => Err(Error::NotATrace {
+                path: self.path.to_owned(),
+                reason: format!("column `{name}` has type {}", col.data_type()),
+            }),
+        }
+    }
+    fn req<T: Array + 'static>(&self, name: &str) -> Result<&'a T, Error> {
+        self.get::<T>(name, true)?.ok_or_else(|| Error::NotATrace { path: self.path.to_owned(), reason: format!("column `{name}` is missing") })
+    }
+}
+
+fn opt_u64(a: Option<&UInt64Array>, i: usize) -> u64 {
+    a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(0)
+}
+fn opt_i32(a: Option<&Int32Array>, i: usize, default: i32) -> i32 {
+    a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(default)
+}
+fn opt_str<'a>(a: Option<&'a StringArray>, i: usize) -> &'a str {
+    a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or("")
+}
+
+/// Reads a Parquet trace back into processes (grouped by job, node, pid and start time, in file
+/// order). Rows of kinds this version does not know are counted in the second value.
+pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
+    let p = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| Error::Io { path: p.clone(), source })?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    if let Some(v) = builder.schema().metadata().get("commscope.schema") {
+        let found: u32 = v.parse().unwrap_or(u32::MAX);
+        if found > SCHEMA_VERSION {
+            return Err(Error::NewerVersion { path: p, found });
+        }
+    } else {
+        return Err(Error::NotATrace { path: p, reason: "no commscope schema metadata".into() });
+    }
+    let reader = builder.with_batch_size(BATCH_ROWS).build().map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    let mut out: Vec<ProcessTrace> = Vec::new();
+    let mut index: std::collections::HashMap<(String, String, u32, u64), usize> = Default::default();
+    let mut unknown = 0usize;
+    for batch in reader {
+        let batch = batch.map_err(|source| Error::Arrow { path: p.clone(), source })?;
+        let c = Cols { batch: &batch, path: &p };
+        let job = c.req::<StringArray>("job")?;
+        let node = c.req::<StringArray>("node")?;
+        let pid = c.req::<UInt32Array>("pid")?;
+        let start = c.req::<UInt64Array>("process_start")?;
+        let rank = c.req::<Int32Array>("rank")?;
+        let world = c.req::<Int32Array>("world_size")?;
+        let flavour = c.get::<StringArray>("flavour", false)?;
+        let mono_anchor = c.get::<UInt64Array>("mono_anchor_ns", false)?;
+        let real_anchor = c.get::<UInt64Array>("real_anchor_ns", false)?;
+        let rec_seq = c.req::<UInt64Array>("rec_seq")?;
+        let kind = c.req::<StringArray>("kind")?;
+        let flags = c.req::<UInt32Array>("flags")?;
+        let op = c.get::<StringArray>("op", false)?;
+        let status = c.get::<Int32Array>("status", false)?;
+        let comm_id = c.get::<UInt64Array>("comm_id", false)?;
+        let seq = c.get::<UInt64Array>("seq", false)?;
+        let op_seq = c.get::<UInt64Array>("op_seq", false)?;
+        let bytes = c.get::<UInt64Array>("bytes", false)?;
+        let count = c.get::<UInt64Array>("count", false)?;
+        let dtype_col = c.get::<StringArray>("dtype", false)?;
+        let peer = c.get::<Int32Array>("peer", false)?;
+        let tag = c.get::<Int32Array>("tag", false)?;
+        let peer2 = c.get::<Int32Array>("peer2", false)?;
+        let tag2 = c.get::<Int32Array>("tag2", false)?;
+        let op_seq2 = c.get::<UInt64Array>("op_seq2", false)?;
+        let t_enter = c.get::<UInt64Array>("t_enter_ns", false)?;
+        let t_exit = c.get::<UInt64Array>("t_exit_ns", false)?;
+        let gpu_start = c.get::<UInt64Array>("gpu_start_ns", false)?;
+        let gpu_end = c.get::<UInt64Array>("gpu_end_ns", false)?;
+        let clock = c.get::<StringArray>("clock", false)?;
+        let comm_rank = c.get::<Int32Array>("comm_rank", false)?;
+        let comm_size = c.get::<Int32Array>("comm_size", false)?;
+        let event = c.get::<StringArray>("event", false)?;
+        let parent = c.get::<UInt64Array>("parent_comm_id", false)?;
+        let comm_name = c.get::<StringArray>("comm_name", false)?;
+        let remote_size = c.get::<Int32Array>("remote_size", false)?;
+        let t = c.get::<UInt64Array>("t_ns", false)?;
+        let t_real = c.get::<UInt64Array>("t_real_ns", false)?;
+        let in_flight = c.get::<UInt32Array>("in_flight", false)?;
+        let d_full = c.get::<UInt64Array>("dropped_ring_full", false)?;
+        let d_infl = c.get::<UInt64Array>("dropped_in_flight", false)?;
+        let d_other = c.get::<UInt64Array>("dropped_other", false)?;
+        let produced = c.get::<UInt64Array>("produced", false)?;
+        let exit_status = c.get::<Int32Array>("exit_status", false)?;
+
+        for i in 0..batch.num_rows() {
+            let key = (job.value(i).to_owned(), node.value(i).to_owned(), pid.value(i), start.value(i));
+            let slot = *index.entry(key).or_insert_with(|| {
+                out.push(ProcessTrace {
+                    header: Header {
+                        version: crate::cst::FORMAT_VERSION,
+                        job: job.value(i).to_owned(),
+                        node: node.value(i).to_owned(),
+                        pid: pid.value(i),
+                        rank: rank.value(i),
+                        world_size: world.value(i),
+                        start_time: start.value(i),
+                        mono_anchor: opt_u64(mono_anchor, i),
+                        real_anchor: opt_u64(real_anchor, i),
+                        flavour: opt_str(flavour, i).to_owned(),
+                        ..Default::default()
+                    },
+                    records: Vec::new(),
+                });
+                out.len() - 1
+            });
+            let fl = flags.value(i) as u16;
+            let call = || Call {
+                rec_seq: rec_seq.value(i),
+                op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                flags: fl,
+                status: opt_i32(status, i, 0),
+                comm_id: opt_u64(comm_id, i),
+                seq: opt_u64(seq, i),
+                op_seq: opt_u64(op_seq, i),
+                bytes: opt_u64(bytes, i),
+                count: opt_u64(count, i),
+                peer: opt_i32(peer, i, -1),
+                tag: opt_i32(tag, i, -1),
+                t_enter: opt_u64(t_enter, i),
+                t_exit: opt_u64(t_exit, i),
+                gpu_start: opt_u64(gpu_start, i),
+                gpu_end: opt_u64(gpu_end, i),
+                rank: rank.value(i),
+                comm_rank: opt_i32(comm_rank, i, -1),
+                comm_size: opt_i32(comm_size, i, 0),
+                dtype: dtype_code(opt_str(dtype_col, i)),
+                clock: match opt_str(clock, i) {
+                    "host-real" => Clock::HostReal as u8,
+                    "gpu" => Clock::Gpu as u8,
+                    _ => Clock::HostMono as u8,
+                },
+                peer2: opt_i32(peer2, i, -1),
+                tag2: opt_i32(tag2, i, -1),
+                op_seq2: opt_u64(op_seq2, i),
+            };
+            let rec = match kind.value(i) {
+                "call" => Record::Call(call()),
+                "enter" => Record::Enter(call()),
+                "comm" => {
+                    let ev = match opt_str(event, i) {
+                        "freed" => CommEvent::Freed,
+                        "named" => CommEvent::Named,
+                        _ => CommEvent::Created,
+                    };
+                    let mut cm = Comm::new(
+                        ev,
+                        opt_u64(comm_id, i),
+                        opt_u64(parent, i),
+                        opt_u64(t, i),
+                        rank.value(i),
+                        opt_i32(comm_rank, i, -1),
+                        opt_i32(comm_size, i, 0),
+                        opt_i32(remote_size, i, 0),
+                    );
+                    cm.rec_seq = rec_seq.value(i);
+                    cm.flags = fl;
+                    cm.set_name(opt_str(comm_name, i).as_bytes());
+                    Record::Comm(cm)
+                }
+                "heartbeat" => Record::Heartbeat(Heartbeat {
+                    rec_seq: rec_seq.value(i),
+                    flags: fl,
+                    t_mono: opt_u64(t, i),
+                    t_real: opt_u64(t_real, i),
+                    in_flight: in_flight.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(0),
+                    rank: rank.value(i),
+                    dropped_ring_full: opt_u64(d_full, i),
+                    dropped_in_flight: opt_u64(d_infl, i),
+                    dropped_other: opt_u64(d_other, i),
+                    produced: opt_u64(produced, i),
+                }),
+                "process" => Record::Process(Process {
+                    rec_seq: rec_seq.value(i),
+                    event: if opt_str(event, i) == "exit" { ProcessEvent::Exit } else { ProcessEvent::Start },
+                    t_mono: opt_u64(t, i),
+                    t_real: opt_u64(t_real, i),
+                    pid: pid.value(i),
+                    exit_status: opt_i32(exit_status, i, crate::record::EXIT_STATUS_UNKNOWN),
+                    start_time: start.value(i),
+                    rank: rank.value(i),
+                    world_size: world.value(i),
+                }),
+                _ => {
+                    unknown += 1;
+                    continue;
+                }
+            };
+            out[slot].records.push(rec);
+        }
+    }
+    Ok((out, unknown))
+}
+
+fn dtype_code(name: &str) -> u16 {
+    (0..=u16::MAX).find(|&c| dtype::name(c) == name).unwrap_or(dtype::NONE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::flags;
+
+    #[test]
+    fn round_trip_through_parquet() {
+        let header = Header {
+            version: 1,
+            job: "j".into(),
+            node: "n".into(),
+            pid: 7,
+            rank: 2,
+            world_size: 4,
+            start_time: 99,
+            mono_anchor: 5,
+            real_anchor: 6,
+            flavour: "mpich".into(),
+            ..Default::default()
+        };
+        let mut comm = Comm::new(CommEvent::Created, 0xabc, 0x1, 10, 2, 1, 4, 0);
+        comm.rec_seq = 1;
+        comm.set_name(b"TP");
+        let call = Call {
+            rec_seq: 2,
+            op: Op::Allgather as u8,
+            flags: flags::IN_PLACE,
+            comm_id: 0xabc,
+            seq: 3,
+            op_seq: 1,
+            bytes: 64,
+            count: 16,
+            peer: -1,
+            tag: -1,
+            t_enter: 100,
+            t_exit: 200,
+            rank: 2,
+            comm_rank: 1,
+            comm_size: 4,
+            dtype: dtype::FLOAT,
+            peer2: -1,
+            tag2: -1,
+            ..Default::default()
+        };
+        let hb = Heartbeat { rec_seq: 3, flags: flags::FINAL, t_mono: 300, t_real: 400, in_flight: 0, rank: 2, produced: 3, ..Default::default() };
+        let recs = vec![Record::Comm(comm), Record::Call(call), Record::Enter(Call { rec_seq: 4, t_exit: 0, ..call }), Record::Heartbeat(hb)];
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.parquet");
+        let n = write(&path, &[ProcessTrace { header: header.clone(), records: recs.clone() }]).expect("write");
+        assert_eq!(n, 4);
+        let (back, unknown) = read(&path).expect("read");
+        assert_eq!(unknown, 0);
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].header.job, "j");
+        assert_eq!(back[0].header.rank, 2);
+        assert_eq!(back[0].records, recs);
+    }
+
+    #[test]
+    fn foreign_parquet_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("other.parquet");
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
+        let file = std::fs::File::create(&path).expect("create");
+        let mut w = ArrowWriter::try_new(file, schema.clone(), None).expect("writer");
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![1u64]))]).expect("batch");
+        w.write(&batch).expect("write");
+        w.close().expect("close");
+        let err = read(&path).expect_err("foreign");
+        assert!(err.to_string().contains("not a commscope Parquet trace"), "{err}");
+    }
+}

@@ -1,0 +1,615 @@
+//! Records: the fixed 128-byte raw layout shared by the ring and the `.cst` trace files, and the
+//! decoded types the rest of commscope works with.
+//!
+//! All integers are little-endian. Byte 0..8 is `rec_seq` (1-based; 0 marks an empty ring slot),
+//! byte 8 the kind, byte 9 the op (or event), 10..12 flags, 12..16 status; the rest depends on
+//! the kind and is documented in `docs/trace-format.md`.
+
+use crate::op::{Clock, Op};
+
+/// Size of every raw record in bytes.
+pub const RECORD_SIZE: usize = 128;
+
+/// A raw record.
+pub type RawRecord = [u8; RECORD_SIZE];
+
+/// Record kinds (byte 8).
+pub mod kind {
+    pub const CALL: u8 = 1;
+    pub const ENTER: u8 = 2;
+    pub const COMM: u8 = 3;
+    pub const HEARTBEAT: u8 = 4;
+    pub const PROCESS: u8 = 5;
+}
+
+/// `comm` record events (byte 9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CommEvent {
+    /// The communicator was created (or, for world/self, became known at init).
+    Created = 1,
+    /// The communicator was freed or disconnected.
+    Freed = 2,
+    /// The communicator was named (`MPI_Comm_set_name`, `ncclConfig_t.commName`).
+    Named = 3,
+}
+
+/// `process` record events (byte 9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ProcessEvent {
+    /// The library became active in this process (`MPI_Init` or the first NCCL call).
+    Start = 1,
+    /// The process finalized or exited.
+    Exit = 2,
+}
+
+/// Exit status value meaning "not known".
+pub const EXIT_STATUS_UNKNOWN: i32 = i32::MIN;
+
+/// Why a raw record could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The slot is empty (`rec_seq` is 0).
+    Empty,
+    /// The kind byte is not one this version knows.
+    UnknownKind(u8),
+    /// A field holds a value that cannot occur (e.g. an event code).
+    BadField(&'static str),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Empty => write!(f, "empty record slot"),
+            DecodeError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
+            DecodeError::BadField(name) => write!(f, "invalid value in field `{name}`"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// A collective or point-to-point call (kind `call`), or one seen entering and not yet done
+/// (kind `enter`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Call {
+    pub rec_seq: u64,
+    pub op: u8,
+    pub flags: u16,
+    /// 0 for success, else the library's error code.
+    pub status: i32,
+    pub comm_id: u64,
+    /// Per-communicator count of every collective call on this rank (the instance key); for
+    /// p2p the number of collectives issued on the communicator before it.
+    pub seq: u64,
+    /// Collectives: per-communicator, per-op count. P2p: the sequence per (comm, peer, tag,
+    /// direction); for `sendrecv` the send direction's.
+    pub op_seq: u64,
+    /// Data volume (see `docs/trace-format.md` for each op's rule).
+    pub bytes: u64,
+    /// Element count matching `bytes`.
+    pub count: u64,
+    /// Root (rooted ops), destination (send), source (recv; the matched one for wildcards), or -1.
+    pub peer: i32,
+    /// Tag (p2p), or -1.
+    pub tag: i32,
+    pub t_enter: u64,
+    pub t_exit: u64,
+    pub gpu_start: u64,
+    pub gpu_end: u64,
+    /// Global rank.
+    pub rank: i32,
+    pub comm_rank: i32,
+    pub comm_size: i32,
+    pub dtype: u16,
+    /// Clock of `t_enter`/`t_exit` (see [`Clock`]).
+    pub clock: u8,
+    /// `sendrecv`: the source.
+    pub peer2: i32,
+    /// `sendrecv`: the receive tag.
+    pub tag2: i32,
+    /// `sendrecv`: the receive direction's p2p sequence.
+    pub op_seq2: u64,
+}
+
+impl Call {
+    /// The operation.
+    pub fn op(&self) -> Op {
+        Op::from_code(self.op)
+    }
+
+    /// The clock of the host timestamps.
+    pub fn clock(&self) -> Clock {
+        Clock::from_code(self.clock)
+    }
+
+    /// Host-side duration in nanoseconds (0 for `enter` records).
+    pub fn duration_ns(&self) -> u64 {
+        self.t_exit.saturating_sub(self.t_enter)
+    }
+}
+
+/// A communicator event (kind `comm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Comm {
+    pub rec_seq: u64,
+    pub event: CommEvent,
+    pub flags: u16,
+    pub comm_id: u64,
+    /// The parent communicator's id, 0 when none.
+    pub parent: u64,
+    /// Host monotonic time of the event.
+    pub t: u64,
+    /// Global rank of the recording process.
+    pub rank: i32,
+    pub comm_rank: i32,
+    pub size: i32,
+    /// Size of the remote group for intercommunicators, else 0.
+    pub remote_size: i32,
+    name_len: u8,
+    name: [u8; COMM_NAME_MAX],
+}
+
+/// The longest communicator name a record carries (longer names are cut at a UTF-8 boundary).
+pub const COMM_NAME_MAX: usize = 64;
+
+impl Comm {
+    /// A new comm record with an empty name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        event: CommEvent,
+        comm_id: u64,
+        parent: u64,
+        t: u64,
+        rank: i32,
+        comm_rank: i32,
+        size: i32,
+        remote_size: i32,
+    ) -> Self {
+        Comm {
+            rec_seq: 0,
+            event,
+            flags: 0,
+            comm_id,
+            parent,
+            t,
+            rank,
+            comm_rank,
+            size,
+            remote_size,
+            name_len: 0,
+            name: [0; COMM_NAME_MAX],
+        }
+    }
+
+    /// Sets the name from raw bytes (a C string's contents), cut to [`COMM_NAME_MAX`] bytes
+    /// at a UTF-8 character boundary; invalid UTF-8 is kept as far as it is valid.
+    pub fn set_name(&mut self, name: &[u8]) {
+        let valid = match std::str::from_utf8(name) {
+            Ok(s) => s,
+            Err(e) => std::str::from_utf8(&name[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        let mut end = valid.len().min(COMM_NAME_MAX);
+        while !valid.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.name = [0; COMM_NAME_MAX];
+        self.name[..end].copy_from_slice(&valid.as_bytes()[..end]);
+        self.name_len = end as u8;
+    }
+
+    /// The name ("" when none).
+    pub fn name(&self) -> &str {
+        std::str::from_utf8(&self.name[..usize::from(self.name_len).min(COMM_NAME_MAX)])
+            .unwrap_or_default()
+    }
+}
+
+/// A liveness record (kind `heartbeat`), written at least once a second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub rec_seq: u64,
+    /// [`crate::op::flags::FINAL`] on the last heartbeat of a clean shutdown.
+    pub flags: u16,
+    pub t_mono: u64,
+    pub t_real: u64,
+    /// Calls in flight at this moment.
+    pub in_flight: u32,
+    pub rank: i32,
+    /// Records dropped because the ring was full, since the process started.
+    pub dropped_ring_full: u64,
+    /// Calls not shown in the in-flight table because it was full.
+    pub dropped_in_flight: u64,
+    /// Everything else that was not recorded (table overflows, internal errors).
+    pub dropped_other: u64,
+    /// Records produced so far (the ring's write position).
+    pub produced: u64,
+}
+
+/// A process lifecycle record (kind `process`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub rec_seq: u64,
+    pub event: ProcessEvent,
+    pub t_mono: u64,
+    pub t_real: u64,
+    pub pid: u32,
+    /// Exit status, or [`EXIT_STATUS_UNKNOWN`].
+    pub exit_status: i32,
+    /// Process start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_time: u64,
+    pub rank: i32,
+    pub world_size: i32,
+}
+
+/// Any decoded record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    Call(Call),
+    Enter(Call),
+    Comm(Comm),
+    Heartbeat(Heartbeat),
+    Process(Process),
+}
+
+impl Record {
+    /// The per-process record sequence number.
+    pub fn rec_seq(&self) -> u64 {
+        match self {
+            Record::Call(c) | Record::Enter(c) => c.rec_seq,
+            Record::Comm(c) => c.rec_seq,
+            Record::Heartbeat(h) => h.rec_seq,
+            Record::Process(p) => p.rec_seq,
+        }
+    }
+
+    /// Sets the per-process record sequence number.
+    pub fn set_rec_seq(&mut self, seq: u64) {
+        match self {
+            Record::Call(c) | Record::Enter(c) => c.rec_seq = seq,
+            Record::Comm(c) => c.rec_seq = seq,
+            Record::Heartbeat(h) => h.rec_seq = seq,
+            Record::Process(p) => p.rec_seq = seq,
+        }
+    }
+
+    /// The contract kind name.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Record::Call(_) => "call",
+            Record::Enter(_) => "enter",
+            Record::Comm(_) => "comm",
+            Record::Heartbeat(_) => "heartbeat",
+            Record::Process(_) => "process",
+        }
+    }
+
+    /// Encodes into a raw record (including `rec_seq`).
+    pub fn encode(&self) -> RawRecord {
+        let mut b = [0u8; RECORD_SIZE];
+        self.encode_body(&mut b);
+        put_u64(&mut b, 0, self.rec_seq());
+        b
+    }
+
+    /// Encodes everything but `rec_seq` (bytes 8..128): what a ring writer fills before it
+    /// publishes the slot by storing `rec_seq`.
+    pub fn encode_body(&self, b: &mut RawRecord) {
+        match self {
+            Record::Call(c) => encode_call(b, kind::CALL, c),
+            Record::Enter(c) => encode_call(b, kind::ENTER, c),
+            Record::Comm(c) => {
+                header(b, kind::COMM, c.event as u8, c.flags, 0);
+                put_u64(b, 16, c.comm_id);
+                put_u64(b, 24, c.parent);
+                put_u64(b, 32, c.t);
+                put_i32(b, 40, c.rank);
+                put_i32(b, 44, c.comm_rank);
+                put_i32(b, 48, c.size);
+                put_i32(b, 52, c.remote_size);
+                b[56] = c.name_len;
+                b[57..64].fill(0);
+                b[64..128].copy_from_slice(&c.name);
+            }
+            Record::Heartbeat(h) => {
+                header(b, kind::HEARTBEAT, 0, h.flags, 0);
+                put_u64(b, 16, h.t_mono);
+                put_u64(b, 24, h.t_real);
+                put_u32(b, 32, h.in_flight);
+                put_i32(b, 36, h.rank);
+                put_u64(b, 40, h.dropped_ring_full);
+                put_u64(b, 48, h.dropped_in_flight);
+                put_u64(b, 56, h.dropped_other);
+                put_u64(b, 64, h.produced);
+                b[72..128].fill(0);
+            }
+            Record::Process(p) => {
+                header(b, kind::PROCESS, p.event as u8, 0, 0);
+                put_u64(b, 16, p.t_mono);
+                put_u64(b, 24, p.t_real);
+                put_u32(b, 32, p.pid);
+                put_i32(b, 36, p.exit_status);
+                put_u64(b, 40, p.start_time);
+                put_i32(b, 48, p.rank);
+                put_i32(b, 52, p.world_size);
+                b[56..128].fill(0);
+            }
+        }
+    }
+
+    /// Decodes a raw record.
+    pub fn decode(b: &RawRecord) -> Result<Record, DecodeError> {
+        let rec_seq = get_u64(b, 0);
+        if rec_seq == 0 {
+            return Err(DecodeError::Empty);
+        }
+        let flags = get_u16(b, 10);
+        match b[8] {
+            kind::CALL => Ok(Record::Call(decode_call(b, rec_seq))),
+            kind::ENTER => Ok(Record::Enter(decode_call(b, rec_seq))),
+            kind::COMM => {
+                let event = match b[9] {
+                    1 => CommEvent::Created,
+                    2 => CommEvent::Freed,
+                    3 => CommEvent::Named,
+                    _ => return Err(DecodeError::BadField("comm event")),
+                };
+                let mut name = [0u8; COMM_NAME_MAX];
+                name.copy_from_slice(&b[64..128]);
+                let name_len = b[56];
+                if usize::from(name_len) > COMM_NAME_MAX {
+                    return Err(DecodeError::BadField("comm name length"));
+                }
+                Ok(Record::Comm(Comm {
+                    rec_seq,
+                    event,
+                    flags,
+                    comm_id: get_u64(b, 16),
+                    parent: get_u64(b, 24),
+                    t: get_u64(b, 32),
+                    rank: get_i32(b, 40),
+                    comm_rank: get_i32(b, 44),
+                    size: get_i32(b, 48),
+                    remote_size: get_i32(b, 52),
+                    name_len,
+                    name,
+                }))
+            }
+            kind::HEARTBEAT => Ok(Record::Heartbeat(Heartbeat {
+                rec_seq,
+                flags,
+                t_mono: get_u64(b, 16),
+                t_real: get_u64(b, 24),
+                in_flight: get_u32(b, 32),
+                rank: get_i32(b, 36),
+                dropped_ring_full: get_u64(b, 40),
+                dropped_in_flight: get_u64(b, 48),
+                dropped_other: get_u64(b, 56),
+                produced: get_u64(b, 64),
+            })),
+            kind::PROCESS => {
+                let event = match b[9] {
+                    1 => ProcessEvent::Start,
+                    2 => ProcessEvent::Exit,
+                    _ => return Err(DecodeError::BadField("process event")),
+                };
+                Ok(Record::Process(Process {
+                    rec_seq,
+                    event,
+                    t_mono: get_u64(b, 16),
+                    t_real: get_u64(b, 24),
+                    pid: get_u32(b, 32),
+                    exit_status: get_i32(b, 36),
+                    start_time: get_u64(b, 40),
+                    rank: get_i32(b, 48),
+                    world_size: get_i32(b, 52),
+                }))
+            }
+            other => Err(DecodeError::UnknownKind(other)),
+        }
+    }
+}
+
+fn header(b: &mut RawRecord, kind: u8, op: u8, flags: u16, status: i32) {
+    b[8] = kind;
+    b[9] = op;
+    put_u16(b, 10, flags);
+    put_i32(b, 12, status);
+}
+
+/// Writes a call/enter record's body (bytes 8..128) straight into `b`: the shim's hot path.
+#[inline]
+pub fn encode_call(b: &mut RawRecord, kind: u8, c: &Call) {
+    header(b, kind, c.op, c.flags, c.status);
+    put_u64(b, 16, c.comm_id);
+    put_u64(b, 24, c.seq);
+    put_u64(b, 32, c.op_seq);
+    put_u64(b, 40, c.bytes);
+    put_u64(b, 48, c.count);
+    put_i32(b, 56, c.peer);
+    put_i32(b, 60, c.tag);
+    put_u64(b, 64, c.t_enter);
+    put_u64(b, 72, c.t_exit);
+    put_u64(b, 80, c.gpu_start);
+    put_u64(b, 88, c.gpu_end);
+    put_i32(b, 96, c.rank);
+    put_i32(b, 100, c.comm_rank);
+    put_i32(b, 104, c.comm_size);
+    put_u16(b, 108, c.dtype);
+    b[110] = c.clock;
+    b[111] = 0;
+    put_i32(b, 112, c.peer2);
+    put_i32(b, 116, c.tag2);
+    put_u64(b, 120, c.op_seq2);
+}
+
+fn decode_call(b: &RawRecord, rec_seq: u64) -> Call {
+    Call {
+        rec_seq,
+        op: b[9],
+        flags: get_u16(b, 10),
+        status: get_i32(b, 12),
+        comm_id: get_u64(b, 16),
+        seq: get_u64(b, 24),
+        op_seq: get_u64(b, 32),
+        bytes: get_u64(b, 40),
+        count: get_u64(b, 48),
+        peer: get_i32(b, 56),
+        tag: get_i32(b, 60),
+        t_enter: get_u64(b, 64),
+        t_exit: get_u64(b, 72),
+        gpu_start: get_u64(b, 80),
+        gpu_end: get_u64(b, 88),
+        rank: get_i32(b, 96),
+        comm_rank: get_i32(b, 100),
+        comm_size: get_i32(b, 104),
+        dtype: get_u16(b, 108),
+        clock: b[110],
+        peer2: get_i32(b, 112),
+        tag2: get_i32(b, 116),
+        op_seq2: get_u64(b, 120),
+    }
+}
+
+// Fixed-offset little-endian accessors. Offsets are constants inside a 128-byte array, so the
+// compiler removes the bounds checks.
+#[inline]
+fn put_u64(b: &mut RawRecord, at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+#[inline]
+fn put_u32(b: &mut RawRecord, at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+#[inline]
+fn put_i32(b: &mut RawRecord, at: usize, v: i32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+#[inline]
+fn put_u16(b: &mut RawRecord, at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+#[inline]
+fn get_u64(b: &RawRecord, at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+#[inline]
+fn get_u32(b: &RawRecord, at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(x)
+}
+#[inline]
+fn get_i32(b: &RawRecord, at: usize) -> i32 {
+    get_u32(b, at) as i32
+}
+#[inline]
+fn get_u16(b: &RawRecord, at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::flags;
+
+    pub(crate) fn sample_call() -> Call {
+        Call {
+            rec_seq: 42,
+            op: Op::Allreduce as u8,
+            flags: flags::NONBLOCKING | flags::IN_PLACE,
+            status: 0,
+            comm_id: 0x3f00_0000_0000_0001,
+            seq: 7,
+            op_seq: 3,
+            bytes: 8192,
+            count: 1024,
+            peer: -1,
+            tag: -1,
+            t_enter: 1_000,
+            t_exit: 2_500,
+            gpu_start: 0,
+            gpu_end: 0,
+            rank: 5,
+            comm_rank: 2,
+            comm_size: 8,
+            dtype: crate::op::dtype::DOUBLE,
+            clock: Clock::HostMono as u8,
+            peer2: -1,
+            tag2: -1,
+            op_seq2: 0,
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let mut comm = Comm::new(CommEvent::Created, 9, 1, 77, 3, 1, 4, 0);
+        comm.set_name(b"TENSOR_MODEL_PARALLEL_GROUP");
+        let records = [
+            Record::Call(sample_call()),
+            Record::Enter(Call { rec_seq: 43, ..sample_call() }),
+            Record::Comm(Comm { rec_seq: 44, ..comm }),
+            Record::Heartbeat(Heartbeat {
+                rec_seq: 45,
+                flags: flags::FINAL,
+                t_mono: 1,
+                t_real: 2,
+                in_flight: 3,
+                rank: 4,
+                dropped_ring_full: 5,
+                dropped_in_flight: 6,
+                dropped_other: 7,
+                produced: 8,
+            }),
+            Record::Process(Process {
+                rec_seq: 46,
+                event: ProcessEvent::Exit,
+                t_mono: 1,
+                t_real: 2,
+                pid: 1234,
+                exit_status: 3,
+                start_time: 99,
+                rank: 0,
+                world_size: 8,
+            }),
+        ];
+        for r in records {
+            assert_eq!(Record::decode(&r.encode()), Ok(r), "{}", r.kind_name());
+        }
+    }
+
+    #[test]
+    fn comm_names_are_cut_at_a_char_boundary() {
+        let mut c = Comm::new(CommEvent::Named, 1, 0, 0, 0, 0, 1, 0);
+        let long = "é".repeat(40); // 80 bytes
+        c.set_name(long.as_bytes());
+        assert_eq!(c.name(), "é".repeat(32));
+        c.set_name(b"ok\xff\xfe");
+        assert_eq!(c.name(), "ok");
+    }
+
+    #[test]
+    fn empty_and_unknown_slots_are_rejected() {
+        assert_eq!(Record::decode(&[0; RECORD_SIZE]), Err(DecodeError::Empty));
+        let mut b = Record::Call(sample_call()).encode();
+        b[8] = 99;
+        assert_eq!(Record::decode(&b), Err(DecodeError::UnknownKind(99)));
+        let mut b = Record::Process(Process {
+            rec_seq: 1,
+            event: ProcessEvent::Start,
+            t_mono: 0,
+            t_real: 0,
+            pid: 1,
+            exit_status: 0,
+            start_time: 0,
+            rank: 0,
+            world_size: 1,
+        })
+        .encode();
+        b[9] = 7;
+        assert_eq!(Record::decode(&b), Err(DecodeError::BadField("process event")));
+    }
+}
