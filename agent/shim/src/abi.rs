@@ -47,6 +47,14 @@ pub fn lookup(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
+/// Looks up a data object's canonical address. An executable that takes the address of a
+/// library's data object (`&ompi_mpi_comm_world`) gets a copy relocation, and the copy in the
+/// executable is the object everyone uses: the global scope finds it first.
+pub fn lookup_data(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with a valid NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
 /// A lazily resolved real function, cached in an atomic.
 #[derive(Debug)]
 pub struct Real {
@@ -157,9 +165,9 @@ pub const STATUS_MAX: usize = 64;
 impl Abi {
     /// Detects the loaded flavour. Returns `None` when no MPI is loaded.
     pub fn detect() -> Option<Abi> {
-        let world = lookup(c"ompi_mpi_comm_world");
+        let world = lookup_data(c"ompi_mpi_comm_world");
         let abi = if !world.is_null() {
-            let sym = |n: &CStr| lookup(n) as u64;
+            let sym = |n: &CStr| lookup_data(n) as u64;
             let dt = |n: &CStr, code: u16| (sym(n), code);
             let dtypes = vec![
                 dt(c"ompi_mpi_byte", dtype::BYTE),

@@ -1,0 +1,273 @@
+//! `commscope trace summary`: what a trace holds, per job — communicators with their call
+//! counts, point-to-point traffic and how it pairs up, calls still in flight, drops and damage.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use commscope_wire::hash::format_comm_id;
+use commscope_wire::op::{Op, flags};
+use commscope_wire::record::{CommEvent, Record};
+use serde::Serialize;
+
+use crate::traces::JobTrace;
+
+/// One communicator's line.
+#[derive(Debug, Serialize)]
+pub struct CommSummary {
+    pub comm_id: String,
+    pub size: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Global ranks that recorded calls on it.
+    pub ranks: Vec<i32>,
+    /// `call` records per op (one per rank per call).
+    pub ops: BTreeMap<String, u64>,
+    /// Bytes per op, summed over records.
+    pub bytes: BTreeMap<String, u64>,
+    /// Whether the id is local to one process (not agreed across members).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub local_id: bool,
+}
+
+/// Point-to-point totals.
+#[derive(Debug, Default, Serialize)]
+pub struct P2pSummary {
+    /// Messages sent (`send` records plus the send half of `sendrecv`).
+    pub send: u64,
+    /// Messages received (`recv` records plus the receive half of `sendrecv`).
+    pub recv: u64,
+    /// Sends whose receive was found (same comm, ranks, tag and sequence).
+    pub matched: u64,
+    /// Sends without a receive plus receives without a send.
+    pub unmatched: u64,
+}
+
+/// A call entered and never completed.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct InFlight {
+    pub rank: i32,
+    pub comm_id: String,
+    pub op: String,
+    pub seq: u64,
+    /// For point-to-point: the peer (rank in the communicator).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<i32>,
+    /// How long it had been in flight at the process's last heartbeat, in seconds.
+    pub for_s: f64,
+}
+
+/// Drop counters, from each process's last heartbeat.
+#[derive(Debug, Default, Serialize)]
+pub struct Dropped {
+    pub ring_full: u64,
+    pub in_flight_table: u64,
+    pub other: u64,
+}
+
+/// The summary of one job (the contract's `trace summary --format json`).
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub job: String,
+    pub records: u64,
+    pub ranks: u64,
+    pub processes: u64,
+    pub comms: Vec<CommSummary>,
+    pub p2p: P2pSummary,
+    pub in_flight: Vec<InFlight>,
+    pub dropped: Dropped,
+    /// Processes without a clean shutdown (no final heartbeat), by global rank.
+    pub unfinished_ranks: Vec<i32>,
+    pub warnings: Vec<String>,
+}
+
+fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSummary {
+    comms.entry(id).or_insert_with(|| CommSummary {
+        comm_id: format_comm_id(id),
+        size: 0,
+        name: None,
+        ranks: Vec::new(),
+        ops: BTreeMap::new(),
+        bytes: BTreeMap::new(),
+        local_id: false,
+    })
+}
+
+/// Summarises one job.
+pub fn summarize(job: &JobTrace) -> Summary {
+    let mut comms: BTreeMap<u64, CommSummary> = BTreeMap::new();
+    let mut ranks = HashSet::new();
+    let mut p2p = P2pSummary::default();
+    // (comm, src, dst, tag, p2p_seq) of each direction
+    let mut sends: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
+    let mut recvs: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
+    let mut in_flight = Vec::new();
+    let mut dropped = Dropped::default();
+    let mut unfinished = Vec::new();
+
+    for proc in &job.processes {
+        ranks.insert(proc.header.rank);
+        let mut completed: HashSet<(u64, u64)> = HashSet::new();
+        let mut last_beat = 0u64;
+        let mut clean = false;
+        for r in &proc.records {
+            match r {
+                Record::Call(c) => {
+                    completed.insert((c.comm_id, c.t_enter));
+                }
+                Record::Heartbeat(h) => {
+                    last_beat = last_beat.max(h.t_mono);
+                    clean |= h.flags & flags::FINAL != 0;
+                }
+                _ => {}
+            }
+        }
+        if let Some(h) = proc.records.iter().rev().find_map(|r| if let Record::Heartbeat(h) = r { Some(h) } else { None }) {
+            dropped.ring_full += h.dropped_ring_full;
+            dropped.in_flight_table += h.dropped_in_flight;
+            dropped.other += h.dropped_other;
+        }
+        if !clean {
+            unfinished.push(proc.header.rank);
+        }
+        for r in &proc.records {
+            match r {
+                Record::Comm(c) => {
+                    let cs = comm_entry(&mut comms, c.comm_id);
+                    if c.size > 0 {
+                        cs.size = c.size;
+                    }
+                    if !c.name().is_empty() && (c.event == CommEvent::Named || cs.name.is_none()) {
+                        cs.name = Some(c.name().to_owned());
+                    }
+                    cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
+                }
+                Record::Call(c) => {
+                    let cs = comm_entry(&mut comms, c.comm_id);
+                    let op = c.op();
+                    *cs.ops.entry(op.name().to_owned()).or_default() += 1;
+                    *cs.bytes.entry(op.name().to_owned()).or_default() += c.bytes;
+                    if !cs.ranks.contains(&c.rank) {
+                        cs.ranks.push(c.rank);
+                    }
+                    if cs.size == 0 {
+                        cs.size = c.comm_size;
+                    }
+                    cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
+                    let me = c.comm_rank;
+                    match op {
+                        Op::Send if c.peer >= 0 => {
+                            p2p.send += 1;
+                            *sends.entry((c.comm_id, me, c.peer, c.tag, c.op_seq)).or_default() += 1;
+                        }
+                        Op::Recv if c.peer >= 0 => {
+                            p2p.recv += 1;
+                            *recvs.entry((c.comm_id, c.peer, me, c.tag, c.op_seq)).or_default() += 1;
+                        }
+                        Op::Sendrecv => {
+                            if c.peer >= 0 {
+                                p2p.send += 1;
+                                *sends.entry((c.comm_id, me, c.peer, c.tag, c.op_seq)).or_default() += 1;
+                            }
+                            if c.peer2 >= 0 {
+                                p2p.recv += 1;
+                                *recvs.entry((c.comm_id, c.peer2, me, c.tag2, c.op_seq2)).or_default() += 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Record::Enter(c) if !completed.contains(&(c.comm_id, c.t_enter)) => {
+                    let op = c.op();
+                    in_flight.push(InFlight {
+                        rank: c.rank,
+                        comm_id: format_comm_id(c.comm_id),
+                        op: op.name().to_owned(),
+                        seq: if op.is_p2p() { c.op_seq } else { c.seq },
+                        peer: op.is_p2p().then_some(c.peer),
+                        for_s: last_beat.saturating_sub(c.t_enter) as f64 / 1e9,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    for (k, n) in &sends {
+        let m = recvs.get(k).copied().unwrap_or(0);
+        p2p.matched += (*n).min(m);
+        p2p.unmatched += n.abs_diff(m);
+    }
+    for (k, m) in &recvs {
+        if !sends.contains_key(k) {
+            p2p.unmatched += m;
+        }
+    }
+    in_flight.sort_by(|a, b| (a.rank, &a.comm_id, a.seq).cmp(&(b.rank, &b.comm_id, b.seq)));
+    unfinished.sort_unstable();
+    let mut comms: Vec<CommSummary> = comms.into_values().filter(|c| !c.ops.is_empty() || c.size > 0).collect();
+    for c in &mut comms {
+        c.ranks.sort_unstable();
+    }
+    // World first, then by size (largest first), then id.
+    comms.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.comm_id.cmp(&b.comm_id)));
+    Summary {
+        job: job.job.clone(),
+        records: job.records() as u64,
+        ranks: ranks.len() as u64,
+        processes: job.processes.len() as u64,
+        comms,
+        p2p,
+        in_flight,
+        dropped,
+        unfinished_ranks: unfinished,
+        warnings: job.warnings.clone(),
+    }
+}
+
+/// Renders a summary for people.
+pub fn render_text(s: &Summary) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "job {}: {} ranks, {} records from {} processes", s.job, s.ranks, s.records, s.processes);
+    for c in &s.comms {
+        let name = c.name.as_deref().map(|n| format!(" \"{n}\"")).unwrap_or_default();
+        let ops: Vec<String> = c.ops.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        let local = if c.local_id { " (process-local id)" } else { "" };
+        let _ = writeln!(
+            o,
+            "  comm {}{name}, size {}{local}: {}",
+            c.comm_id,
+            c.size,
+            if ops.is_empty() { "no calls".to_owned() } else { ops.join(", ") }
+        );
+    }
+    if s.p2p.send + s.p2p.recv > 0 {
+        let _ = writeln!(
+            o,
+            "  point-to-point: {} sends, {} receives; {} matched, {} unmatched",
+            s.p2p.send, s.p2p.recv, s.p2p.matched, s.p2p.unmatched
+        );
+    }
+    if s.in_flight.is_empty() {
+        let _ = writeln!(o, "  in flight: nothing");
+    } else {
+        let _ = writeln!(o, "  in flight ({} calls never completed):", s.in_flight.len());
+        for f in &s.in_flight {
+            let peer = f.peer.map(|p| format!(" with peer {p}")).unwrap_or_default();
+            let _ = writeln!(o, "    rank {} in {}{peer} on comm {} seq {} for {:.1} s", f.rank, f.op, f.comm_id, f.seq, f.for_s);
+        }
+    }
+    let d = &s.dropped;
+    if d.ring_full + d.in_flight_table + d.other > 0 {
+        let _ = writeln!(
+            o,
+            "  dropped: {} records (ring full), {} in-flight entries, {} other",
+            d.ring_full, d.in_flight_table, d.other
+        );
+    }
+    if !s.unfinished_ranks.is_empty() {
+        let _ = writeln!(o, "  no clean shutdown recorded for ranks {:?}", s.unfinished_ranks);
+    }
+    for w in &s.warnings {
+        let _ = writeln!(o, "  warning: {w}");
+    }
+    o
+}
