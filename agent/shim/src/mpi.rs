@@ -224,20 +224,11 @@ impl Shim {
         // SAFETY: MPI wrote the request handle to `req`.
         let h = unsafe { self.abi.read_handle(req) };
         self.mark_posted(&b);
-        match self.requests.insert(h, Pending { call: b.call, slot: b.slot, seq_at_completion }) {
-            Ok(None) => {}
-            Ok(Some(stale)) => {
-                self.shm.count(Counter::DroppedRequests, 1);
-                let mut c = stale.call;
-                c.flags |= flags::UNTRACKED;
-                self.finish(c, stale.slot, 0);
-            }
-            Err(p) => {
-                self.shm.count(Counter::DroppedRequests, 1);
-                let mut c = p.call;
-                c.flags |= flags::UNTRACKED;
-                self.finish(c, p.slot, 0);
-            }
+        if let Err(p) = self.requests.insert(h, Pending { call: b.call, slot: b.slot, seq_at_completion }) {
+            self.shm.count(Counter::DroppedRequests, 1);
+            let mut c = p.call;
+            c.flags |= flags::UNTRACKED;
+            self.finish(c, p.slot, 0);
         }
     }
 

@@ -363,6 +363,11 @@ pub fn shutdown(clean: bool, exit_status: i32) {
     }));
     crate::writer::stop(shim);
     shim.shm.set_state(shm_state::FINALIZED);
+    if std::env::var_os("COMMSCOPE_DEBUG").is_some() {
+        let c = |x| shim.shm.counter(x);
+        util::warn(format_args!("rank {} counters: ring_full={} in_flight={} requests={} p2p={} comms={} internal={} overrun={} write_errors={}", shim.rank,
+            c(Counter::DroppedRingFull), c(Counter::DroppedInFlight), c(Counter::DroppedRequests), c(Counter::DroppedP2pSeq), c(Counter::DroppedComms), c(Counter::DroppedInternal), c(Counter::ConsumerOverrun), c(Counter::TraceWriteErrors)));
+    }
 }
 
 impl Shim {

@@ -191,13 +191,15 @@ impl RequestTable {
         (0..MAX_PROBE.min(n)).map(move |i| &self.entries[(start + i) & (n - 1)])
     }
 
-    /// Adds a pending request. A stale entry under the same handle (a completion commscope did
-    /// not see) is returned so the caller can record it. `Err(p)` when the table is full.
-    pub fn insert(&self, handle: u64, p: Pending) -> Result<Option<Pending>, Pending> {
+    /// Adds a pending request; `Err(p)` when the table is full.
+    ///
+    /// One handle may be pending several times: Open MPI hands out the same completed request
+    /// object for every nonblocking call that finished at once (small eager sends), and the
+    /// application waits on that handle once per call.
+    pub fn insert(&self, handle: u64, p: Pending) -> Result<(), Pending> {
         if handle == EMPTY || handle >= BUSY {
             return Err(p);
         }
-        let stale = self.take(handle);
         for e in self.probe(handle) {
             let k = e.key.load(Ordering::Relaxed);
             if (k == EMPTY || k == TOMB)
@@ -207,32 +209,42 @@ impl RequestTable {
                 unsafe { *e.data.get() = p };
                 e.key.store(handle, Ordering::Release);
                 self.live.fetch_add(1, Ordering::Relaxed);
-                return Ok(stale);
+                return Ok(());
             }
         }
         Err(p)
     }
 
-    /// Removes and returns the pending request of a handle.
+    /// Removes and returns the pending request of a handle (the oldest, when one handle is
+    /// pending several times).
     #[inline]
     pub fn take(&self, handle: u64) -> Option<Pending> {
         if self.is_empty() || handle == EMPTY || handle >= BUSY {
             return None;
         }
-        for e in self.probe(handle) {
-            let k = e.key.load(Ordering::Acquire);
-            if k == handle {
-                if e.key.compare_exchange(handle, BUSY, Ordering::Acquire, Ordering::Relaxed).is_err() {
-                    return None; // another thread completed it
+        for _attempt in 0..4 {
+            let mut best: Option<(&ReqEntry, u64)> = None;
+            for e in self.probe(handle) {
+                let k = e.key.load(Ordering::Acquire);
+                if k == handle {
+                    // SAFETY: an entry keyed by a handle is fully written (release store of the
+                    // key) and changes only after a taker moves it to BUSY; a racing taker makes
+                    // the compare-and-swap below fail and this search repeat.
+                    let t = unsafe { (*e.data.get()).call.t_enter };
+                    if best.is_none_or(|(_, bt)| t < bt) {
+                        best = Some((e, t));
+                    }
+                } else if k == EMPTY {
+                    break;
                 }
+            }
+            let (e, _) = best?;
+            if e.key.compare_exchange(handle, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 // SAFETY: this thread holds the entry (BUSY).
                 let p = unsafe { *e.data.get() };
                 e.key.store(TOMB, Ordering::Release);
                 self.live.fetch_sub(1, Ordering::Relaxed);
                 return Some(p);
-            }
-            if k == EMPTY {
-                return None;
             }
         }
         None
@@ -273,7 +285,11 @@ impl P2pTable {
     /// the table is full.
     #[inline]
     pub fn next(&self, comm: u64, peer: i32, tag: i32, dir: Dir) -> Option<u64> {
-        let mut key = splitmix64(comm ^ splitmix64(u64::from(peer as u32) | u64::from(tag as u32) << 32) ^ dir as u64);
+        let mut key = commscope_wire::hash::Hasher::new()
+            .word(comm)
+            .word(dir as u64)
+            .word(u64::from(peer as u32) | u64::from(tag as u32) << 32)
+            .finish();
         if key == EMPTY || key >= BUSY {
             key = 1;
         }
@@ -323,16 +339,19 @@ mod tests {
     fn requests_are_taken_once() {
         let t = RequestTable::new(16);
         let p = Pending { call: Call { seq: 9, ..Default::default() }, ..Default::default() };
-        assert!(matches!(t.insert(77, p), Ok(None)));
+        assert!(t.insert(77, p).is_ok());
         assert!(t.contains(77));
         assert_eq!(t.len(), 1);
         assert_eq!(t.take(77).map(|p| p.call.seq), Some(9));
         assert!(t.take(77).is_none());
         assert!(t.is_empty());
-        // A stale entry under a reused handle is handed back.
-        let _ = t.insert(5, p);
-        let stale = t.insert(5, Pending::default()).expect("room");
-        assert_eq!(stale.map(|p| p.call.seq), Some(9));
+        // One handle pending twice (a shared completed request): taken oldest first.
+        let newer = Pending { call: Call { seq: 2, t_enter: 20, ..Default::default() }, ..Default::default() };
+        let older = Pending { call: Call { seq: 1, t_enter: 10, ..Default::default() }, ..Default::default() };
+        assert!(t.insert(5, newer).is_ok() && t.insert(5, older).is_ok());
+        assert_eq!(t.take(5).map(|p| p.call.seq), Some(1));
+        assert_eq!(t.take(5).map(|p| p.call.seq), Some(2));
+        assert!(t.take(5).is_none());
     }
 
     #[test]
