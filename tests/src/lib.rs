@@ -1,1 +1,139 @@
-//! placeholder
+//! Helpers for commscope's end-to-end tests: building the C programs in `tests/c/` with each
+//! installed MPI, running them under `commscope run`, and reading back what was recorded.
+//!
+//! The tests use the binaries of the same build (`target/<profile>/commscope` and
+//! `libcommscope.so`), which `cargo build` at the workspace root produces; each test fails with a
+//! clear message when they are missing.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub use commscope_cli::demo::Mpi;
+use commscope_cli::traces::{self, JobTrace};
+
+/// The MPI implementations the tests run against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    OpenMpi,
+    Mpich,
+}
+
+impl Flavour {
+    /// A short name for paths and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavour::OpenMpi => "openmpi",
+            Flavour::Mpich => "mpich",
+        }
+    }
+
+    /// The installation; panics with a message saying how to install it when missing (the
+    /// README's test command installs both).
+    pub fn mpi(self) -> Mpi {
+        let m = match self {
+            Flavour::OpenMpi => Mpi::openmpi(),
+            Flavour::Mpich => Mpi::mpich(),
+        };
+        m.unwrap_or_else(|| panic!("{} is not installed: run scripts/setup.sh", self.name()))
+    }
+}
+
+/// The directory holding this build's binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/<test> -> target/debug
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// The `commscope` binary.
+pub fn commscope_bin() -> PathBuf {
+    let p = bin_dir().join("commscope");
+    assert!(p.is_file(), "{} is missing: run `cargo build` at the workspace root first", p.display());
+    let shim = bin_dir().join("libcommscope.so");
+    assert!(shim.is_file(), "{} is missing: run `cargo build` at the workspace root first", shim.display());
+    p
+}
+
+/// The shim library.
+pub fn shim() -> PathBuf {
+    commscope_bin();
+    bin_dir().join("libcommscope.so")
+}
+
+/// A `commscope` command with the environment MPI launchers need here.
+pub fn commscope() -> Command {
+    let mut c = Command::new(commscope_bin());
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    // Tests choose their own trace directory and socket.
+    c.env_remove("COMMSCOPE_TRACE_DIR").env_remove("COMMSCOPE_AGENT_SOCKET").env_remove("COMMSCOPE_JOB_ID");
+    c
+}
+
+/// The source directory of the test programs.
+pub fn c_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c")
+}
+
+/// Compiles `tests/c/<name>.c` with a flavour's `mpicc` (cached per flavour under the target
+/// directory, rebuilt when the source is newer).
+pub fn build(flavour: Flavour, name: &str) -> PathBuf {
+    let src = c_dir().join(format!("{name}.c"));
+    let out_dir = bin_dir().join("c-programs").join(flavour.name());
+    std::fs::create_dir_all(&out_dir).expect("create build dir");
+    let out = out_dir.join(name);
+    let fresh = match (std::fs::metadata(&src).and_then(|m| m.modified()), std::fs::metadata(&out).and_then(|m| m.modified())) {
+        (Ok(s), Ok(o)) => o >= s,
+        _ => false,
+    };
+    if !fresh {
+        // Compile to a unique name and rename, so parallel tests never see half a binary.
+        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
+        flavour.mpi().compile(&src, &tmp).unwrap_or_else(|e| panic!("{e:#}"));
+        std::fs::rename(&tmp, &out).expect("rename program");
+    }
+    out
+}
+
+/// The launch command for `ranks` copies of a program with arguments.
+pub fn launch(flavour: Flavour, ranks: u32, program: &Path, args: &[&str]) -> Vec<OsString> {
+    let mut v = flavour.mpi().launch(ranks, program);
+    v.extend(args.iter().map(OsString::from));
+    v
+}
+
+/// Runs `commscope run --trace-dir DIR --job-id JOB -- CMD…` and returns its output.
+pub fn run_traced(trace_dir: &Path, job: &str, cmd: &[OsString], extra_env: &[(&str, &str)]) -> Output {
+    let mut c = commscope();
+    c.arg("run").arg("--trace-dir").arg(trace_dir).arg("--job-id").arg(job).arg("--").args(cmd);
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    c.output().expect("run commscope")
+}
+
+/// Asserts a command succeeded, showing its output otherwise.
+pub fn assert_ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed with {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Loads the one job under a directory.
+pub fn load_job(dir: &Path) -> JobTrace {
+    let mut loaded = traces::load(&[dir.to_path_buf()]).unwrap_or_else(|e| panic!("load {}: {e:#}", dir.display()));
+    assert!(loaded.errors.is_empty(), "unreadable traces: {:?}", loaded.errors);
+    assert_eq!(loaded.jobs.len(), 1, "expected one job under {}", dir.display());
+    loaded.jobs.pop_first().expect("one job").1
+}
+
+/// Runs `commscope trace summary --format json` and parses it.
+pub fn summary_json(paths: &[&Path]) -> (serde_json::Value, Output) {
+    let o = commscope().arg("trace").arg("summary").args(paths).arg("--format").arg("json").output().expect("summary");
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (v, o)
+}
