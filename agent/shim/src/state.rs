@@ -348,6 +348,9 @@ pub fn shutdown(clean: bool, exit_status: i32) {
         return;
     }
     let Some(shim) = shim() else { return };
+    // Stop the background thread and empty the ring first, so the last records find room
+    // even when the ring was full.
+    crate::writer::stop(shim);
     let now = now_mono();
     shim.push_heartbeat(now, clean);
     shim.push(&Record::Process(Process {
@@ -361,13 +364,8 @@ pub fn shutdown(clean: bool, exit_status: i32) {
         rank: shim.rank,
         world_size: shim.world_size,
     }));
-    crate::writer::stop(shim);
+    crate::writer::drain_local(shim);
     shim.shm.set_state(shm_state::FINALIZED);
-    if std::env::var_os("COMMSCOPE_DEBUG").is_some() {
-        let c = |x| shim.shm.counter(x);
-        util::warn(format_args!("rank {} counters: ring_full={} in_flight={} requests={} p2p={} comms={} internal={} overrun={} write_errors={}", shim.rank,
-            c(Counter::DroppedRingFull), c(Counter::DroppedInFlight), c(Counter::DroppedRequests), c(Counter::DroppedP2pSeq), c(Counter::DroppedComms), c(Counter::DroppedInternal), c(Counter::ConsumerOverrun), c(Counter::TraceWriteErrors)));
-    }
 }
 
 impl Shim {

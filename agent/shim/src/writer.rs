@@ -153,7 +153,7 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
 }
 
 /// Moves published records from the ring into the trace file.
-fn drain_local(shim: &Shim) {
+pub fn drain_local(shim: &Shim) {
     let mut guard = shim.local.lock().unwrap_or_else(|p| p.into_inner());
     let Some(t) = guard.as_mut() else { return };
     loop {
