@@ -609,6 +609,22 @@ impl Shm {
         w[7].store(((v | 1) + 1) & 0xffff_ffff | u64::from(e.comm_rank as u32) << 32, Ordering::Release);
     }
 
+    /// Marks a claimed slot idle (status 0) while keeping it: a thread keeps one such home
+    /// slot for its blocking calls, so entering and leaving a call needs no atomic
+    /// read-modify-write.
+    #[inline]
+    pub fn in_flight_leave(&self, idx: usize) {
+        if idx >= self.geometry.in_flight_slots as usize {
+            return;
+        }
+        let w = self.in_flight_words(idx);
+        let v = w[7].load(Ordering::Relaxed);
+        w[7].store(v | 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        w[5].store(w[5].load(Ordering::Relaxed) & !0xff00, Ordering::Relaxed);
+        w[7].store(((v | 1) + 1) & 0xffff_ffff | v & !0xffff_ffff, Ordering::Release);
+    }
+
     /// Frees a claimed slot.
     #[inline]
     pub fn in_flight_release(&self, idx: usize) {
@@ -617,7 +633,7 @@ impl Shm {
         }
     }
 
-    /// A consistent snapshot of slot `idx`, or `None` if it is free (or kept changing).
+    /// A consistent snapshot of slot `idx`, or `None` if it is free or idle (or kept changing).
     pub fn in_flight_read(&self, idx: usize) -> Option<InFlight> {
         if idx >= self.geometry.in_flight_slots as usize {
             return None;
@@ -647,7 +663,7 @@ impl Shm {
             };
             std::sync::atomic::fence(Ordering::Acquire);
             if w[7].load(Ordering::Relaxed) == v1 && w[0].load(Ordering::Relaxed) != 0 {
-                return Some(e);
+                return (e.status != 0).then_some(e);
             }
         }
         None
@@ -758,6 +774,12 @@ mod tests {
         shm.in_flight_release(a);
         assert_eq!(shm.in_flight_read(a), None);
         assert_eq!(shm.in_flight().len(), 1);
+        // A home slot left idle is not in flight, stays owned, and is reused by its owner.
+        shm.in_flight_leave(b);
+        assert_eq!(shm.in_flight_read(b), None);
+        assert_eq!(shm.in_flight_claim(0, &e), Some(a), "only the released slot is free");
+        shm.in_flight_write(b, &InFlight { seq: 7, ..e });
+        assert_eq!(shm.in_flight_read(b).map(|x| x.seq), Some(7));
     }
 
     #[test]

@@ -37,6 +37,8 @@ static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
 thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
     static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
+    /// This thread's home in-flight slot for blocking calls (usize::MAX: none yet).
+    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 /// Held while a wrapper records; a nested wrapper (the MPI library calling its own public
@@ -98,11 +100,23 @@ pub fn shielded<T>(shim: &Shim, f: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
+/// The in-flight slot of a call in progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Slot {
+    /// The table was full: the call is not shown (counted).
+    #[default]
+    None,
+    /// The calling thread's own slot, kept between its blocking calls.
+    Home(usize),
+    /// A slot claimed for this call alone (nonblocking calls), freed at completion.
+    Owned(usize),
+}
+
 /// A call in progress.
 #[derive(Debug)]
 pub struct Begun {
     pub call: Call,
-    pub slot: Option<usize>,
+    pub slot: Slot,
 }
 
 /// Everything the recorder holds for the process.
@@ -429,7 +443,7 @@ impl Shim {
             e.size.load(Ordering::Relaxed),
             e.remote_size.load(Ordering::Relaxed),
         );
-        c.flags = comm_record_flags(e.flags.load(Ordering::Relaxed));
+        c.flags = comm_call_flags(e.flags.load(Ordering::Relaxed));
         if let Some(n) = name {
             c.set_name(n);
         }
@@ -558,8 +572,14 @@ impl Shim {
         };
         if let Some(e) = self.comm(comm) {
             call.comm_id = e.id.load(Ordering::Relaxed);
-            call.seq = e.seq.fetch_add(1, Ordering::Relaxed);
-            call.op_seq = e.op_seq[op as usize].fetch_add(1, Ordering::Relaxed);
+            // MPI requires the collectives on one communicator to be issued in the same order by
+            // every member, so no two threads of a correct program issue them concurrently: a
+            // plain load and store suffice (no locked read-modify-write on the hot path).
+            call.seq = e.seq.load(Ordering::Relaxed);
+            e.seq.store(call.seq + 1, Ordering::Relaxed);
+            let per_op = &e.op_seq[op as usize];
+            call.op_seq = per_op.load(Ordering::Relaxed);
+            per_op.store(call.op_seq + 1, Ordering::Relaxed);
             call.comm_rank = e.rank.load(Ordering::Relaxed);
             call.comm_size = e.size.load(Ordering::Relaxed);
             call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
@@ -644,12 +664,11 @@ impl Shim {
         }
     }
 
+    /// Shows a call in the in-flight table: blocking calls in the thread's home slot,
+    /// nonblocking ones in a slot of their own.
     #[inline]
-    fn claim(&self, call: &Call, status: u8) -> Option<usize> {
-        let hint = SLOT_HINT.with(Cell::get);
-        let slot = self.shm.in_flight_claim(
-            hint,
-            &InFlight {
+    fn claim(&self, call: &Call, status: u8) -> Slot {
+        let entry = InFlight {
                 comm_id: call.comm_id,
                 seq: if Op::from_code(call.op).is_p2p() { call.op_seq } else { call.seq },
                 t_enter: call.t_enter,
@@ -659,19 +678,44 @@ impl Shim {
                 flags: call.flags,
                 peer: call.peer,
                 tag: call.tag,
-                tid: util::tid(),
-                comm_rank: call.comm_rank,
-            },
-        );
-        if let Some(s) = slot {
-            SLOT_HINT.with(|h| h.set(s));
+            tid: util::tid(),
+            comm_rank: call.comm_rank,
+        };
+        let blocking = call.flags & flags::NONBLOCKING == 0;
+        if blocking {
+            let home = HOME.with(Cell::get);
+            if home != usize::MAX {
+                self.shm.in_flight_write(home, &entry);
+                return Slot::Home(home);
+            }
         }
-        slot
+        let hint = SLOT_HINT.with(Cell::get);
+        match self.shm.in_flight_claim(hint, &entry) {
+            Some(s) if blocking => {
+                HOME.with(|h| h.set(s));
+                Slot::Home(s)
+            }
+            Some(s) => {
+                SLOT_HINT.with(|h| h.set(s + 1));
+                Slot::Owned(s)
+            }
+            None => Slot::None,
+        }
+    }
+
+    /// Takes a call out of the in-flight table.
+    #[inline]
+    pub fn unclaim(&self, slot: Slot) {
+        match slot {
+            Slot::Home(s) => self.shm.in_flight_leave(s),
+            Slot::Owned(s) => self.shm.in_flight_release(s),
+            Slot::None => {}
+        }
     }
 
     /// Marks a begun call as posted (nonblocking) in the in-flight table.
     pub fn mark_posted(&self, b: &Begun) {
-        if let Some(s) = b.slot {
+        if let Slot::Owned(s) = b.slot {
             if let Some(mut e) = self.shm.in_flight_read(s) {
                 e.status = in_flight_status::POSTED;
                 self.shm.in_flight_write(s, &e);
@@ -682,12 +726,10 @@ impl Shim {
     /// Completes a call: stamps the exit time and status, frees its in-flight slot and writes
     /// the record.
     #[inline]
-    pub fn finish(&self, mut call: Call, slot: Option<usize>, rc: c_int) {
+    pub fn finish(&self, mut call: Call, slot: Slot, rc: c_int) {
         call.t_exit = now_mono();
         call.status = rc;
-        if let Some(s) = slot {
-            self.shm.in_flight_release(s);
-        }
+        self.unclaim(slot);
         let mut raw = [0u8; RECORD_SIZE];
         encode_call(&mut raw, kind::CALL, &call);
         self.shm.push(&raw);
@@ -714,8 +756,4 @@ fn comm_call_flags(f: u32) -> u16 {
         out |= flags::INTERCOMM;
     }
     out
-}
-
-fn comm_record_flags(f: u32) -> u16 {
-    comm_call_flags(f)
 }

@@ -131,8 +131,8 @@ impl CommTable {
 pub struct Pending {
     /// The record so far (everything but `t_exit` and what the status tells).
     pub call: Call,
-    /// Its in-flight slot, if it got one.
-    pub slot: Option<usize>,
+    /// Its in-flight slot.
+    pub slot: crate::state::Slot,
     /// A receive whose p2p sequence is assigned at completion (wildcard source or tag).
     pub seq_at_completion: bool,
 }

@@ -1,0 +1,143 @@
+//! Benchmarks of the shim's cost (a separate command, never part of the test suite):
+//!
+//! 1. Added cost per intercepted call: `MPI_Allreduce` of one int on `MPI_COMM_SELF`, millions of
+//!    times, with and without the shim, in interleaved runs; reports the median per-call time of
+//!    each and the median of the paired differences.
+//! 2. A real `MPI_Allreduce` loop over several ranks (8 B and 1 MiB), with and without the shim,
+//!    in interleaved pairs; reports the mean ratio with its 95 % confidence interval.
+//!
+//! Run: `cargo build --release && cargo run --release -p commscope-tests --bin bench-shim [-- --ranks N --pairs P]`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use commscope_tests::{Flavour, Mpi};
+
+fn release_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("exe");
+    let dir = exe.parent().expect("dir").to_path_buf();
+    if dir.ends_with("deps") { dir.parent().expect("up").to_path_buf() } else { dir }
+}
+
+fn compile(mpi: &Mpi, name: &str, out: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c").join(format!("{name}.c"));
+    let exe = out.join(name);
+    mpi.compile(&src, &exe).unwrap_or_else(|e| panic!("{e:#}"));
+    exe
+}
+
+fn run(mpi: &Mpi, ranks: u32, exe: &Path, args: &[String], shim: Option<&Path>) -> String {
+    let mut cmd = Command::new(&mpi.launcher);
+    cmd.args(&mpi.launcher_args);
+    let flavour_flag = if mpi.name == "Open MPI" { "-x" } else { "-genv" };
+    if let Some(s) = shim {
+        if flavour_flag == "-x" {
+            cmd.arg("-x").arg(format!("LD_PRELOAD={}", s.display()));
+            cmd.arg("-x").arg("COMMSCOPE_JOB_ID=bench");
+        } else {
+            cmd.arg("-genv").arg("LD_PRELOAD").arg(s);
+            cmd.arg("-genv").arg("COMMSCOPE_JOB_ID").arg("bench");
+        }
+    }
+    cmd.arg("-np").arg(ranks.to_string()).arg(exe).args(args);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.env_remove("COMMSCOPE_TRACE_DIR").env_remove("LD_PRELOAD");
+    let o = cmd.output().expect("run benchmark");
+    assert!(o.status.success(), "benchmark failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn values(out: &str, key: &str) -> Vec<f64> {
+    out.lines().filter_map(|l| l.strip_prefix(key)).filter_map(|v| v.trim().parse().ok()).collect()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// Two-sided 97.5 % quantile of Student's t for `df` degrees of freedom.
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+        2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 { f64::INFINITY } else { T.get(df - 1).copied().unwrap_or(1.96) }
+}
+
+fn arg(name: &str, default: u32) -> u32 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let shim = release_dir().join("libcommscope.so");
+    assert!(shim.is_file(), "{} missing: run `cargo build --release` first", shim.display());
+    let ranks = arg("--ranks", 4);
+    let pairs = arg("--pairs", 12);
+    let work = tempfile::tempdir().expect("tempdir");
+    println!("commscope shim benchmark ({}; {} cores)", shim.display(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+
+    for flavour in [Flavour::OpenMpi, Flavour::Mpich] {
+        let mpi = flavour.mpi();
+        let dir = work.path().join(flavour.name());
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let bench_self = compile(&mpi, "bench_self", &dir);
+        let bench_ar = compile(&mpi, "bench_allreduce", &dir);
+
+        // 1. Per-call overhead, interleaved runs of 10 windows x 1M calls.
+        let (mut with, mut without, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..6 {
+            let args = ["1000000".to_owned(), "10".to_owned()];
+            let mut b = values(&run(&mpi, 1, &bench_self, &args, None), "ns_per_call");
+            let mut a = values(&run(&mpi, 1, &bench_self, &args, Some(&shim)), "ns_per_call");
+            diffs.push(median(&mut a.clone()) - median(&mut b.clone()));
+            with.append(&mut a);
+            without.append(&mut b);
+        }
+        let (mw, mwo, md) = (median(&mut with), median(&mut without), median(&mut diffs));
+        println!(
+            "{}: MPI_Allreduce(1 int, MPI_COMM_SELF): {:.1} ns/call without, {:.1} ns/call with the shim: {:.1} ns added per call (median of {} paired runs of 10M calls)",
+            mpi.name,
+            mwo,
+            mw,
+            md,
+            diffs.len()
+        );
+
+        // 2. Real all-reduce loops, interleaved pairs.
+        for (bytes, iters) in [(8u64, 20_000u64), (1 << 20, 300)] {
+            let args = [bytes.to_string(), iters.to_string()];
+            let mut ratios = Vec::new();
+            for i in 0..pairs {
+                // Alternate which goes first, so drift affects both equally.
+                let (a, b) = if i % 2 == 0 {
+                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None), "seconds");
+                    let a = values(&run(&mpi, ranks, &bench_ar, &args, Some(&shim)), "seconds");
+                    (a, b)
+                } else {
+                    let a = values(&run(&mpi, ranks, &bench_ar, &args, Some(&shim)), "seconds");
+                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None), "seconds");
+                    (a, b)
+                };
+                if let (Some(a), Some(b)) = (a.first(), b.first()) {
+                    ratios.push(a / b);
+                }
+            }
+            let n = ratios.len();
+            let mean = ratios.iter().sum::<f64>() / n as f64;
+            let sd = (ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.saturating_sub(1)).max(1) as f64).sqrt();
+            let half = t975(n - 1) * sd / (n as f64).sqrt();
+            println!(
+                "{}: {ranks}-rank MPI_Allreduce {bytes} B x {iters}: time ratio with/without shim = {mean:.4} (95% CI {:.4} .. {:.4}, {n} interleaved pairs)",
+                mpi.name,
+                mean - half,
+                mean + half
+            );
+        }
+    }
+}
