@@ -120,9 +120,8 @@ fn hung_job(flavour: Flavour) {
         }
         // Ranks pass through earlier all-reduces on the way: wait until all seven sit in one.
         let one_instance = stuck.values().collect::<BTreeSet<_>>().len() == 1;
-        (stuck.len() == 7 && one_instance).then_some(stuck)
+        (stuck.len() == 7 && one_instance && !stuck.contains_key(&HANG_RANK)).then_some(stuck)
     });
-    assert!(!stuck.contains_key(&HANG_RANK), "the hung rank is not inside a collective");
     assert_eq!(stuck.values().next().map(|v| v.1), Some(10), "the 11th collective on the world communicator");
 
     // The first agent consumes part of each ring, then dies (its connections close). A second

@@ -14,6 +14,9 @@ use crate::util::{self, now_mono};
 
 /// How often to try an agent that is not there.
 const RETRY_NS: u64 = 1_000_000_000;
+/// How long records are kept for an agent that has never answered before the trace file stops
+/// waiting for it.
+const FIRST_CONTACT_NS: u64 = 5_000_000_000;
 
 /// The connection to the agent.
 #[derive(Debug, Default)]
@@ -21,12 +24,14 @@ pub struct Link {
     stream: Option<UnixStream>,
     next_try: u64,
     warned: bool,
+    started: u64,
+    ever_registered: bool,
 }
 
 impl Link {
     /// Not connected.
     pub fn new() -> Link {
-        Link::default()
+        Link { started: now_mono(), ..Link::default() }
     }
 
     /// Keeps the registration alive: notices a closed connection and reconnects.
@@ -53,8 +58,17 @@ impl Link {
                 shim.shm.attach_consumer(Consumer::Agent);
                 self.stream = Some(s);
                 self.warned = false;
+                self.ever_registered = true;
             }
             Err(e) => {
+                // An agent that never answered must not hold the trace file back for ever.
+                if !self.ever_registered
+                    && now.saturating_sub(self.started) > FIRST_CONTACT_NS
+                    && shim.shm.is_attached(Consumer::Agent)
+                    && shim.shm.is_attached(Consumer::Local)
+                {
+                    shim.shm.detach_consumer(Consumer::Agent);
+                }
                 if shim.config.agent_socket_explicit && !self.warned {
                     util::warn(format_args!(
                         "cannot register with the agent at {}: {e}; retrying every second",

@@ -171,7 +171,7 @@ struct CollInfo {
 
 impl Shim {
     fn dt(&self, h: H) -> u16 {
-        self.abi.dtype_code(self.abi.norm(h))
+        self.type_info(h).1
     }
     fn in_place(&self, p: CP) -> u16 {
         if p as usize == self.abi.in_place { flags::IN_PLACE } else { 0 }
@@ -190,7 +190,7 @@ impl Shim {
             let e = self.comm(comm);
             let (n, me, inter) = shape(e);
             let i = info(self, n, me, inter);
-            self.begin_coll(comm, op, i.bytes, i.count, i.dtype, i.root, i.flags)
+            self.begin_coll(e, op, i.bytes, i.count, i.dtype, i.root, i.flags)
         });
         let rc = real();
         if let Some(b) = b {
@@ -206,7 +206,7 @@ impl Shim {
             let e = self.comm(comm);
             let (n, me, inter) = shape(e);
             let i = info(self, n, me, inter);
-            self.begin_coll(comm, op, i.bytes, i.count, i.dtype, i.root, i.flags | flags::NONBLOCKING)
+            self.begin_coll(e, op, i.bytes, i.count, i.dtype, i.root, i.flags | flags::NONBLOCKING)
         });
         let rc = real();
         if let Some(b) = b {

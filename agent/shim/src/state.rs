@@ -37,6 +37,8 @@ static SHIM: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
 thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
     static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
+    /// The last predefined datatype seen: (normalized handle, size, code).
+    static TYPE_CACHE: Cell<(u64, u64, u16)> = const { Cell::new((0, 0, 0)) };
     /// This thread's home in-flight slot for blocking calls (usize::MAX: none yet).
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
 }
@@ -236,6 +238,10 @@ pub fn activate() {
             SHIM.store(shim as *const Shim as *mut Shim, Ordering::Release);
             shim.shm.set_state(shm_state::ACTIVE);
             set_life(life::ACTIVE);
+            // With an agent on this node, keep every record for it from the very first one.
+            if shim.config.agent_socket_explicit || shim.config.agent_socket.exists() {
+                shim.shm.attach_consumer(commscope_wire::shm::Consumer::Agent);
+            }
             shim.announce();
             crate::writer::start(shim);
             // SAFETY: registering plain extern "C" functions without arguments.
@@ -541,19 +547,36 @@ impl Shim {
         world
     }
 
-    /// The size in bytes of one element of a datatype (0 for a null or invalid type).
+    /// (size in bytes, datatype code) of a datatype; size 0 for a null or invalid type.
+    /// Predefined types never change, so the last one seen is cached per thread.
     #[inline]
-    pub fn type_size(&self, dt: H) -> u64 {
+    pub fn type_info(&self, dt: H) -> (u64, u16) {
+        let key = self.abi.norm(dt);
+        let (k, size, code) = TYPE_CACHE.with(Cell::get);
+        if k == key && k != 0 {
+            return (size, code);
+        }
         let mut s: c_int = 0;
         // SAFETY: valid out-pointer; an invalid type makes MPI return an error, leaving 0.
         unsafe { PMPI_Type_size(dt, &mut s) };
-        s.max(0) as u64
+        let size = s.max(0) as u64;
+        let code = self.abi.dtype_code(key);
+        if code != commscope_wire::op::dtype::DERIVED {
+            TYPE_CACHE.with(|c| c.set((key, size, code)));
+        }
+        (size, code)
+    }
+
+    /// The size in bytes of one element of a datatype (0 for a null or invalid type).
+    #[inline]
+    pub fn type_size(&self, dt: H) -> u64 {
+        self.type_info(dt).0
     }
 
     /// Starts recording a collective.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    pub fn begin_coll(&self, comm: H, op: Op, bytes: u64, count: u64, dtype: u16, root: i32, flags: u16) -> Begun {
+    pub fn begin_coll(&self, comm: Option<&CommEntry>, op: Op, bytes: u64, count: u64, dtype: u16, root: i32, flags: u16) -> Begun {
         let t = now_mono();
         let mut call = Call {
             op: op as u8,
@@ -570,7 +593,7 @@ impl Shim {
             t_enter: t,
             ..Default::default()
         };
-        if let Some(e) = self.comm(comm) {
+        if let Some(e) = comm {
             call.comm_id = e.id.load(Ordering::Relaxed);
             // MPI requires the collectives on one communicator to be issued in the same order by
             // every member, so no two threads of a correct program issue them concurrently: a
