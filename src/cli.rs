@@ -116,10 +116,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Run(a) => {
             let spec = run::RunSpec {
                 shim: run::find_shim(a.shim.as_deref())?,
-                job_id: a.job_id.filter(|j| !j.trim().is_empty()).unwrap_or_else(run::new_job_id),
+                job_id: a
+                    .job_id
+                    .filter(|j| !j.trim().is_empty())
+                    .unwrap_or_else(run::new_job_id),
                 trace_dir: a.trace_dir,
                 agent_socket: a.agent_socket,
-                extra_env: if a.disable { vec![("COMMSCOPE_DISABLE".into(), "1".into())] } else { vec![] },
+                extra_env: if a.disable {
+                    vec![("COMMSCOPE_DISABLE".into(), "1".into())]
+                } else {
+                    vec![]
+                },
                 command: a.command,
             };
             let code = run::run(&spec)?;
@@ -146,7 +153,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&v)?);
                 }
             }
-            Ok(if loaded.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if loaded.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Cmd::Trace(TraceCmd::Merge(a)) => {
             let loaded = traces::load(&a.paths)?;
@@ -156,16 +167,28 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             if loaded.jobs.is_empty() {
                 bail!("nothing to merge: no trace could be read");
             }
-            let procs: Vec<_> = loaded.jobs.into_values().flat_map(|j| {
-                for w in &j.warnings {
-                    eprintln!("commscope: warning: {w}");
-                }
-                j.processes
-            }).collect();
+            let procs: Vec<_> = loaded
+                .jobs
+                .into_values()
+                .flat_map(|j| {
+                    for w in &j.warnings {
+                        eprintln!("commscope: warning: {w}");
+                    }
+                    j.processes
+                })
+                .collect();
             let rows = commscope_wire::parquet::write(&a.output, &procs)
                 .with_context(|| format!("failed to write {}", a.output.display()))?;
-            eprintln!("wrote {rows} records from {} processes to {}", procs.len(), a.output.display());
-            Ok(if loaded.errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            eprintln!(
+                "wrote {rows} records from {} processes to {}",
+                procs.len(),
+                a.output.display()
+            );
+            Ok(if loaded.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Cmd::Demo(a) => demo::run(&a),
     }

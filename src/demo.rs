@@ -23,7 +23,9 @@ pub struct Mpi {
 
 fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 impl Mpi {
@@ -35,15 +37,29 @@ impl Mpi {
             launcher: on_path("mpirun.openmpi")?,
             // Root is refused without these; more ranks than cores needs oversubscription; with
             // few cores, busy-polling ranks starve each other.
-            launcher_args: ["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl", "self,vader,tcp"]
-                .map(String::from)
-                .to_vec(),
+            launcher_args: [
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--mca",
+                "mpi_yield_when_idle",
+                "1",
+                "--mca",
+                "btl",
+                "self,vader,tcp",
+            ]
+            .map(String::from)
+            .to_vec(),
         })
     }
 
     /// Debian's MPICH (`mpicc.mpich`, `mpiexec.mpich`), if installed.
     pub fn mpich() -> Option<Mpi> {
-        Some(Mpi { name: "MPICH", cc: on_path("mpicc.mpich")?, launcher: on_path("mpiexec.mpich")?, launcher_args: vec![] })
+        Some(Mpi {
+            name: "MPICH",
+            cc: on_path("mpicc.mpich")?,
+            launcher: on_path("mpiexec.mpich")?,
+            launcher_args: vec![],
+        })
     }
 
     /// The first MPI found.
@@ -61,7 +77,12 @@ impl Mpi {
             .output()
             .with_context(|| format!("failed to run {}", self.cc.display()))?;
         if !o.status.success() {
-            bail!("{} failed to compile {}:\n{}", self.cc.display(), src.display(), String::from_utf8_lossy(&o.stderr));
+            bail!(
+                "{} failed to compile {}:\n{}",
+                self.cc.display(),
+                src.display(),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         Ok(())
     }
@@ -80,11 +101,14 @@ impl Mpi {
 /// Runs the demo.
 pub fn run(a: &DemoArgs) -> Result<ExitCode> {
     let Some(mpi) = Mpi::any() else {
-        bail!("the demo needs an MPI installation (mpicc and mpirun): run `scripts/setup.sh`, or `apt-get install openmpi-bin libopenmpi-dev`")
+        bail!(
+            "the demo needs an MPI installation (mpicc and mpirun): run `scripts/setup.sh`, or `apt-get install openmpi-bin libopenmpi-dev`"
+        )
     };
     let work = tempfile_dir()?;
     let src = work.join("demo.c");
-    std::fs::write(&src, DEMO_SOURCE).with_context(|| format!("failed to write {}", src.display()))?;
+    std::fs::write(&src, DEMO_SOURCE)
+        .with_context(|| format!("failed to write {}", src.display()))?;
     let exe = work.join("demo");
     mpi.compile(&src, &exe)?;
     let trace_dir = a.trace_dir.clone().unwrap_or_else(|| work.join("traces"));
@@ -96,18 +120,25 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
         extra_env: vec![],
         command: mpi.launch(a.ranks, &exe),
     };
-    println!("commscope demo: {} ranks of a training-step loop under {} with the commscope shim\n", a.ranks, mpi.name);
+    println!(
+        "commscope demo: {} ranks of a training-step loop under {} with the commscope shim\n",
+        a.ranks, mpi.name
+    );
     let code = run::run(&spec)?;
     if code != 0 {
         bail!("the demo job exited with status {code}");
     }
     let job_dir = trace_dir.join(&spec.job_id);
-    let loaded = traces::load(&[job_dir.clone()])?;
+    let loaded = traces::load(std::slice::from_ref(&job_dir))?;
     println!("\ncaptured under {}:\n", job_dir.display());
     for job in loaded.jobs.values() {
         print!("{}", summary::render_text(&summary::summarize(job)));
     }
-    println!("\nnext: `commscope trace summary {} --format json`, or `commscope trace merge {} -o job.parquet`", job_dir.display(), job_dir.display());
+    println!(
+        "\nnext: `commscope trace summary {} --format json`, or `commscope trace merge {} -o job.parquet`",
+        job_dir.display(),
+        job_dir.display()
+    );
     if a.trace_dir.is_none() {
         println!("(the trace is in a temporary directory; pass --trace-dir DIR to keep it)");
     }
@@ -116,6 +147,7 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
 
 fn tempfile_dir() -> Result<PathBuf> {
     let base = std::env::temp_dir().join(format!("commscope-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&base).with_context(|| format!("failed to create {}", base.display()))?;
+    std::fs::create_dir_all(&base)
+        .with_context(|| format!("failed to create {}", base.display()))?;
     Ok(base)
 }

@@ -80,7 +80,14 @@ pub fn detect_launcher(program: &Path) -> Launcher {
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
     let is = |pred: &dyn Fn(&str) -> bool| names.iter().any(|n| pred(n));
-    if !is(&|n| n.starts_with("mpirun") || n.starts_with("mpiexec") || n == "orterun" || n == "prterun" || n == "oshrun" || n.starts_with("hydra")) {
+    if !is(&|n| {
+        n.starts_with("mpirun")
+            || n.starts_with("mpiexec")
+            || n == "orterun"
+            || n == "prterun"
+            || n == "oshrun"
+            || n.starts_with("hydra")
+    }) {
         return Launcher::Inherit;
     }
     if is(&|n| n.contains("openmpi") || n == "orterun" || n == "prterun") {
@@ -93,7 +100,8 @@ pub fn detect_launcher(program: &Path) -> Launcher {
     let out = Command::new(program).arg("--version").output();
     match out {
         Ok(o) => {
-            let text = String::from_utf8_lossy(&o.stdout).to_lowercase() + &String::from_utf8_lossy(&o.stderr).to_lowercase();
+            let text = String::from_utf8_lossy(&o.stdout).to_lowercase()
+                + &String::from_utf8_lossy(&o.stderr).to_lowercase();
             if text.contains("open mpi") || text.contains("open-rte") {
                 Launcher::OpenMpi
             } else if text.contains("hydra") || text.contains("mpich") {
@@ -111,19 +119,25 @@ fn which(program: &Path) -> Option<PathBuf> {
         return Some(program.to_owned());
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 impl RunSpec {
     /// The variables every rank needs.
     pub fn env(&self) -> Vec<(String, String)> {
         let mut preload = self.shim.display().to_string();
-        if let Ok(existing) = std::env::var("LD_PRELOAD") {
-            if !existing.trim().is_empty() && !existing.split([':', ' ']).any(|p| p == preload) {
-                preload = format!("{preload}:{existing}");
-            }
+        if let Ok(existing) = std::env::var("LD_PRELOAD")
+            && !existing.trim().is_empty()
+            && !existing.split([':', ' ']).any(|p| p == preload)
+        {
+            preload = format!("{preload}:{existing}");
         }
-        let mut v = vec![("LD_PRELOAD".to_owned(), preload), ("COMMSCOPE_JOB_ID".to_owned(), self.job_id.clone())];
+        let mut v = vec![
+            ("LD_PRELOAD".to_owned(), preload),
+            ("COMMSCOPE_JOB_ID".to_owned(), self.job_id.clone()),
+        ];
         if let Some(d) = &self.trace_dir {
             v.push(("COMMSCOPE_TRACE_DIR".to_owned(), d.display().to_string()));
         }
@@ -136,7 +150,9 @@ impl RunSpec {
 
     /// The command to start, with launcher flags inserted after the launcher's name.
     pub fn command(&self) -> Result<Command> {
-        let Some((program, args)) = self.command.split_first() else { bail!("no command given after `--`") };
+        let Some((program, args)) = self.command.split_first() else {
+            bail!("no command given after `--`")
+        };
         let launcher = detect_launcher(Path::new(program));
         let mut cmd = Command::new(program);
         let env = self.env();
@@ -171,11 +187,19 @@ impl RunSpec {
 
 /// A job id for a run: `run-<utc time>-<pid>`.
 pub fn new_job_id() -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = now.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    format!("run-{y:04}{m:02}{d:02}-{:02}{:02}{:02}-{}", rem / 3600, rem % 3600 / 60, rem % 60, std::process::id())
+    format!(
+        "run-{y:04}{m:02}{d:02}-{:02}{:02}{:02}-{}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        std::process::id()
+    )
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
@@ -198,13 +222,17 @@ pub fn run(spec: &RunSpec) -> Result<i32> {
     use std::os::unix::process::ExitStatusExt;
 
     if let Some(d) = &spec.trace_dir {
-        std::fs::create_dir_all(d).with_context(|| format!("failed to create the trace directory {}", d.display()))?;
+        std::fs::create_dir_all(d)
+            .with_context(|| format!("failed to create the trace directory {}", d.display()))?;
     }
     let mut cmd = spec.command()?;
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2])
-        .context("failed to install signal handlers")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2])
+            .context("failed to install signal handlers")?;
     let handle = signals.handle();
-    let mut child = cmd.spawn().with_context(|| format!("failed to start {}", spec.command[0].to_string_lossy()))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("failed to start {}", spec.command[0].to_string_lossy()))?;
     let pid = child.id() as libc::pid_t;
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -240,7 +268,10 @@ mod tests {
     fn plain_programs_inherit_the_environment() {
         assert_eq!(detect_launcher(Path::new("/bin/true")), Launcher::Inherit);
         assert_eq!(detect_launcher(Path::new("torchrun")), Launcher::Inherit);
-        assert_eq!(detect_launcher(Path::new("mpirun.openmpi")), Launcher::OpenMpi);
+        assert_eq!(
+            detect_launcher(Path::new("mpirun.openmpi")),
+            Launcher::OpenMpi
+        );
         assert_eq!(detect_launcher(Path::new("mpiexec.hydra")), Launcher::Hydra);
     }
 
@@ -254,14 +285,30 @@ mod tests {
             extra_env: vec![],
             command: vec![prog.into(), "-np".into(), "2".into(), "./a.out".into()],
         };
-        let args = |c: &Command| c.get_args().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>();
+        let args = |c: &Command| {
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
         let c = spec("mpirun.openmpi").command().expect("command");
         let a = args(&c);
-        assert!(a.windows(2).any(|w| w[0] == "-x" && w[1] == "COMMSCOPE_JOB_ID=j1"), "{a:?}");
-        assert!(a.windows(2).any(|w| w[0] == "-x" && w[1].starts_with("LD_PRELOAD=/x/libcommscope.so")), "{a:?}");
+        assert!(
+            a.windows(2)
+                .any(|w| w[0] == "-x" && w[1] == "COMMSCOPE_JOB_ID=j1"),
+            "{a:?}"
+        );
+        assert!(
+            a.windows(2)
+                .any(|w| w[0] == "-x" && w[1].starts_with("LD_PRELOAD=/x/libcommscope.so")),
+            "{a:?}"
+        );
         assert_eq!(&a[a.len() - 3..], ["-np", "2", "./a.out"]);
         let c = spec("mpiexec.hydra").command().expect("command");
         let a = args(&c);
-        assert!(a.windows(3).any(|w| w[0] == "-genv" && w[1] == "COMMSCOPE_TRACE_DIR" && w[2] == "/t"), "{a:?}");
+        assert!(
+            a.windows(3)
+                .any(|w| w[0] == "-genv" && w[1] == "COMMSCOPE_TRACE_DIR" && w[2] == "/t"),
+            "{a:?}"
+        );
     }
 }

@@ -120,7 +120,13 @@ pub fn summarize(job: &JobTrace) -> Summary {
                 _ => {}
             }
         }
-        if let Some(h) = proc.records.iter().rev().find_map(|r| if let Record::Heartbeat(h) = r { Some(h) } else { None }) {
+        if let Some(h) = proc.records.iter().rev().find_map(|r| {
+            if let Record::Heartbeat(h) = r {
+                Some(h)
+            } else {
+                None
+            }
+        }) {
             dropped.ring_full += h.dropped_ring_full;
             dropped.in_flight_table += h.dropped_in_flight;
             dropped.other += h.dropped_other;
@@ -156,20 +162,28 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     match op {
                         Op::Send if c.peer >= 0 => {
                             p2p.send += 1;
-                            *sends.entry((c.comm_id, me, c.peer, c.tag, c.op_seq)).or_default() += 1;
+                            *sends
+                                .entry((c.comm_id, me, c.peer, c.tag, c.op_seq))
+                                .or_default() += 1;
                         }
                         Op::Recv if c.peer >= 0 => {
                             p2p.recv += 1;
-                            *recvs.entry((c.comm_id, c.peer, me, c.tag, c.op_seq)).or_default() += 1;
+                            *recvs
+                                .entry((c.comm_id, c.peer, me, c.tag, c.op_seq))
+                                .or_default() += 1;
                         }
                         Op::Sendrecv => {
                             if c.peer >= 0 {
                                 p2p.send += 1;
-                                *sends.entry((c.comm_id, me, c.peer, c.tag, c.op_seq)).or_default() += 1;
+                                *sends
+                                    .entry((c.comm_id, me, c.peer, c.tag, c.op_seq))
+                                    .or_default() += 1;
                             }
                             if c.peer2 >= 0 {
                                 p2p.recv += 1;
-                                *recvs.entry((c.comm_id, c.peer2, me, c.tag2, c.op_seq2)).or_default() += 1;
+                                *recvs
+                                    .entry((c.comm_id, c.peer2, me, c.tag2, c.op_seq2))
+                                    .or_default() += 1;
                             }
                         }
                         _ => {}
@@ -202,7 +216,10 @@ pub fn summarize(job: &JobTrace) -> Summary {
     }
     in_flight.sort_by(|a, b| (a.rank, &a.comm_id, a.seq).cmp(&(b.rank, &b.comm_id, b.seq)));
     unfinished.sort_unstable();
-    let mut comms: Vec<CommSummary> = comms.into_values().filter(|c| !c.ops.is_empty() || c.size > 0).collect();
+    let mut comms: Vec<CommSummary> = comms
+        .into_values()
+        .filter(|c| !c.ops.is_empty() || c.size > 0)
+        .collect();
     for c in &mut comms {
         c.ranks.sort_unstable();
     }
@@ -226,17 +243,33 @@ pub fn summarize(job: &JobTrace) -> Summary {
 pub fn render_text(s: &Summary) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "job {}: {} ranks, {} records from {} processes", s.job, s.ranks, s.records, s.processes);
+    let _ = writeln!(
+        o,
+        "job {}: {} ranks, {} records from {} processes",
+        s.job, s.ranks, s.records, s.processes
+    );
     for c in &s.comms {
-        let name = c.name.as_deref().map(|n| format!(" \"{n}\"")).unwrap_or_default();
+        let name = c
+            .name
+            .as_deref()
+            .map(|n| format!(" \"{n}\""))
+            .unwrap_or_default();
         let ops: Vec<String> = c.ops.iter().map(|(op, n)| format!("{op} {n}")).collect();
-        let local = if c.local_id { " (process-local id)" } else { "" };
+        let local = if c.local_id {
+            " (process-local id)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             o,
             "  comm {}{name}, size {}{local}: {}",
             c.comm_id,
             c.size,
-            if ops.is_empty() { "no calls".to_owned() } else { ops.join(", ") }
+            if ops.is_empty() {
+                "no calls".to_owned()
+            } else {
+                ops.join(", ")
+            }
         );
     }
     if s.p2p.send + s.p2p.recv > 0 {
@@ -249,10 +282,21 @@ pub fn render_text(s: &Summary) -> String {
     if s.in_flight.is_empty() {
         let _ = writeln!(o, "  in flight: nothing");
     } else {
-        let _ = writeln!(o, "  in flight ({} calls never completed):", s.in_flight.len());
+        let _ = writeln!(
+            o,
+            "  in flight ({} calls never completed):",
+            s.in_flight.len()
+        );
         for f in &s.in_flight {
-            let peer = f.peer.map(|p| format!(" with peer {p}")).unwrap_or_default();
-            let _ = writeln!(o, "    rank {} in {}{peer} on comm {} seq {} for {:.1} s", f.rank, f.op, f.comm_id, f.seq, f.for_s);
+            let peer = f
+                .peer
+                .map(|p| format!(" with peer {p}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                o,
+                "    rank {} in {}{peer} on comm {} seq {} for {:.1} s",
+                f.rank, f.op, f.comm_id, f.seq, f.for_s
+            );
         }
     }
     let d = &s.dropped;
@@ -264,7 +308,11 @@ pub fn render_text(s: &Summary) -> String {
         );
     }
     if !s.unfinished_ranks.is_empty() {
-        let _ = writeln!(o, "  no clean shutdown recorded for ranks {:?}", s.unfinished_ranks);
+        let _ = writeln!(
+            o,
+            "  no clean shutdown recorded for ranks {:?}",
+            s.unfinished_ranks
+        );
     }
     for w in &s.warnings {
         let _ = writeln!(o, "  warning: {w}");

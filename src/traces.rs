@@ -44,8 +44,11 @@ pub enum Format {
 /// Recognises a file's format from its first bytes.
 pub fn detect(path: &Path) -> Result<Option<Format>> {
     let mut head = [0u8; 8];
-    let mut f = std::fs::File::open(path).with_context(|| format!("failed to open {}", path.display()))?;
-    let n = f.read(&mut head).with_context(|| format!("failed to read {}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("failed to open {}", path.display()))?;
+    let n = f
+        .read(&mut head)
+        .with_context(|| format!("failed to read {}", path.display()))?;
     let head = &head[..n];
     Ok(if cst::sniff(head) {
         Some(Format::Cst)
@@ -57,7 +60,8 @@ pub fn detect(path: &Path) -> Result<Option<Format>> {
 }
 
 fn collect(path: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<()> {
-    let meta = std::fs::metadata(path).with_context(|| format!("failed to access {}", path.display()))?;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("failed to access {}", path.display()))?;
     if meta.is_dir() {
         let mut entries: Vec<_> = std::fs::read_dir(path)
             .with_context(|| format!("failed to list {}", path.display()))?
@@ -75,7 +79,10 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<()> {
 
 /// Files inside directories are considered by extension, so unrelated files are skipped quietly.
 fn is_candidate(path: &Path) -> bool {
-    matches!(path.extension().and_then(|e| e.to_str()), Some("cst" | "parquet"))
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("cst" | "parquet")
+    )
 }
 
 /// Loads every trace under `paths`. A file that cannot be read is reported in
@@ -90,33 +97,64 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded> {
         match detect(f) {
             Ok(Some(Format::Cst)) => match cst::read_file(f) {
                 Ok(t) => {
-                    let job = loaded.jobs.entry(t.header.job.clone()).or_insert_with(|| JobTrace { job: t.header.job.clone(), ..Default::default() });
-                    job.warnings.extend(t.warnings.iter().map(|w| format!("{}: {w}", f.display())));
-                    job.processes.push(ProcessTrace { header: t.header, records: t.records });
+                    let job = loaded
+                        .jobs
+                        .entry(t.header.job.clone())
+                        .or_insert_with(|| JobTrace {
+                            job: t.header.job.clone(),
+                            ..Default::default()
+                        });
+                    job.warnings
+                        .extend(t.warnings.iter().map(|w| format!("{}: {w}", f.display())));
+                    job.processes.push(ProcessTrace {
+                        header: t.header,
+                        records: t.records,
+                    });
                 }
                 Err(e) => loaded.errors.push(e.to_string()),
             },
             Ok(Some(Format::Parquet)) => match parquet::read(f) {
                 Ok((procs, unknown)) => {
                     for p in procs {
-                        let job = loaded.jobs.entry(p.header.job.clone()).or_insert_with(|| JobTrace { job: p.header.job.clone(), ..Default::default() });
+                        let job =
+                            loaded
+                                .jobs
+                                .entry(p.header.job.clone())
+                                .or_insert_with(|| JobTrace {
+                                    job: p.header.job.clone(),
+                                    ..Default::default()
+                                });
                         if unknown > 0 {
-                            job.warnings.push(format!("{}: {unknown} rows of unknown kind were skipped", f.display()));
+                            job.warnings.push(format!(
+                                "{}: {unknown} rows of unknown kind were skipped",
+                                f.display()
+                            ));
                         }
                         job.processes.push(p);
                     }
                 }
                 Err(e) => loaded.errors.push(e.to_string()),
             },
-            Ok(None) => loaded.errors.push(format!("{} is not a trace file commscope can read (unknown format)", f.display())),
+            Ok(None) => loaded.errors.push(format!(
+                "{} is not a trace file commscope can read (unknown format)",
+                f.display()
+            )),
             Err(e) => loaded.errors.push(format!("{e:#}")),
         }
     }
     if loaded.jobs.is_empty() && loaded.errors.is_empty() {
-        bail!("no trace files found under {}", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "no trace files found under {}",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     for job in loaded.jobs.values_mut() {
-        job.processes.sort_by_key(|p| (p.header.rank, p.header.node.clone(), p.header.pid));
+        job.processes
+            .sort_by_key(|p| (p.header.rank, p.header.node.clone(), p.header.pid));
     }
     Ok(loaded)
 }

@@ -10,7 +10,10 @@ use commscope_wire::shm::{LayoutError, Shm};
 #[derive(Debug)]
 pub enum Error {
     /// A system call failed.
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// The process has no commscope region.
     NotTraced { pid: u32 },
     /// The region is not usable.
@@ -21,7 +24,10 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Io { what, source } => write!(f, "failed to {what}: {source}"),
-            Error::NotTraced { pid } => write!(f, "process {pid} has no commscope ring (not traced, or not yet in MPI_Init)"),
+            Error::NotTraced { pid } => write!(
+                f,
+                "process {pid} has no commscope ring (not traced, or not yet in MPI_Init)"
+            ),
             Error::Layout(e) => write!(f, "{e}"),
         }
     }
@@ -57,18 +63,34 @@ impl Region {
         let mut st: libc::stat = unsafe_zeroed_stat();
         // SAFETY: fstat on an open fd with a valid out-pointer.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(Error::Io { what: "stat the ring".into(), source: std::io::Error::last_os_error() });
+            return Err(Error::Io {
+                what: "stat the ring".into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         let len = st.st_size as usize;
         if len == 0 {
-            return Err(Error::Layout(LayoutError::TooSmall { have: 0, need: commscope_wire::shm::HEADER_SIZE }));
+            return Err(Error::Layout(LayoutError::TooSmall {
+                have: 0,
+                need: commscope_wire::shm::HEADER_SIZE,
+            }));
         }
         // SAFETY: mapping `len` bytes of the fd, shared.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
-            return Err(Error::Io { what: "map the ring".into(), source: std::io::Error::last_os_error() });
+            return Err(Error::Io {
+                what: "map the ring".into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         let base = NonNull::new(p as *mut u8).ok_or_else(|| Error::Io {
             what: "map the ring".into(),
@@ -77,7 +99,12 @@ impl Region {
         // SAFETY: the mapping is page-aligned, `len` bytes, and lives as long as the Region,
         // which owns the Shm view.
         match unsafe { Shm::attach(base, len) } {
-            Ok(shm) => Ok(Region { shm, base, len, _fd: fd }),
+            Ok(shm) => Ok(Region {
+                shm,
+                base,
+                len,
+                _fd: fd,
+            }),
             Err(e) => {
                 // SAFETY: unmapping what we mapped.
                 unsafe { libc::munmap(p, len) };
@@ -89,18 +116,28 @@ impl Region {
     /// Maps the region of a running process by finding its memfd in `/proc/<pid>/fd`.
     pub fn of_process(pid: u32) -> Result<Region, Error> {
         let dir = PathBuf::from(format!("/proc/{pid}/fd"));
-        let entries =
-            std::fs::read_dir(&dir).map_err(|source| Error::Io { what: format!("list {}", dir.display()), source })?;
+        let entries = std::fs::read_dir(&dir).map_err(|source| Error::Io {
+            what: format!("list {}", dir.display()),
+            source,
+        })?;
         for e in entries.flatten() {
-            let Ok(target) = std::fs::read_link(e.path()) else { continue };
-            if !target.to_string_lossy().starts_with("/memfd:commscope-ring") {
+            let Ok(target) = std::fs::read_link(e.path()) else {
+                continue;
+            };
+            if !target
+                .to_string_lossy()
+                .starts_with("/memfd:commscope-ring")
+            {
                 continue;
             }
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(e.path())
-                .map_err(|source| Error::Io { what: format!("open {}", e.path().display()), source })?;
+                .map_err(|source| Error::Io {
+                    what: format!("open {}", e.path().display()),
+                    source,
+                })?;
             return Region::map(file.into());
         }
         Err(Error::NotTraced { pid })

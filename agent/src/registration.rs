@@ -30,7 +30,10 @@ impl std::fmt::Display for Error {
             Error::Io(e) => write!(f, "registration I/O failed: {e}"),
             Error::Malformed(why) => write!(f, "malformed registration: {why}"),
             Error::Credentials { claimed, actual } => {
-                write!(f, "registration claims pid {claimed} but comes from pid {actual}")
+                write!(
+                    f,
+                    "registration claims pid {claimed} but comes from pid {actual}"
+                )
             }
             Error::Version { protocol, layout } => write!(
                 f,
@@ -55,11 +58,19 @@ pub struct Registered {
 /// Handles one connection: reads the request and its memfd, checks it, maps it, answers.
 /// Every refusal is answered with a status before the error is returned.
 pub fn handle(stream: UnixStream) -> Result<Registered, Error> {
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).map_err(Error::Io)?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(Error::Io)?;
     let (bytes, fd) = recv_with_fd(&stream).map_err(Error::Io)?;
     let refuse = |stream: &UnixStream, status: Status| {
         let mut s = stream;
-        let _ = s.write_all(&Reply { version: PROTOCOL_VERSION, status }.encode());
+        let _ = s.write_all(
+            &Reply {
+                version: PROTOCOL_VERSION,
+                status,
+            }
+            .encode(),
+        );
     };
     let request = match Request::decode(&bytes) {
         Ok(r) => r,
@@ -70,12 +81,18 @@ pub fn handle(stream: UnixStream) -> Result<Registered, Error> {
     };
     if request.version > PROTOCOL_VERSION || u32::from(request.layout_version) > LAYOUT_VERSION {
         refuse(&stream, Status::UnsupportedVersion);
-        return Err(Error::Version { protocol: request.version, layout: request.layout_version });
+        return Err(Error::Version {
+            protocol: request.version,
+            layout: request.layout_version,
+        });
     }
     let actual = peer_pid(&stream).map_err(Error::Io)?;
     if actual != request.pid as i32 {
         refuse(&stream, Status::CredentialsMismatch);
-        return Err(Error::Credentials { claimed: request.pid, actual });
+        return Err(Error::Credentials {
+            claimed: request.pid,
+            actual,
+        });
     }
     let Some(fd) = fd else {
         refuse(&stream, Status::BadRequest);
@@ -88,16 +105,38 @@ pub fn handle(stream: UnixStream) -> Result<Registered, Error> {
             return Err(Error::Region(e));
         }
     };
-    (&stream).write_all(&Reply { version: PROTOCOL_VERSION, status: Status::Accepted }.encode()).map_err(Error::Io)?;
-    Ok(Registered { request, region, stream })
+    (&stream)
+        .write_all(
+            &Reply {
+                version: PROTOCOL_VERSION,
+                status: Status::Accepted,
+            }
+            .encode(),
+        )
+        .map_err(Error::Io)?;
+    Ok(Registered {
+        request,
+        region,
+        stream,
+    })
 }
 
 fn peer_pid(s: &UnixStream) -> std::io::Result<i32> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED into a ucred of the stated length.
     let rc = unsafe {
-        libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
@@ -108,7 +147,10 @@ fn peer_pid(s: &UnixStream) -> std::io::Result<i32> {
 /// Receives one message of up to [`REQUEST_SIZE`] bytes and at most one fd.
 fn recv_with_fd(s: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut buf = vec![0u8; REQUEST_SIZE];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: CMSG_SPACE is a pure computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32 * 4) } as usize;
     let mut control = vec![0u8; space];
@@ -131,7 +173,8 @@ fn recv_with_fd(s: &UnixStream) -> std::io::Result<(Vec<u8>, Option<OwnedFd>)> {
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(c) as *const i32;
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<i32>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<i32>();
                 for i in 0..count {
                     let raw = std::ptr::read_unaligned(data.add(i));
                     let owned = OwnedFd::from_raw_fd(raw);
@@ -171,7 +214,10 @@ mod tests {
         assert!(err.to_string().contains("malformed"), "{err}");
         let mut reply = [0u8; commscope_wire::registration::REPLY_SIZE];
         std::io::Read::read_exact(&mut &a, &mut reply).expect("reply");
-        assert_eq!(Reply::decode(&reply).map(|r| r.status), Ok(Status::BadRequest));
+        assert_eq!(
+            Reply::decode(&reply).map(|r| r.status),
+            Ok(Status::BadRequest)
+        );
     }
 
     #[test]
@@ -191,6 +237,9 @@ mod tests {
         };
         (&a).write_all(&req.encode()).expect("write");
         let err = handle(b).expect_err("pid mismatch");
-        assert!(matches!(err, Error::Credentials { claimed: 1, .. }), "{err}");
+        assert!(
+            matches!(err, Error::Credentials { claimed: 1, .. }),
+            "{err}"
+        );
     }
 }

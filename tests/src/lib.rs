@@ -43,15 +43,26 @@ impl Flavour {
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/debug/deps/<test> -> target/debug
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// The `commscope` binary.
 pub fn commscope_bin() -> PathBuf {
     let p = bin_dir().join("commscope");
-    assert!(p.is_file(), "{} is missing: run `cargo build` at the workspace root first", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build` at the workspace root first",
+        p.display()
+    );
     let shim = bin_dir().join("libcommscope.so");
-    assert!(shim.is_file(), "{} is missing: run `cargo build` at the workspace root first", shim.display());
+    assert!(
+        shim.is_file(),
+        "{} is missing: run `cargo build` at the workspace root first",
+        shim.display()
+    );
     p
 }
 
@@ -64,9 +75,12 @@ pub fn shim() -> PathBuf {
 /// A `commscope` command with the environment MPI launchers need here.
 pub fn commscope() -> Command {
     let mut c = Command::new(commscope_bin());
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     // Tests choose their own trace directory and socket.
-    c.env_remove("COMMSCOPE_TRACE_DIR").env_remove("COMMSCOPE_AGENT_SOCKET").env_remove("COMMSCOPE_JOB_ID");
+    c.env_remove("COMMSCOPE_TRACE_DIR")
+        .env_remove("COMMSCOPE_AGENT_SOCKET")
+        .env_remove("COMMSCOPE_JOB_ID");
     c
 }
 
@@ -82,14 +96,20 @@ pub fn build(flavour: Flavour, name: &str) -> PathBuf {
     let out_dir = bin_dir().join("c-programs").join(flavour.name());
     std::fs::create_dir_all(&out_dir).expect("create build dir");
     let out = out_dir.join(name);
-    let fresh = match (std::fs::metadata(&src).and_then(|m| m.modified()), std::fs::metadata(&out).and_then(|m| m.modified())) {
+    let fresh = match (
+        std::fs::metadata(&src).and_then(|m| m.modified()),
+        std::fs::metadata(&out).and_then(|m| m.modified()),
+    ) {
         (Ok(s), Ok(o)) => o >= s,
         _ => false,
     };
     if !fresh {
         // Compile to a unique name and rename, so parallel tests never see half a binary.
         let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
-        flavour.mpi().compile(&src, &tmp).unwrap_or_else(|e| panic!("{e:#}"));
+        flavour
+            .mpi()
+            .compile(&src, &tmp)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         std::fs::rename(&tmp, &out).expect("rename program");
     }
     out
@@ -103,9 +123,20 @@ pub fn launch(flavour: Flavour, ranks: u32, program: &Path, args: &[&str]) -> Ve
 }
 
 /// Runs `commscope run --trace-dir DIR --job-id JOB -- CMD…` and returns its output.
-pub fn run_traced(trace_dir: &Path, job: &str, cmd: &[OsString], extra_env: &[(&str, &str)]) -> Output {
+pub fn run_traced(
+    trace_dir: &Path,
+    job: &str,
+    cmd: &[OsString],
+    extra_env: &[(&str, &str)],
+) -> Output {
     let mut c = commscope();
-    c.arg("run").arg("--trace-dir").arg(trace_dir).arg("--job-id").arg(job).arg("--").args(cmd);
+    c.arg("run")
+        .arg("--trace-dir")
+        .arg(trace_dir)
+        .arg("--job-id")
+        .arg(job)
+        .arg("--")
+        .args(cmd);
     for (k, v) in extra_env {
         c.env(k, v);
     }
@@ -125,15 +156,32 @@ pub fn assert_ok(o: &Output, what: &str) {
 
 /// Loads the one job under a directory.
 pub fn load_job(dir: &Path) -> JobTrace {
-    let mut loaded = traces::load(&[dir.to_path_buf()]).unwrap_or_else(|e| panic!("load {}: {e:#}", dir.display()));
-    assert!(loaded.errors.is_empty(), "unreadable traces: {:?}", loaded.errors);
-    assert_eq!(loaded.jobs.len(), 1, "expected one job under {}", dir.display());
+    let mut loaded = traces::load(&[dir.to_path_buf()])
+        .unwrap_or_else(|e| panic!("load {}: {e:#}", dir.display()));
+    assert!(
+        loaded.errors.is_empty(),
+        "unreadable traces: {:?}",
+        loaded.errors
+    );
+    assert_eq!(
+        loaded.jobs.len(),
+        1,
+        "expected one job under {}",
+        dir.display()
+    );
     loaded.jobs.pop_first().expect("one job").1
 }
 
 /// Runs `commscope trace summary --format json` and parses it.
 pub fn summary_json(paths: &[&Path]) -> (serde_json::Value, Output) {
-    let o = commscope().arg("trace").arg("summary").args(paths).arg("--format").arg("json").output().expect("summary");
+    let o = commscope()
+        .arg("trace")
+        .arg("summary")
+        .args(paths)
+        .arg("--format")
+        .arg("json")
+        .output()
+        .expect("summary");
     let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
     (v, o)
 }

@@ -21,12 +21,16 @@ fn read_expected(dir: &Path, ranks: i32) -> Expected {
     let mut e = Expected::default();
     for r in 0..ranks {
         let p = dir.join(format!("rank-{r}.txt"));
-        let text = std::fs::read_to_string(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+        let text =
+            std::fs::read_to_string(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
         for line in text.lines() {
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
                 ["call", comm, op, bytes] => {
-                    let v = e.calls.entry((r, comm.to_string(), op.to_string())).or_default();
+                    let v = e
+                        .calls
+                        .entry((r, comm.to_string(), op.to_string()))
+                        .or_default();
                     v.0 += 1;
                     v.1 += bytes.parse::<u64>().expect("bytes");
                 }
@@ -42,6 +46,9 @@ fn read_expected(dir: &Path, ranks: i32) -> Expected {
     e
 }
 
+/// One member's record of an instance: (rank, op, bytes, root, flags).
+type Member = (i32, u8, u64, i32, u16);
+
 fn check(flavour: Flavour) {
     let prog = build(flavour, "coverage");
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -49,7 +56,12 @@ fn check(flavour: Flavour) {
     let trace_dir = tmp.path().join("trace");
     std::fs::create_dir_all(&expect_dir).expect("mkdir");
     let job = format!("coverage-{}", flavour.name());
-    let out = run_traced(&trace_dir, &job, &launch(flavour, 8, &prog, &[expect_dir.to_str().expect("utf-8")]), &[]);
+    let out = run_traced(
+        &trace_dir,
+        &job,
+        &launch(flavour, 8, &prog, &[expect_dir.to_str().expect("utf-8")]),
+        &[],
+    );
     assert_ok(&out, "coverage job");
     let expected = read_expected(&expect_dir, 8);
     let trace = load_job(&trace_dir.join(&job));
@@ -63,7 +75,7 @@ fn check(flavour: Flavour) {
     let mut knowers: HashMap<u64, BTreeSet<i32>> = HashMap::new();
     let mut sizes: HashMap<u64, i32> = HashMap::new();
     // (comm, seq) -> [(rank, op, bytes, root)]
-    let mut instances: BTreeMap<(u64, u64), Vec<(i32, u8, u64, i32, u16)>> = BTreeMap::new();
+    let mut instances: BTreeMap<(u64, u64), Vec<Member>> = BTreeMap::new();
     for p in &trace.processes {
         let rank = p.header.rank;
         let mut names: HashMap<u64, String> = HashMap::new();
@@ -80,15 +92,24 @@ fn check(flavour: Flavour) {
                     }
                 }
                 Record::Call(c) => {
-                    let name = names.get(&c.comm_id).cloned().unwrap_or_else(|| format!("unnamed-{:#x}", c.comm_id));
-                    let v = actual.entry((rank, name.clone(), c.op().name().to_owned())).or_default();
+                    let name = names
+                        .get(&c.comm_id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("unnamed-{:#x}", c.comm_id));
+                    let v = actual
+                        .entry((rank, name.clone(), c.op().name().to_owned()))
+                        .or_default();
                     v.0 += 1;
                     v.1 += c.bytes;
                     id_of.insert((rank, name), c.comm_id);
                     assert_eq!(c.status, 0, "call failed: {c:?}");
                     assert_eq!(c.rank, rank);
                     assert!(c.t_exit >= c.t_enter, "time runs backwards: {c:?}");
-                    assert_eq!(c.flags & flags::LOCAL_COMM_ID, 0, "every communicator was created through a wrapped constructor: {c:?}");
+                    assert_eq!(
+                        c.flags & flags::LOCAL_COMM_ID,
+                        0,
+                        "every communicator was created through a wrapped constructor: {c:?}"
+                    );
                     if !c.op().is_p2p() {
                         // seq counts every collective on a communicator, in call order.
                         let next = last_seq.entry(c.comm_id).or_insert(0);
@@ -96,7 +117,10 @@ fn check(flavour: Flavour) {
                             assert!(c.seq >= *next, "seq went backwards on rank {rank}: {c:?}");
                         }
                         *next = (*next).max(c.seq + 1);
-                        instances.entry((c.comm_id, c.seq)).or_default().push((rank, c.op, c.bytes, c.peer, c.flags));
+                        instances
+                            .entry((c.comm_id, c.seq))
+                            .or_default()
+                            .push((rank, c.op, c.bytes, c.peer, c.flags));
                     }
                 }
                 _ => {}
@@ -117,7 +141,10 @@ fn check(flavour: Flavour) {
                 diff += &format!("  {k:?}: not made by the program, traced {v:?}\n");
             }
         }
-        panic!("{}: trace differs from what the program did:\n{diff}", flavour.name());
+        panic!(
+            "{}: trace differs from what the program did:\n{diff}",
+            flavour.name()
+        );
     }
     let total: u64 = expected.calls.values().map(|v| v.0).sum();
     assert!(total > 1000, "the program makes many calls ({total})");
@@ -125,7 +152,9 @@ fn check(flavour: Flavour) {
     // 2. Communicator ids: members agree, and the id's members are exactly the communicator's.
     let mut names_of_id: HashMap<u64, BTreeSet<String>> = HashMap::new();
     for ((rank, name), members) in &expected.members {
-        let id = *id_of.get(&(*rank, name.clone())).unwrap_or_else(|| panic!("no calls traced on {name} by rank {rank}"));
+        let id = *id_of
+            .get(&(*rank, name.clone()))
+            .unwrap_or_else(|| panic!("no calls traced on {name} by rank {rank}"));
         names_of_id.entry(id).or_default().insert(name.clone());
         for m in members {
             assert_eq!(
@@ -135,12 +164,29 @@ fn check(flavour: Flavour) {
                 flavour.name()
             );
         }
-        let knew: Vec<i32> = knowers.get(&id).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        assert_eq!(&knew, members, "{}: members of {name} ({id:#x})", flavour.name());
-        assert_eq!(sizes.get(&id).copied(), Some(members.len() as i32), "{name}: recorded size");
+        let knew: Vec<i32> = knowers
+            .get(&id)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        assert_eq!(
+            &knew,
+            members,
+            "{}: members of {name} ({id:#x})",
+            flavour.name()
+        );
+        assert_eq!(
+            sizes.get(&id).copied(),
+            Some(members.len() as i32),
+            "{name}: recorded size"
+        );
     }
     for (id, names) in &names_of_id {
-        assert_eq!(names.len(), 1, "{}: one id {id:#x} for different communicators {names:?}", flavour.name());
+        assert_eq!(
+            names.len(),
+            1,
+            "{}: one id {id:#x} for different communicators {names:?}",
+            flavour.name()
+        );
     }
 
     // 3. Every instance (comm, seq) is the same op on every member, with one record each; non-v
@@ -149,12 +195,31 @@ fn check(flavour: Flavour) {
         let size = sizes.get(comm).copied().unwrap_or(0) as usize;
         assert_eq!(recs.len(), size, "instance {comm:#x}/{seq}: {recs:?}");
         let op = Op::from_code(recs[0].1);
-        assert!(recs.iter().all(|r| r.1 == recs[0].1), "mismatched ops at {comm:#x}/{seq}: {recs:?}");
-        if matches!(op, Op::Allreduce | Op::Allgather | Op::Alltoall | Op::Broadcast | Op::Reduce | Op::Scan | Op::Exscan | Op::Reducescatter) {
-            assert!(recs.iter().all(|r| r.2 == recs[0].2), "bytes differ at {comm:#x}/{seq} ({op}): {recs:?}");
+        assert!(
+            recs.iter().all(|r| r.1 == recs[0].1),
+            "mismatched ops at {comm:#x}/{seq}: {recs:?}"
+        );
+        if matches!(
+            op,
+            Op::Allreduce
+                | Op::Allgather
+                | Op::Alltoall
+                | Op::Broadcast
+                | Op::Reduce
+                | Op::Scan
+                | Op::Exscan
+                | Op::Reducescatter
+        ) {
+            assert!(
+                recs.iter().all(|r| r.2 == recs[0].2),
+                "bytes differ at {comm:#x}/{seq} ({op}): {recs:?}"
+            );
         }
         if op.is_rooted() && !recs.iter().any(|r| r.4 & flags::INTERCOMM != 0) {
-            assert!(recs.iter().all(|r| r.3 == recs[0].3 && r.3 >= 0), "roots differ at {comm:#x}/{seq}: {recs:?}");
+            assert!(
+                recs.iter().all(|r| r.3 == recs[0].3 && r.3 >= 0),
+                "roots differ at {comm:#x}/{seq}: {recs:?}"
+            );
         }
     }
     // The first three broadcasts on the world communicator went from roots 0, 1, 2.
@@ -162,10 +227,12 @@ fn check(flavour: Flavour) {
     let mut roots: Vec<i32> = Vec::new();
     for p in trace.processes.iter().filter(|p| p.header.rank == 5) {
         for r in &p.records {
-            if let Record::Call(c) = r {
-                if c.comm_id == world && c.op() == Op::Broadcast && c.op_seq < 3 {
-                    roots.push(c.peer);
-                }
+            if let Record::Call(c) = r
+                && c.comm_id == world
+                && c.op() == Op::Broadcast
+                && c.op_seq < 3
+            {
+                roots.push(c.peer);
             }
         }
     }
@@ -177,21 +244,32 @@ fn check(flavour: Flavour) {
     assert_eq!(s["ranks"], 8);
     assert_eq!(s["p2p"]["unmatched"], 0, "{}", s["p2p"]);
     assert_eq!(s["p2p"]["matched"], s["p2p"]["send"]);
-    let sends = expected.calls.iter().filter(|(k, _)| k.2 == "send" || k.2 == "sendrecv").map(|(_, v)| v.0).sum::<u64>() - 8; // minus MPI_PROC_NULL
+    let sends = expected
+        .calls
+        .iter()
+        .filter(|(k, _)| k.2 == "send" || k.2 == "sendrecv")
+        .map(|(_, v)| v.0)
+        .sum::<u64>()
+        - 8; // minus MPI_PROC_NULL
     assert_eq!(s["p2p"]["send"], sends);
     assert_eq!(s["in_flight"].as_array().map(Vec::len), Some(0));
     for p in &trace.processes {
         for r in &p.records {
-            if let Record::Call(c) = r {
-                if c.op() == Op::Recv {
-                    assert!(c.peer >= 0, "unresolved receive source: {c:?}");
-                    assert!(c.tag >= 0, "unresolved receive tag: {c:?}");
-                }
+            if let Record::Call(c) = r
+                && c.op() == Op::Recv
+            {
+                assert!(c.peer >= 0, "unresolved receive source: {c:?}");
+                assert!(c.tag >= 0, "unresolved receive tag: {c:?}");
             }
         }
     }
     let comms = s["comms"].as_array().expect("comms");
-    let named = |n: &str| comms.iter().find(|c| c["name"] == n).unwrap_or_else(|| panic!("no comm named {n} in {s}"));
+    let named = |n: &str| {
+        comms
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap_or_else(|| panic!("no comm named {n} in {s}"))
+    };
     assert_eq!(named("MPI_COMM_WORLD")["size"], 8);
     assert_eq!(named("half-odd")["size"], 4);
     assert_eq!(named("cart-row1")["ops"]["allreduce"], 4);

@@ -23,9 +23,13 @@ fn rank_pids(job_dir: &Path) -> BTreeMap<i32, u32> {
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(job_dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(stem) = name.strip_suffix(".cst") else { continue };
+        let Some(stem) = name.strip_suffix(".cst") else {
+            continue;
+        };
         let mut parts = stem.rsplitn(3, '-');
-        let (Some(rank), Some(pid)) = (parts.next(), parts.next()) else { continue };
+        let (Some(rank), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
         if let (Ok(r), Ok(p)) = (rank.parse(), pid.parse()) {
             out.insert(r, p);
         }
@@ -39,7 +43,10 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -104,25 +111,38 @@ fn hung_job(flavour: Flavour) {
     let regs = agent_a.join().expect("agent thread");
     let ranks: BTreeSet<i32> = regs.iter().map(|r| r.request.rank).collect();
     assert_eq!(ranks, (0..8).collect(), "every rank registered");
-    assert!(regs.iter().all(|r| r.request.job == job && r.request.world_size == 8));
+    assert!(
+        regs.iter()
+            .all(|r| r.request.job == job && r.request.world_size == 8)
+    );
 
     // The stuck ranks show their all-reduce in the in-flight table, live, to another process.
-    let pids = wait_for("8 trace files", Duration::from_secs(30), || Some(rank_pids(&job_dir)).filter(|m| m.len() == 8));
-    let stuck: BTreeMap<i32, (u64, u64)> = wait_for("7 ranks stuck in the all-reduce", Duration::from_secs(30), || {
-        let mut stuck = BTreeMap::new();
-        for (&rank, &pid) in &pids {
-            let region = Region::of_process(pid).ok()?;
-            for (_, e) in region.shm().in_flight() {
-                if e.op == Op::Allreduce as u8 && e.status == in_flight_status::IN_CALL {
-                    stuck.insert(rank, (e.comm_id, e.seq));
+    let pids = wait_for("8 trace files", Duration::from_secs(30), || {
+        Some(rank_pids(&job_dir)).filter(|m| m.len() == 8)
+    });
+    let stuck: BTreeMap<i32, (u64, u64)> = wait_for(
+        "7 ranks stuck in the all-reduce",
+        Duration::from_secs(30),
+        || {
+            let mut stuck = BTreeMap::new();
+            for (&rank, &pid) in &pids {
+                let region = Region::of_process(pid).ok()?;
+                for (_, e) in region.shm().in_flight() {
+                    if e.op == Op::Allreduce as u8 && e.status == in_flight_status::IN_CALL {
+                        stuck.insert(rank, (e.comm_id, e.seq));
+                    }
                 }
             }
-        }
-        // Ranks pass through earlier all-reduces on the way: wait until all seven sit in one.
-        let one_instance = stuck.values().collect::<BTreeSet<_>>().len() == 1;
-        (stuck.len() == 7 && one_instance && !stuck.contains_key(&HANG_RANK)).then_some(stuck)
-    });
-    assert_eq!(stuck.values().next().map(|v| v.1), Some(10), "the 11th collective on the world communicator");
+            // Ranks pass through earlier all-reduces on the way: wait until all seven sit in one.
+            let one_instance = stuck.values().collect::<BTreeSet<_>>().len() == 1;
+            (stuck.len() == 7 && one_instance && !stuck.contains_key(&HANG_RANK)).then_some(stuck)
+        },
+    );
+    assert_eq!(
+        stuck.values().next().map(|v| v.1),
+        Some(10),
+        "the 11th collective on the world communicator"
+    );
 
     // The first agent consumes part of each ring, then dies (its connections close). A second
     // agent at the same path gets every process back, each resuming at the first agent's cursor.
@@ -133,14 +153,23 @@ fn hung_job(flavour: Flavour) {
         let end = shm.read_from(from, 5, |_| {});
         shm.advance(Consumer::Agent, end);
         cursors.insert(r.request.rank, end);
-        assert!(end > from, "rank {} had records for the agent", r.request.rank);
+        assert!(
+            end > from,
+            "rank {} had records for the agent",
+            r.request.rank
+        );
     }
     std::fs::remove_file(&sock).expect("remove socket");
     drop(regs);
     let agent_b = accept_n(UnixListener::bind(&sock).expect("rebind"), 8);
     let regs_b = agent_b.join().expect("second agent");
     for r in &regs_b {
-        assert_eq!(r.region.shm().cursor(Consumer::Agent), cursors[&r.request.rank], "rank {} resumes", r.request.rank);
+        assert_eq!(
+            r.region.shm().cursor(Consumer::Agent),
+            cursors[&r.request.rank],
+            "rank {} resumes",
+            r.request.rank
+        );
         let mut kinds = BTreeMap::<&str, u64>::new();
         let shm = r.region.shm();
         shm.read_from(shm.cursor(Consumer::Agent), 1 << 20, |raw| {
@@ -148,20 +177,30 @@ fn hung_job(flavour: Flavour) {
                 *kinds.entry(rec.kind_name()).or_default() += 1;
             }
         });
-        assert!(kinds.get("call").copied().unwrap_or(0) >= 8, "rank {}: {kinds:?}", r.request.rank);
+        assert!(
+            kinds.get("call").copied().unwrap_or(0) >= 8,
+            "rank {}: {kinds:?}",
+            r.request.rank
+        );
     }
 
     // The trace shows the stuck calls before anything is killed (enter records, flushed).
-    wait_for("enter records in the trace", Duration::from_secs(30), || {
-        let (s, _) = summary_json(&[&job_dir]);
-        (s["in_flight"].as_array().map(Vec::len) == Some(7)).then_some(())
-    });
+    wait_for(
+        "enter records in the trace",
+        Duration::from_secs(30),
+        || {
+            let (s, _) = summary_json(&[&job_dir]);
+            (s["in_flight"].as_array().map(Vec::len) == Some(7)).then_some(())
+        },
+    );
 
     // kill -9 every rank.
     for &pid in pids.values() {
         unsafe_kill(pid as i32, libc::SIGKILL);
     }
-    let status = wait_for("the launcher to exit", Duration::from_secs(30), || job_proc.0.try_wait().ok().flatten());
+    let status = wait_for("the launcher to exit", Duration::from_secs(30), || {
+        job_proc.0.try_wait().ok().flatten()
+    });
     assert!(!status.success(), "a killed job does not succeed");
 
     let (s, o) = summary_json(&[&job_dir]);
@@ -170,13 +209,35 @@ fn hung_job(flavour: Flavour) {
         .as_array()
         .expect("in_flight")
         .iter()
-        .map(|f| (f["rank"].as_i64().unwrap_or(-1), f["op"].as_str().unwrap_or("").to_owned(), f["seq"].as_u64().unwrap_or(0)))
+        .map(|f| {
+            (
+                f["rank"].as_i64().unwrap_or(-1),
+                f["op"].as_str().unwrap_or("").to_owned(),
+                f["seq"].as_u64().unwrap_or(0),
+            )
+        })
         .collect();
-    let expected: Vec<(i64, String, u64)> = (0..8).filter(|&r| r != HANG_RANK).map(|r| (i64::from(r), "allreduce".to_owned(), 10)).collect();
-    assert_eq!(in_flight, expected, "exactly the ranks inside the collective");
+    let expected: Vec<(i64, String, u64)> = (0..8)
+        .filter(|&r| r != HANG_RANK)
+        .map(|r| (i64::from(r), "allreduce".to_owned(), 10))
+        .collect();
+    assert_eq!(
+        in_flight, expected,
+        "exactly the ranks inside the collective"
+    );
     let world = s["in_flight"][0]["comm_id"].clone();
-    assert!(s["in_flight"].as_array().into_iter().flatten().all(|f| f["comm_id"] == world));
-    assert_eq!(s["unfinished_ranks"].as_array().map(Vec::len), Some(8), "no rank shut down cleanly");
+    assert!(
+        s["in_flight"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|f| f["comm_id"] == world)
+    );
+    assert_eq!(
+        s["unfinished_ranks"].as_array().map(Vec::len),
+        Some(8),
+        "no rank shut down cleanly"
+    );
 }
 
 #[test]

@@ -6,11 +6,16 @@
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
-use commscope_tests::{Flavour, assert_ok, build, commscope, launch, load_job, run_traced, shim, summary_json};
+use commscope_tests::{
+    Flavour, assert_ok, build, commscope, launch, load_job, run_traced, shim, summary_json,
+};
 use commscope_wire::record::Record;
 
 fn sorted_lines(o: &Output) -> Vec<String> {
-    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect();
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
     v.sort();
     v
 }
@@ -18,7 +23,9 @@ fn sorted_lines(o: &Output) -> Vec<String> {
 /// Runs a launch command directly (no commscope), with extra environment.
 fn direct(cmd: &[std::ffi::OsString], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(&cmd[0]);
-    c.args(&cmd[1..]).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.args(&cmd[1..])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -28,9 +35,18 @@ fn direct(cmd: &[std::ffi::OsString], env: &[(&str, &str)]) -> Output {
 #[test]
 fn a_program_that_never_calls_mpi_is_unchanged() {
     let script = "echo hello; echo to-stderr >&2; exit 7";
-    let plain = Command::new("sh").arg("-c").arg(script).output().expect("sh");
+    let plain = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("sh");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let traced = run_traced(tmp.path(), "no-mpi", &["sh".into(), "-c".into(), script.into()], &[]);
+    let traced = run_traced(
+        tmp.path(),
+        "no-mpi",
+        &["sh".into(), "-c".into(), script.into()],
+        &[],
+    );
     assert_eq!(traced.status.code(), Some(7));
     assert_eq!(traced.stdout, plain.stdout);
     assert_eq!(traced.stderr, plain.stderr);
@@ -41,8 +57,17 @@ fn a_program_that_never_calls_mpi_is_unchanged() {
 #[test]
 fn exit_status_and_signals_pass_through() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let killed = run_traced(tmp.path(), "sig", &["sh".into(), "-c".into(), "kill -TERM $$".into()], &[]);
-    assert_eq!(killed.status.code(), Some(128 + libc::SIGTERM), "death by signal becomes 128+N");
+    let killed = run_traced(
+        tmp.path(),
+        "sig",
+        &["sh".into(), "-c".into(), "kill -TERM $$".into()],
+        &[],
+    );
+    assert_eq!(
+        killed.status.code(),
+        Some(128 + libc::SIGTERM),
+        "death by signal becomes 128+N"
+    );
 
     // A TERM sent to `commscope run` reaches the command, which exits on its own terms.
     let mut child = commscope()
@@ -77,11 +102,21 @@ fn same_as_without_shim(flavour: Flavour) {
 
     // Disabled: pure pass-through, nothing written.
     let mut c = commscope();
-    c.arg("run").arg("--disable").arg("--trace-dir").arg(tmp.path()).arg("--job-id").arg("off").arg("--").args(&cmd);
+    c.arg("run")
+        .arg("--disable")
+        .arg("--trace-dir")
+        .arg(tmp.path())
+        .arg("--job-id")
+        .arg("off")
+        .arg("--")
+        .args(&cmd);
     let disabled = c.output().expect("run");
     assert_eq!(disabled.status.code(), plain.status.code());
     assert_eq!(sorted_lines(&disabled), sorted_lines(&plain));
-    assert!(!tmp.path().join("off").exists(), "disabled shim wrote a trace");
+    assert!(
+        !tmp.path().join("off").exists(),
+        "disabled shim wrote a trace"
+    );
 
     // Enabled, with garbage in every setting: same output, settings reported, trace written.
     let garbage = [
@@ -91,7 +126,13 @@ fn same_as_without_shim(flavour: Flavour) {
         ("COMMSCOPE_DISABLE", "maybe"),
     ];
     let mut c = commscope();
-    c.arg("run").arg("--trace-dir").arg(tmp.path()).arg("--job-id").arg("garbage").arg("--").args(&cmd);
+    c.arg("run")
+        .arg("--trace-dir")
+        .arg(tmp.path())
+        .arg("--job-id")
+        .arg("garbage")
+        .arg("--")
+        .args(&cmd);
     for (k, v) in garbage {
         c.env(k, v);
     }
@@ -105,17 +146,35 @@ fn same_as_without_shim(flavour: Flavour) {
             args.push(format!("{k}={v}").into());
         }
         args.extend(cmd[1..].iter().cloned());
-        c2.arg("run").arg("--trace-dir").arg(tmp.path()).arg("--job-id").arg("garbage").arg("--").args(&args);
+        c2.arg("run")
+            .arg("--trace-dir")
+            .arg(tmp.path())
+            .arg("--job-id")
+            .arg("garbage")
+            .arg("--")
+            .args(&args);
     }
     let noisy = c2.output().expect("run");
     assert_eq!(noisy.status.code(), plain.status.code());
     assert_eq!(sorted_lines(&noisy), sorted_lines(&plain));
     let err = String::from_utf8_lossy(&noisy.stderr);
     for (k, _) in garbage {
-        assert!(err.contains(&format!("ignoring {k}")), "no word about {k}: {err}");
+        assert!(
+            err.contains(&format!("ignoring {k}")),
+            "no word about {k}: {err}"
+        );
     }
     let job = load_job(&tmp.path().join("garbage"));
-    let calls: usize = job.processes.iter().map(|p| p.records.iter().filter(|r| matches!(r, Record::Call(_))).count()).sum();
+    let calls: usize = job
+        .processes
+        .iter()
+        .map(|p| {
+            p.records
+                .iter()
+                .filter(|r| matches!(r, Record::Call(_)))
+                .count()
+        })
+        .sum();
     assert_eq!(calls, 4 * 50);
 
     // An unwritable trace directory: the job is unaffected and says so once per rank.
@@ -124,13 +183,19 @@ fn same_as_without_shim(flavour: Flavour) {
     let preload = shim().display().to_string();
     match flavour {
         Flavour::OpenMpi => {
-            for kv in [format!("LD_PRELOAD={preload}"), format!("COMMSCOPE_TRACE_DIR={bad}")] {
+            for kv in [
+                format!("LD_PRELOAD={preload}"),
+                format!("COMMSCOPE_TRACE_DIR={bad}"),
+            ] {
                 env_cmd.push("-x".into());
                 env_cmd.push(kv.into());
             }
         }
         Flavour::Mpich => {
-            for (k, v) in [("LD_PRELOAD", preload.as_str()), ("COMMSCOPE_TRACE_DIR", bad)] {
+            for (k, v) in [
+                ("LD_PRELOAD", preload.as_str()),
+                ("COMMSCOPE_TRACE_DIR", bad),
+            ] {
                 env_cmd.extend(["-genv".into(), k.into(), v.into()]);
             }
         }
@@ -140,12 +205,19 @@ fn same_as_without_shim(flavour: Flavour) {
     assert_eq!(unwritable.status.code(), plain.status.code());
     assert_eq!(sorted_lines(&unwritable), sorted_lines(&plain));
     let err = String::from_utf8_lossy(&unwritable.stderr);
-    assert_eq!(err.matches("cannot write trace files under /proc/commscope-cannot-write-here").count(), 4, "{err}");
+    assert_eq!(
+        err.matches("cannot write trace files under /proc/commscope-cannot-write-here")
+            .count(),
+        4,
+        "{err}"
+    );
 
     // `commscope run` itself refuses an unusable directory before starting anything.
     let refused = run_traced(std::path::Path::new(bad), "x", &cmd, &[]);
     assert_eq!(refused.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("failed to create the trace directory"));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("failed to create the trace directory")
+    );
 }
 
 #[test]
@@ -167,23 +239,48 @@ fn a_full_ring_drops_and_counts_never_blocks() {
         tmp.path(),
         "tiny-ring",
         &launch(Flavour::Mpich, 2, &prog, &[&calls_made.to_string()]),
-        &[("COMMSCOPE_RING_RECORDS", "64"), ("COMMSCOPE_FLUSH_MS", "1000")],
+        &[
+            ("COMMSCOPE_RING_RECORDS", "64"),
+            ("COMMSCOPE_FLUSH_MS", "1000"),
+        ],
     );
     assert_ok(&out, "tiny-ring job");
     let job = load_job(&tmp.path().join("tiny-ring"));
     for p in &job.processes {
-        let calls = p.records.iter().filter(|r| matches!(r, Record::Call(_))).count() as u64;
+        let calls = p
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Call(_)))
+            .count() as u64;
         let last = p
             .records
             .iter()
             .rev()
-            .find_map(|r| if let Record::Heartbeat(h) = r { Some(*h) } else { None })
+            .find_map(|r| {
+                if let Record::Heartbeat(h) = r {
+                    Some(*h)
+                } else {
+                    None
+                }
+            })
             .expect("a final heartbeat");
-        assert!(last.dropped_ring_full > 0, "a 64-record ring must overflow at {calls_made} calls");
-        assert!(calls + last.dropped_ring_full >= calls_made, "rank {}: {calls} recorded + {} dropped < {calls_made} made", p.header.rank, last.dropped_ring_full);
+        assert!(
+            last.dropped_ring_full > 0,
+            "a 64-record ring must overflow at {calls_made} calls"
+        );
+        assert!(
+            calls + last.dropped_ring_full >= calls_made,
+            "rank {}: {calls} recorded + {} dropped < {calls_made} made",
+            p.header.rank,
+            last.dropped_ring_full
+        );
         // Everything produced before the final heartbeat reached the file.
         let max_seq = p.records.iter().map(Record::rec_seq).max().unwrap_or(0);
-        assert!(max_seq >= last.produced && p.records.len() as u64 >= last.produced, "rank {}: records lost silently", p.header.rank);
+        assert!(
+            max_seq >= last.produced && p.records.len() as u64 >= last.produced,
+            "rank {}: records lost silently",
+            p.header.rank
+        );
     }
     let (s, _) = summary_json(&[tmp.path()]);
     assert!(s["dropped"]["ring_full"].as_u64().unwrap_or(0) > 0, "{s}");

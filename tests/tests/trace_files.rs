@@ -4,18 +4,29 @@
 use std::path::Path;
 use std::process::Command;
 
-use commscope_tests::{Flavour, assert_ok, build, commscope, launch, load_job, run_traced, summary_json};
+use commscope_tests::{
+    Flavour, assert_ok, build, commscope, launch, load_job, run_traced, summary_json,
+};
 
 /// A real two-rank trace directory (`<tmp>/trace/<job>/`).
 fn real_trace(tmp: &Path, job: &str, iterations: &str) -> std::path::PathBuf {
     let prog = build(Flavour::Mpich, "basic");
-    let out = run_traced(&tmp.join("trace"), job, &launch(Flavour::Mpich, 2, &prog, &[iterations]), &[]);
+    let out = run_traced(
+        &tmp.join("trace"),
+        job,
+        &launch(Flavour::Mpich, 2, &prog, &[iterations]),
+        &[],
+    );
     assert_ok(&out, "basic job");
     tmp.join("trace").join(job)
 }
 
 fn files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir).expect("dir").flatten().map(|e| e.path()).collect();
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .expect("dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     v.sort();
     v
 }
@@ -40,37 +51,91 @@ fn damaged_foreign_and_newer_files_are_reported_and_the_rest_is_read() {
     let mut newer = std::fs::read(&f[1]).expect("read");
     newer[8] = 200;
     std::fs::write(dir.join("future-1-9.cst"), &newer).expect("write");
-    std::fs::write(dir.join("garbage-1-10.cst"), b"this is not a trace file at all").expect("write");
+    std::fs::write(
+        dir.join("garbage-1-10.cst"),
+        b"this is not a trace file at all",
+    )
+    .expect("write");
 
     let (s, o) = summary_json(&[&dir]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "unreadable files make the exit status 1: {err}");
-    assert!(err.contains("trace format version 200, newer than the supported version 1; upgrade commscope"), "{err}");
-    assert!(err.contains("garbage-1-10.cst is not a trace file commscope can read"), "{err}");
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "unreadable files make the exit status 1: {err}"
+    );
+    assert!(
+        err.contains(
+            "trace format version 200, newer than the supported version 1; upgrade commscope"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("garbage-1-10.cst is not a trace file commscope can read"),
+        "{err}"
+    );
     let warnings = s["warnings"].as_array().expect("warnings");
-    assert!(warnings.iter().any(|w| w.as_str().unwrap_or("").contains("truncated")), "{s}");
-    assert!(warnings.iter().any(|w| w.as_str().unwrap_or("").contains("checksum mismatch")), "{s}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap_or("").contains("truncated")),
+        "{s}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap_or("").contains("checksum mismatch")),
+        "{s}"
+    );
     let records = s["records"].as_u64().expect("records") as usize;
     let total: usize = per_file.iter().sum();
     // Only the damaged block of each file is lost; the rest is read.
-    assert!(records < total, "damage must cost something ({records} of {total})");
-    assert!(records > total / 3, "most records survive ({records} of {total})");
+    assert!(
+        records < total,
+        "damage must cost something ({records} of {total})"
+    );
+    assert!(
+        records > total / 3,
+        "most records survive ({records} of {total})"
+    );
     assert_eq!(s["ranks"], 2);
 
     // The text report says the same in sentences.
-    let o = commscope().arg("trace").arg("summary").arg(&dir).output().expect("summary");
+    let o = commscope()
+        .arg("trace")
+        .arg("summary")
+        .arg(&dir)
+        .output()
+        .expect("summary");
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("job damaged: 2 ranks"), "{text}");
-    assert!(text.contains("warning:") && text.contains("truncated"), "{text}");
+    assert!(
+        text.contains("warning:") && text.contains("truncated"),
+        "{text}"
+    );
 }
 
 #[test]
 fn missing_paths_and_empty_directories_are_clear_errors() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let o = commscope().arg("trace").arg("summary").arg(tmp.path().join("nope")).output().expect("summary");
+    let o = commscope()
+        .arg("trace")
+        .arg("summary")
+        .arg(tmp.path().join("nope"))
+        .output()
+        .expect("summary");
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("failed to access"), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = commscope().arg("trace").arg("summary").arg(tmp.path()).output().expect("summary");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("failed to access"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = commscope()
+        .arg("trace")
+        .arg("summary")
+        .arg(tmp.path())
+        .output()
+        .expect("summary");
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no trace files found"));
 }
@@ -80,7 +145,14 @@ fn parquet_is_readable_by_polars_pandas_and_duckdb() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = real_trace(tmp.path(), "parquet", "300");
     let pq = tmp.path().join("job.parquet");
-    let o = commscope().arg("trace").arg("merge").arg(&dir).arg("-o").arg(&pq).output().expect("merge");
+    let o = commscope()
+        .arg("trace")
+        .arg("merge")
+        .arg(&dir)
+        .arg("-o")
+        .arg(&pq)
+        .output()
+        .expect("merge");
     assert_ok(&o, "trace merge");
 
     // commscope reads its own Parquet back to the same summary.
@@ -88,11 +160,18 @@ fn parquet_is_readable_by_polars_pandas_and_duckdb() {
     let (from_pq, o) = summary_json(&[&pq]);
     assert_ok(&o, "summary of parquet");
     for key in ["records", "ranks", "comms", "p2p", "in_flight"] {
-        assert_eq!(from_cst[key], from_pq[key], "{key} differs between .cst and .parquet");
+        assert_eq!(
+            from_cst[key], from_pq[key],
+            "{key} differs between .cst and .parquet"
+        );
     }
 
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/check_parquet.py");
-    let o = Command::new("python3").arg(&script).arg(&pq).output().expect("python3");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&pq)
+        .output()
+        .expect("python3");
     assert!(
         o.status.success(),
         "the Python engines failed to read the trace (run scripts/setup.sh to install polars, pandas, duckdb):\n{}",
@@ -104,7 +183,10 @@ fn parquet_is_readable_by_polars_pandas_and_duckdb() {
         assert_eq!(v[engine]["rows"], records, "{engine}: {v}");
         assert_eq!(v[engine]["allreduce_calls"], 600, "{engine}: {v}");
         assert_eq!(v[engine]["allreduce_bytes"], 600 * 8, "{engine}: {v}");
-        assert_eq!(v[engine]["kinds"], v["polars"]["kinds"], "{engine} disagrees on kinds: {v}");
+        assert_eq!(
+            v[engine]["kinds"], v["polars"]["kinds"],
+            "{engine} disagrees on kinds: {v}"
+        );
     }
     assert_eq!(v["polars"]["ranks"], serde_json::json!([0, 1]));
     assert_eq!(v["polars"]["comm_id_dtype"], "UInt64");

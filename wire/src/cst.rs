@@ -77,7 +77,12 @@ pub struct Header {
 impl Header {
     /// The canonical file name for this header: `<node>-<pid>-<rank>.cst`.
     pub fn file_name(&self) -> String {
-        format!("{}-{}-{}.{EXTENSION}", sanitize(&self.node), self.pid, self.rank)
+        format!(
+            "{}-{}-{}.{EXTENSION}",
+            sanitize(&self.node),
+            self.pid,
+            self.rank
+        )
     }
 
     /// Encodes the header.
@@ -118,7 +123,13 @@ pub fn sanitize(s: &str) -> String {
     let out: String = s
         .chars()
         .take(64)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     match out.as_str() {
         "" | "." | ".." => "_".repeat(out.len().max(1)),
@@ -158,7 +169,10 @@ impl<W: Write> Writer<W> {
     pub fn new(mut out: W, header: &Header) -> io::Result<Self> {
         out.write_all(&header.encode())?;
         out.flush()?;
-        Ok(Writer { out, scratch: Vec::new() })
+        Ok(Writer {
+            out,
+            scratch: Vec::new(),
+        })
     }
 
     /// Appends one block holding `records` (nothing for an empty slice).
@@ -185,7 +199,11 @@ pub enum Error {
     /// The file does not start with the `.cst` magic.
     NotATrace { path: PathBuf },
     /// The file was written by a newer commscope.
-    NewerVersion { path: PathBuf, found: u16, supported: u16 },
+    NewerVersion {
+        path: PathBuf,
+        found: u16,
+        supported: u16,
+    },
     /// The header is damaged.
     BadHeader { path: PathBuf, reason: String },
 }
@@ -194,8 +212,16 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Error::Io { path, source } => write!(f, "failed to read {}: {source}", path.display()),
-            Error::NotATrace { path } => write!(f, "{} is not a commscope trace file (bad magic)", path.display()),
-            Error::NewerVersion { path, found, supported } => write!(
+            Error::NotATrace { path } => write!(
+                f,
+                "{} is not a commscope trace file (bad magic)",
+                path.display()
+            ),
+            Error::NewerVersion {
+                path,
+                found,
+                supported,
+            } => write!(
                 f,
                 "{} has trace format version {found}, newer than the supported version {supported}; upgrade commscope to read it",
                 path.display()
@@ -237,35 +263,53 @@ pub fn read_file(path: &Path) -> Result<TraceFile, Error> {
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|source| Error::Io { path: path.to_owned(), source })?;
+        .map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
     parse(path, &bytes)
 }
 
 /// Parses the bytes of a trace file.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
-    let bad = |reason: &str| Error::BadHeader { path: path.to_owned(), reason: reason.to_owned() };
+    let bad = |reason: &str| Error::BadHeader {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
     if !sniff(bytes) {
-        return Err(Error::NotATrace { path: path.to_owned() });
+        return Err(Error::NotATrace {
+            path: path.to_owned(),
+        });
     }
     if bytes.len() < FIXED_HEADER {
         return Err(bad("file ends inside the header"));
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if version > FORMAT_VERSION {
-        return Err(Error::NewerVersion { path: path.to_owned(), found: version, supported: FORMAT_VERSION });
+        return Err(Error::NewerVersion {
+            path: path.to_owned(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
     }
     if version == 0 {
         return Err(bad("version 0"));
     }
     let record_size = u16::from_le_bytes([bytes[10], bytes[11]]) as usize;
     if record_size != RECORD_SIZE {
-        return Err(bad(&format!("record size {record_size}, expected {RECORD_SIZE}")));
+        return Err(bad(&format!(
+            "record size {record_size}, expected {RECORD_SIZE}"
+        )));
     }
     let header_len = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]) as usize;
     if header_len < FIXED_HEADER || header_len > bytes.len() {
         return Err(bad("header length beyond the end of the file"));
     }
-    let mut header = Header { version, rank: -1, ..Default::default() };
+    let mut header = Header {
+        version,
+        rank: -1,
+        ..Default::default()
+    };
     let mut at = FIXED_HEADER;
     loop {
         if at + 4 > header_len {
@@ -277,12 +321,18 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
         if t == tag::END {
             break;
         }
-        let v = bytes.get(at..at + len).filter(|_| at + len <= header_len).ok_or_else(|| bad("field runs past the header"))?;
+        let v = bytes
+            .get(at..at + len)
+            .filter(|_| at + len <= header_len)
+            .ok_or_else(|| bad("field runs past the header"))?;
         at += len;
         let text = || String::from_utf8_lossy(v).into_owned();
         let int = |n: usize| -> Result<u64, Error> {
             if v.len() != n {
-                return Err(bad(&format!("field {t} has length {}, expected {n}", v.len())));
+                return Err(bad(&format!(
+                    "field {t} has length {}, expected {n}",
+                    v.len()
+                )));
             }
             let mut w = [0u8; 8];
             w[..n].copy_from_slice(v);
@@ -312,12 +362,16 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
         let rest = &bytes[at..];
         if rest.len() < BLOCK_HEADER || rest[..4] != BLOCK_MAGIC {
             if rest.len() < BLOCK_HEADER && BLOCK_MAGIC.starts_with(&rest[..rest.len().min(4)]) {
-                warnings.push(format!("truncated: the file ends inside a block header at byte {at}"));
+                warnings.push(format!(
+                    "truncated: the file ends inside a block header at byte {at}"
+                ));
                 break;
             }
             match find_block(rest, 1) {
                 Some(skip) => {
-                    warnings.push(format!("corrupt data at byte {at}: skipped {skip} bytes to the next block"));
+                    warnings.push(format!(
+                        "corrupt data at byte {at}: skipped {skip} bytes to the next block"
+                    ));
                     at += skip;
                     continue;
                 }
@@ -334,7 +388,9 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
         let crc = u32::from_le_bytes([rest[8], rest[9], rest[10], rest[11]]);
         let body_len = count as usize * RECORD_SIZE;
         if count == 0 || count > MAX_BLOCK_RECORDS {
-            warnings.push(format!("corrupt block header at byte {at} (claims {count} records): skipped"));
+            warnings.push(format!(
+                "corrupt block header at byte {at} (claims {count} records): skipped"
+            ));
             at += find_block(rest, 4).unwrap_or(rest.len());
             continue;
         }
@@ -348,7 +404,9 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
         }
         let body = &rest[BLOCK_HEADER..BLOCK_HEADER + body_len];
         if crc32c(body) != crc {
-            warnings.push(format!("checksum mismatch in the block at byte {at} ({count} records): skipped"));
+            warnings.push(format!(
+                "checksum mismatch in the block at byte {at} ({count} records): skipped"
+            ));
             at += BLOCK_HEADER + body_len;
             continue;
         }
@@ -363,13 +421,24 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
         at += BLOCK_HEADER + body_len;
     }
     if undecodable > 0 {
-        warnings.push(format!("{undecodable} records of unknown kind were skipped"));
+        warnings.push(format!(
+            "{undecodable} records of unknown kind were skipped"
+        ));
     }
-    Ok(TraceFile { path: path.to_owned(), header, records, warnings })
+    Ok(TraceFile {
+        path: path.to_owned(),
+        header,
+        records,
+        warnings,
+    })
 }
 
 fn find_block(bytes: &[u8], from: usize) -> Option<usize> {
-    bytes.get(from..)?.windows(4).position(|w| w == BLOCK_MAGIC).map(|p| p + from)
+    bytes
+        .get(from..)?
+        .windows(4)
+        .position(|w| w == BLOCK_MAGIC)
+        .map(|p| p + from)
 }
 
 #[cfg(test)]
@@ -395,7 +464,16 @@ mod tests {
     }
 
     fn recs(range: std::ops::Range<u64>) -> Vec<RawRecord> {
-        range.map(|i| Record::Call(Call { rec_seq: i + 1, seq: i, ..Default::default() }).encode()).collect()
+        range
+            .map(|i| {
+                Record::Call(Call {
+                    rec_seq: i + 1,
+                    seq: i,
+                    ..Default::default()
+                })
+                .encode()
+            })
+            .collect()
     }
 
     fn write(blocks: &[Vec<RawRecord>]) -> Vec<u8> {
@@ -419,7 +497,11 @@ mod tests {
     #[test]
     fn truncated_file_keeps_every_complete_block() {
         let bytes = write(&[recs(0..3), recs(3..10)]);
-        for cut in [bytes.len() - 1, bytes.len() - RECORD_SIZE * 3, bytes.len() - 7 * RECORD_SIZE - 10] {
+        for cut in [
+            bytes.len() - 1,
+            bytes.len() - RECORD_SIZE * 3,
+            bytes.len() - 7 * RECORD_SIZE - 10,
+        ] {
             let t = parse(Path::new("t.cst"), &bytes[..cut]).expect("parse");
             assert_eq!(t.records.len(), 3, "cut at {cut}");
             assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
@@ -441,7 +523,11 @@ mod tests {
         bytes.extend_from_slice(&encode_block(&recs(1..2)));
         let t = parse(Path::new("t.cst"), &bytes).expect("parse");
         assert_eq!(t.records.len(), 2);
-        assert!(t.warnings[0].contains("skipped 8 bytes"), "{:?}", t.warnings);
+        assert!(
+            t.warnings[0].contains("skipped 8 bytes"),
+            "{:?}",
+            t.warnings
+        );
     }
 
     #[test]
@@ -449,9 +535,16 @@ mod tests {
         let mut bytes = write(&[recs(0..1)]);
         bytes[8] = 9;
         let err = parse(Path::new("x.cst"), &bytes).expect_err("newer");
-        assert!(err.to_string().contains("version 9, newer than the supported version 1"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("version 9, newer than the supported version 1"),
+            "{err}"
+        );
         let err = parse(Path::new("y.txt"), b"hello world").expect_err("foreign");
-        assert!(err.to_string().contains("not a commscope trace file"), "{err}");
+        assert!(
+            err.to_string().contains("not a commscope trace file"),
+            "{err}"
+        );
         let mut bytes = write(&[]);
         bytes.truncate(20);
         assert!(parse(Path::new("z.cst"), &bytes).is_err());
@@ -478,7 +571,11 @@ mod tests {
         h.resize(new_len, 0);
         h[12..16].copy_from_slice(&(new_len as u32).to_le_bytes());
         let mut bytes = h;
-        bytes.extend_from_slice(&encode_block(&[Record::Heartbeat(Heartbeat { rec_seq: 1, ..Default::default() }).encode()]));
+        bytes.extend_from_slice(&encode_block(&[Record::Heartbeat(Heartbeat {
+            rec_seq: 1,
+            ..Default::default()
+        })
+        .encode()]));
         let t = parse(Path::new("t.cst"), &bytes).expect("parse");
         assert_eq!(t.header.job, "job-7");
         assert_eq!(t.records.len(), 1);

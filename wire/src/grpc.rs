@@ -20,7 +20,13 @@ mod tests {
             batch_id: 7,
             agent_send_ns: 123,
             payload: Some(ingest_request::Payload::Records(RecordBatch {
-                process: Some(ProcessId { job: "j".into(), node: "n".into(), pid: 1, rank: 3, ..Default::default() }),
+                process: Some(ProcessId {
+                    job: "j".into(),
+                    node: "n".into(),
+                    pid: 1,
+                    rank: 3,
+                    ..Default::default()
+                }),
                 first_rec_seq: 10,
                 record_size: crate::record::RECORD_SIZE as u32,
                 records: vec![0; 256],

@@ -119,7 +119,10 @@ pub fn format_comm_id(id: u64) -> String {
 
 /// Parses `0x…` (or plain hex) back into an id.
 pub fn parse_comm_id(s: &str) -> Option<u64> {
-    let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")).unwrap_or(s);
+    let digits = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
     u64::from_str_radix(digits, 16).ok()
 }
 
@@ -138,7 +141,10 @@ mod tests {
     fn ids_are_stable_golden_values() {
         // Golden values: changing them breaks the contract with existing traces.
         assert_eq!(format_comm_id(world_comm_id("job-1")), "0xee5f2ab7cf361c4a");
-        assert_eq!(format_comm_id(self_comm_id("job-1", 3)), "0xf388262fbe7743ea");
+        assert_eq!(
+            format_comm_id(self_comm_id("job-1", 3)),
+            "0xf388262fbe7743ea"
+        );
     }
 
     #[test]

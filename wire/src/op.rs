@@ -312,6 +312,10 @@ mod tests {
     fn only_p2p_ops_are_p2p() {
         let p2p: Vec<_> = Op::ALL.iter().filter(|o| o.is_p2p()).collect();
         assert_eq!(p2p, [&Op::Send, &Op::Recv, &Op::Sendrecv]);
-        assert!(Op::ALL.iter().all(|o| !(o.is_p2p() && o.is_synchronizing())));
+        assert!(
+            Op::ALL
+                .iter()
+                .all(|o| !(o.is_p2p() && o.is_synchronizing()))
+        );
     }
 }

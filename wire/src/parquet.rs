@@ -5,8 +5,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{Int32Builder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder};
-use arrow_array::{Array, ArrayRef, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_array::builder::{
+    Int32Builder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder,
+};
+use arrow_array::{
+    Array, ArrayRef, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -51,7 +55,9 @@ pub enum Error {
     #[error("{path} is not a commscope Parquet trace: {reason}")]
     NotATrace { path: String, reason: String },
     /// Written by a newer commscope.
-    #[error("{path} has Parquet trace schema version {found}, newer than the supported version {SCHEMA_VERSION}; upgrade commscope to read it")]
+    #[error(
+        "{path} has Parquet trace schema version {found}, newer than the supported version {SCHEMA_VERSION}; upgrade commscope to read it"
+    )]
     NewerVersion { path: String, found: u32 },
 }
 
@@ -203,9 +209,21 @@ impl Columns {
             Record::Call(c) | Record::Enter(c) => Some(c),
             _ => None,
         };
-        let comm = if let Record::Comm(c) = r { Some(c) } else { None };
-        let hb = if let Record::Heartbeat(b) = r { Some(b) } else { None };
-        let pr = if let Record::Process(p) = r { Some(p) } else { None };
+        let comm = if let Record::Comm(c) = r {
+            Some(c)
+        } else {
+            None
+        };
+        let hb = if let Record::Heartbeat(b) = r {
+            Some(b)
+        } else {
+            None
+        };
+        let pr = if let Record::Process(p) = r {
+            Some(p)
+        } else {
+            None
+        };
         let flags = match r {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
@@ -229,14 +247,21 @@ impl Columns {
         self.tag2.append_option(call.map(|c| c.tag2));
         self.op_seq2.append_option(call.map(|c| c.op_seq2));
         self.t_enter.append_option(call.map(|c| c.t_enter));
-        self.t_exit.append_option(call.filter(|_| matches!(r, Record::Call(_))).map(|c| c.t_exit));
-        self.gpu_start.append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
-        self.gpu_end.append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_end));
+        self.t_exit.append_option(
+            call.filter(|_| matches!(r, Record::Call(_)))
+                .map(|c| c.t_exit),
+        );
+        self.gpu_start
+            .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
+        self.gpu_end
+            .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_end));
         self.clock.append_option(call.map(|c| c.clock().name()));
         self.offset.append_null();
         self.error.append_null();
-        self.comm_rank.append_option(call.map(|c| c.comm_rank).or(comm.map(|c| c.comm_rank)));
-        self.comm_size.append_option(call.map(|c| c.comm_size).or(comm.map(|c| c.size)));
+        self.comm_rank
+            .append_option(call.map(|c| c.comm_rank).or(comm.map(|c| c.comm_rank)));
+        self.comm_size
+            .append_option(call.map(|c| c.comm_size).or(comm.map(|c| c.size)));
         self.event.append_option(
             comm.map(|c| match c.event {
                 CommEvent::Created => "created",
@@ -249,16 +274,28 @@ impl Columns {
             })),
         );
         self.parent.append_option(comm.map(|c| c.parent));
-        self.comm_name.append_option(comm.map(|c| c.name()).filter(|n| !n.is_empty()));
+        self.comm_name
+            .append_option(comm.map(|c| c.name()).filter(|n| !n.is_empty()));
         self.remote_size.append_option(comm.map(|c| c.remote_size));
-        self.t.append_option(comm.map(|c| c.t).or(hb.map(|b| b.t_mono)).or(pr.map(|p| p.t_mono)));
-        self.t_real.append_option(hb.map(|b| b.t_real).or(pr.map(|p| p.t_real)));
+        self.t.append_option(
+            comm.map(|c| c.t)
+                .or(hb.map(|b| b.t_mono))
+                .or(pr.map(|p| p.t_mono)),
+        );
+        self.t_real
+            .append_option(hb.map(|b| b.t_real).or(pr.map(|p| p.t_real)));
         self.in_flight.append_option(hb.map(|b| b.in_flight));
-        self.dropped_ring_full.append_option(hb.map(|b| b.dropped_ring_full));
-        self.dropped_in_flight.append_option(hb.map(|b| b.dropped_in_flight));
-        self.dropped_other.append_option(hb.map(|b| b.dropped_other));
+        self.dropped_ring_full
+            .append_option(hb.map(|b| b.dropped_ring_full));
+        self.dropped_in_flight
+            .append_option(hb.map(|b| b.dropped_in_flight));
+        self.dropped_other
+            .append_option(hb.map(|b| b.dropped_other));
         self.produced.append_option(hb.map(|b| b.produced));
-        self.exit_status.append_option(pr.filter(|p| p.exit_status != crate::record::EXIT_STATUS_UNKNOWN).map(|p| p.exit_status));
+        self.exit_status.append_option(
+            pr.filter(|p| p.exit_status != crate::record::EXIT_STATUS_UNKNOWN)
+                .map(|p| p.exit_status),
+        );
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -320,21 +357,36 @@ impl Columns {
 pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
     let p = path.display().to_string();
     let tmp = path.with_extension("parquet.partial");
-    let file = std::fs::File::create(&tmp).map_err(|source| Error::Io { path: tmp.display().to_string(), source })?;
+    let file = std::fs::File::create(&tmp).map_err(|source| Error::Io {
+        path: tmp.display().to_string(),
+        source,
+    })?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
         .set_max_row_group_row_count(Some(1 << 20))
         .build();
     let schema = schema();
-    let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| {
+        Error::Parquet {
+            path: p.clone(),
+            source,
+        }
+    })?;
     let mut cols = Columns::default();
     let mut rows = 0u64;
     let flush = |cols: &mut Columns, w: &mut ArrowWriter<std::fs::File>| -> Result<(), Error> {
         if cols.rows == 0 {
             return Ok(());
         }
-        let batch = RecordBatch::try_new(schema.clone(), cols.finish()).map_err(|source| Error::Arrow { path: p.clone(), source })?;
-        w.write(&batch).map_err(|source| Error::Parquet { path: p.clone(), source })
+        let batch =
+            RecordBatch::try_new(schema.clone(), cols.finish()).map_err(|source| Error::Arrow {
+                path: p.clone(),
+                source,
+            })?;
+        w.write(&batch).map_err(|source| Error::Parquet {
+            path: p.clone(),
+            source,
+        })
     };
     for proc in processes {
         for r in &proc.records {
@@ -346,8 +398,14 @@ pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
         }
     }
     flush(&mut cols, &mut w)?;
-    w.close().map_err(|source| Error::Parquet { path: p.clone(), source })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: p.clone(), source })?;
+    w.close().map_err(|source| Error::Parquet {
+        path: p.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+        path: p.clone(),
+        source,
+    })?;
     Ok(rows)
 }
 
@@ -365,7 +423,10 @@ impl<'a> Cols<'a> {
     fn get<T: Array + 'static>(&self, name: &str, required: bool) -> Result<Option<&'a T>, Error> {
         let Some(col) = self.batch.column_by_name(name) else {
             return if required {
-                Err(Error::NotATrace { path: self.path.to_owned(), reason: format!("column `{name}` is missing") })
+                Err(Error::NotATrace {
+                    path: self.path.to_owned(),
+                    reason: format!("column `{name}` is missing"),
+                })
             } else {
                 Ok(None)
             };
@@ -379,7 +440,10 @@ impl<'a> Cols<'a> {
         }
     }
     fn req<T: Array + 'static>(&self, name: &str) -> Result<&'a T, Error> {
-        self.get::<T>(name, true)?.ok_or_else(|| Error::NotATrace { path: self.path.to_owned(), reason: format!("column `{name}` is missing") })
+        self.get::<T>(name, true)?.ok_or_else(|| Error::NotATrace {
+            path: self.path.to_owned(),
+            reason: format!("column `{name}` is missing"),
+        })
     }
 }
 
@@ -387,33 +451,60 @@ fn opt_u64(a: Option<&UInt64Array>, i: usize) -> u64 {
     a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(0)
 }
 fn opt_i32(a: Option<&Int32Array>, i: usize, default: i32) -> i32 {
-    a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(default)
+    a.filter(|a| !a.is_null(i))
+        .map(|a| a.value(i))
+        .unwrap_or(default)
 }
-fn opt_str<'a>(a: Option<&'a StringArray>, i: usize) -> &'a str {
-    a.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or("")
+fn opt_str(a: Option<&StringArray>, i: usize) -> &str {
+    a.filter(|a| !a.is_null(i))
+        .map(|a| a.value(i))
+        .unwrap_or("")
 }
 
 /// Reads a Parquet trace back into processes (grouped by job, node, pid and start time, in file
 /// order). Rows of kinds this version does not know are counted in the second value.
 pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
     let p = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|source| Error::Io { path: p.clone(), source })?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    let file = std::fs::File::open(path).map_err(|source| Error::Io {
+        path: p.clone(),
+        source,
+    })?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|source| Error::Parquet {
+            path: p.clone(),
+            source,
+        })?;
     if let Some(v) = builder.schema().metadata().get("commscope.schema") {
         let found: u32 = v.parse().unwrap_or(u32::MAX);
         if found > SCHEMA_VERSION {
             return Err(Error::NewerVersion { path: p, found });
         }
     } else {
-        return Err(Error::NotATrace { path: p, reason: "no commscope schema metadata".into() });
+        return Err(Error::NotATrace {
+            path: p,
+            reason: "no commscope schema metadata".into(),
+        });
     }
-    let reader = builder.with_batch_size(BATCH_ROWS).build().map_err(|source| Error::Parquet { path: p.clone(), source })?;
+    let reader = builder
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|source| Error::Parquet {
+            path: p.clone(),
+            source,
+        })?;
     let mut out: Vec<ProcessTrace> = Vec::new();
-    let mut index: std::collections::HashMap<(String, String, u32, u64), usize> = Default::default();
+    let mut index: std::collections::HashMap<(String, String, u32, u64), usize> =
+        Default::default();
     let mut unknown = 0usize;
     for batch in reader {
-        let batch = batch.map_err(|source| Error::Arrow { path: p.clone(), source })?;
-        let c = Cols { batch: &batch, path: &p };
+        let batch = batch.map_err(|source| Error::Arrow {
+            path: p.clone(),
+            source,
+        })?;
+        let c = Cols {
+            batch: &batch,
+            path: &p,
+        };
         let job = c.req::<StringArray>("job")?;
         let node = c.req::<StringArray>("node")?;
         let pid = c.req::<UInt32Array>("pid")?;
@@ -460,7 +551,12 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let exit_status = c.get::<Int32Array>("exit_status", false)?;
 
         for i in 0..batch.num_rows() {
-            let key = (job.value(i).to_owned(), node.value(i).to_owned(), pid.value(i), start.value(i));
+            let key = (
+                job.value(i).to_owned(),
+                node.value(i).to_owned(),
+                pid.value(i),
+                start.value(i),
+            );
             let slot = *index.entry(key).or_insert_with(|| {
                 out.push(ProcessTrace {
                     header: Header {
@@ -539,7 +635,10 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     flags: fl,
                     t_mono: opt_u64(t, i),
                     t_real: opt_u64(t_real, i),
-                    in_flight: in_flight.filter(|a| !a.is_null(i)).map(|a| a.value(i)).unwrap_or(0),
+                    in_flight: in_flight
+                        .filter(|a| !a.is_null(i))
+                        .map(|a| a.value(i))
+                        .unwrap_or(0),
                     rank: rank.value(i),
                     dropped_ring_full: opt_u64(d_full, i),
                     dropped_in_flight: opt_u64(d_infl, i),
@@ -548,7 +647,11 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                 }),
                 "process" => Record::Process(Process {
                     rec_seq: rec_seq.value(i),
-                    event: if opt_str(event, i) == "exit" { ProcessEvent::Exit } else { ProcessEvent::Start },
+                    event: if opt_str(event, i) == "exit" {
+                        ProcessEvent::Exit
+                    } else {
+                        ProcessEvent::Start
+                    },
                     t_mono: opt_u64(t, i),
                     t_real: opt_u64(t_real, i),
                     pid: pid.value(i),
@@ -569,7 +672,9 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
 }
 
 fn dtype_code(name: &str) -> u16 {
-    (0..=u16::MAX).find(|&c| dtype::name(c) == name).unwrap_or(dtype::NONE)
+    (0..=u16::MAX)
+        .find(|&c| dtype::name(c) == name)
+        .unwrap_or(dtype::NONE)
 }
 
 #[cfg(test)]
@@ -616,11 +721,36 @@ mod tests {
             tag2: -1,
             ..Default::default()
         };
-        let hb = Heartbeat { rec_seq: 3, flags: flags::FINAL, t_mono: 300, t_real: 400, in_flight: 0, rank: 2, produced: 3, ..Default::default() };
-        let recs = vec![Record::Comm(comm), Record::Call(call), Record::Enter(Call { rec_seq: 4, t_exit: 0, ..call }), Record::Heartbeat(hb)];
+        let hb = Heartbeat {
+            rec_seq: 3,
+            flags: flags::FINAL,
+            t_mono: 300,
+            t_real: 400,
+            in_flight: 0,
+            rank: 2,
+            produced: 3,
+            ..Default::default()
+        };
+        let recs = vec![
+            Record::Comm(comm),
+            Record::Call(call),
+            Record::Enter(Call {
+                rec_seq: 4,
+                t_exit: 0,
+                ..call
+            }),
+            Record::Heartbeat(hb),
+        ];
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
-        let n = write(&path, &[ProcessTrace { header: header.clone(), records: recs.clone() }]).expect("write");
+        let n = write(
+            &path,
+            &[ProcessTrace {
+                header: header.clone(),
+                records: recs.clone(),
+            }],
+        )
+        .expect("write");
         assert_eq!(n, 4);
         let (back, unknown) = read(&path).expect("read");
         assert_eq!(unknown, 0);
@@ -637,10 +767,14 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
         let file = std::fs::File::create(&path).expect("create");
         let mut w = ArrowWriter::try_new(file, schema.clone(), None).expect("writer");
-        let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![1u64]))]).expect("batch");
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![1u64]))])
+            .expect("batch");
         w.write(&batch).expect("write");
         w.close().expect("close");
         let err = read(&path).expect_err("foreign");
-        assert!(err.to_string().contains("not a commscope Parquet trace"), "{err}");
+        assert!(
+            err.to_string().contains("not a commscope Parquet trace"),
+            "{err}"
+        );
     }
 }

@@ -550,8 +550,14 @@ mod tests {
         comm.set_name(b"TENSOR_MODEL_PARALLEL_GROUP");
         let records = [
             Record::Call(sample_call()),
-            Record::Enter(Call { rec_seq: 43, ..sample_call() }),
-            Record::Comm(Comm { rec_seq: 44, ..comm }),
+            Record::Enter(Call {
+                rec_seq: 43,
+                ..sample_call()
+            }),
+            Record::Comm(Comm {
+                rec_seq: 44,
+                ..comm
+            }),
             Record::Heartbeat(Heartbeat {
                 rec_seq: 45,
                 flags: flags::FINAL,
@@ -610,6 +616,9 @@ mod tests {
         })
         .encode();
         b[9] = 7;
-        assert_eq!(Record::decode(&b), Err(DecodeError::BadField("process event")));
+        assert_eq!(
+            Record::decode(&b),
+            Err(DecodeError::BadField("process event"))
+        );
     }
 }

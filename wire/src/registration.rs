@@ -171,7 +171,10 @@ impl Reply {
             4 => Status::Refused,
             _ => return Err(Error::BadField("status")),
         };
-        Ok(Reply { version: u16::from_le_bytes([b[8], b[9]]), status })
+        Ok(Reply {
+            version: u16::from_le_bytes([b[8], b[9]]),
+            status,
+        })
     }
 }
 
@@ -194,7 +197,10 @@ mod tests {
             flavour: "openmpi".into(),
         };
         assert_eq!(Request::decode(&r.encode()), Ok(r));
-        let a = Reply { version: PROTOCOL_VERSION, status: Status::Accepted };
+        let a = Reply {
+            version: PROTOCOL_VERSION,
+            status: Status::Accepted,
+        };
         assert_eq!(Reply::decode(&a.encode()), Ok(a));
     }
 
@@ -202,7 +208,11 @@ mod tests {
     fn garbage_is_rejected() {
         assert_eq!(Request::decode(b"short"), Err(Error::Short(5)));
         assert_eq!(Request::decode(&[7u8; REQUEST_SIZE]), Err(Error::BadMagic));
-        let mut b = Reply { version: 1, status: Status::Refused }.encode();
+        let mut b = Reply {
+            version: 1,
+            status: Status::Refused,
+        }
+        .encode();
         b[10] = 77;
         assert_eq!(Reply::decode(&b), Err(Error::BadField("status")));
     }

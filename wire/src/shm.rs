@@ -146,7 +146,9 @@ impl std::fmt::Display for LayoutError {
                 f,
                 "shared-memory layout version {found} is newer than the supported version {supported}; upgrade commscope"
             ),
-            LayoutError::BadGeometry(what) => write!(f, "inconsistent shared-memory geometry: {what}"),
+            LayoutError::BadGeometry(what) => {
+                write!(f, "inconsistent shared-memory geometry: {what}")
+            }
         }
     }
 }
@@ -239,22 +241,43 @@ impl Shm {
     /// `base` must point to `len` writable bytes, zero-filled (a new memfd mapping is), aligned to
     /// 64 bytes, that stay mapped for the life of the returned view and of every copy made by
     /// [`Shm::attach`].
-    pub unsafe fn format(base: NonNull<u8>, len: usize, geometry: Geometry) -> Result<Shm, LayoutError> {
+    pub unsafe fn format(
+        base: NonNull<u8>,
+        len: usize,
+        geometry: Geometry,
+    ) -> Result<Shm, LayoutError> {
         if !geometry.ring_capacity.is_power_of_two() {
-            return Err(LayoutError::BadGeometry("ring capacity is not a power of two"));
+            return Err(LayoutError::BadGeometry(
+                "ring capacity is not a power of two",
+            ));
         }
         if len < geometry.total_size() {
-            return Err(LayoutError::TooSmall { have: len, need: geometry.total_size() });
+            return Err(LayoutError::TooSmall {
+                have: len,
+                need: geometry.total_size(),
+            });
         }
-        let shm = Shm { base, len, geometry };
-        shm.u32_at(H_VERSION).store(LAYOUT_VERSION, Ordering::Relaxed);
-        shm.u32_at(H_HEADER_SIZE).store(HEADER_SIZE as u32, Ordering::Relaxed);
-        shm.u64_at(H_TOTAL).store(geometry.total_size() as u64, Ordering::Relaxed);
-        shm.u64_at(H_RING_OFF).store(geometry.ring_offset() as u64, Ordering::Relaxed);
-        shm.u64_at(H_RING_CAP).store(geometry.ring_capacity, Ordering::Relaxed);
-        shm.u64_at(H_INFL_OFF).store(geometry.in_flight_offset() as u64, Ordering::Relaxed);
-        shm.u32_at(H_INFL_SLOTS).store(geometry.in_flight_slots, Ordering::Relaxed);
-        shm.u32_at(H_RECORD_SIZE).store(RECORD_SIZE as u32, Ordering::Relaxed);
+        let shm = Shm {
+            base,
+            len,
+            geometry,
+        };
+        shm.u32_at(H_VERSION)
+            .store(LAYOUT_VERSION, Ordering::Relaxed);
+        shm.u32_at(H_HEADER_SIZE)
+            .store(HEADER_SIZE as u32, Ordering::Relaxed);
+        shm.u64_at(H_TOTAL)
+            .store(geometry.total_size() as u64, Ordering::Relaxed);
+        shm.u64_at(H_RING_OFF)
+            .store(geometry.ring_offset() as u64, Ordering::Relaxed);
+        shm.u64_at(H_RING_CAP)
+            .store(geometry.ring_capacity, Ordering::Relaxed);
+        shm.u64_at(H_INFL_OFF)
+            .store(geometry.in_flight_offset() as u64, Ordering::Relaxed);
+        shm.u32_at(H_INFL_SLOTS)
+            .store(geometry.in_flight_slots, Ordering::Relaxed);
+        shm.u32_at(H_RECORD_SIZE)
+            .store(RECORD_SIZE as u32, Ordering::Relaxed);
         shm.u64_at(H_MAGIC).store(SHM_MAGIC, Ordering::Release);
         Ok(shm)
     }
@@ -266,15 +289,28 @@ impl Shm {
     /// mapped for the life of the returned view.
     pub unsafe fn attach(base: NonNull<u8>, len: usize) -> Result<Shm, LayoutError> {
         if len < HEADER_SIZE {
-            return Err(LayoutError::TooSmall { have: len, need: HEADER_SIZE });
+            return Err(LayoutError::TooSmall {
+                have: len,
+                need: HEADER_SIZE,
+            });
         }
-        let probe = Shm { base, len, geometry: Geometry { ring_capacity: 1, in_flight_slots: 0 } };
+        let probe = Shm {
+            base,
+            len,
+            geometry: Geometry {
+                ring_capacity: 1,
+                in_flight_slots: 0,
+            },
+        };
         if probe.u64_at(H_MAGIC).load(Ordering::Acquire) != SHM_MAGIC {
             return Err(LayoutError::BadMagic);
         }
         let version = probe.u32_at(H_VERSION).load(Ordering::Relaxed);
         if version > LAYOUT_VERSION {
-            return Err(LayoutError::NewerVersion { found: version, supported: LAYOUT_VERSION });
+            return Err(LayoutError::NewerVersion {
+                found: version,
+                supported: LAYOUT_VERSION,
+            });
         }
         if probe.u32_at(H_HEADER_SIZE).load(Ordering::Relaxed) as usize != HEADER_SIZE
             || probe.u32_at(H_RECORD_SIZE).load(Ordering::Relaxed) as usize != RECORD_SIZE
@@ -289,14 +325,22 @@ impl Shm {
             return Err(LayoutError::BadGeometry("ring capacity or in-flight slots"));
         }
         if probe.u64_at(H_RING_OFF).load(Ordering::Relaxed) != geometry.ring_offset() as u64
-            || probe.u64_at(H_INFL_OFF).load(Ordering::Relaxed) != geometry.in_flight_offset() as u64
+            || probe.u64_at(H_INFL_OFF).load(Ordering::Relaxed)
+                != geometry.in_flight_offset() as u64
         {
             return Err(LayoutError::BadGeometry("section offsets"));
         }
         if len < geometry.total_size() {
-            return Err(LayoutError::TooSmall { have: len, need: geometry.total_size() });
+            return Err(LayoutError::TooSmall {
+                have: len,
+                need: geometry.total_size(),
+            });
         }
-        Ok(Shm { base, len, geometry })
+        Ok(Shm {
+            base,
+            len,
+            geometry,
+        })
     }
 
     /// The geometry.
@@ -315,14 +359,14 @@ impl Shm {
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
         // SAFETY: `off` is a constant header offset or an offset computed from the validated
         // geometry, 8-aligned and inside the mapping; the mapping outlives `self`.
         unsafe { &*(self.base.as_ptr().add(off) as *const AtomicU64) }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: as in `u64_at`, 4-aligned.
         unsafe { &*(self.base.as_ptr().add(off) as *const AtomicU32) }
     }
@@ -330,11 +374,21 @@ impl Shm {
     // ----- identity ------------------------------------------------------------------------
 
     /// Writes the identity fields (by the owning process, before registering).
-    pub fn set_identity(&self, pid: u32, start_time: u64, rank: i32, world_size: i32, job: &str, node: &str) {
+    pub fn set_identity(
+        &self,
+        pid: u32,
+        start_time: u64,
+        rank: i32,
+        world_size: i32,
+        job: &str,
+        node: &str,
+    ) {
         self.u32_at(H_PID).store(pid, Ordering::Relaxed);
-        self.u64_at(H_START_TIME).store(start_time, Ordering::Relaxed);
+        self.u64_at(H_START_TIME)
+            .store(start_time, Ordering::Relaxed);
         self.u32_at(H_RANK).store(rank as u32, Ordering::Relaxed);
-        self.u32_at(H_WORLD).store(world_size as u32, Ordering::Relaxed);
+        self.u32_at(H_WORLD)
+            .store(world_size as u32, Ordering::Relaxed);
         self.write_name(H_JOB, job);
         self.write_name(H_NODE, node);
     }
@@ -350,14 +404,20 @@ impl Shm {
                     *b = bytes[k];
                 }
             }
-            self.u64_at(off + i * 8).store(u64::from_le_bytes(w), Ordering::Relaxed);
+            self.u64_at(off + i * 8)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
         }
     }
 
     fn read_name(&self, off: usize) -> String {
         let mut out = Vec::with_capacity(NAME_FIELD);
         for i in 0..NAME_FIELD / 8 {
-            out.extend_from_slice(&self.u64_at(off + i * 8).load(Ordering::Relaxed).to_le_bytes());
+            out.extend_from_slice(
+                &self
+                    .u64_at(off + i * 8)
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
         }
         let end = out.iter().position(|&b| b == 0).unwrap_or(out.len());
         String::from_utf8_lossy(&out[..end]).into_owned()
@@ -409,11 +469,13 @@ impl Shm {
     /// Adds to a counter.
     #[inline]
     pub fn count(&self, c: Counter, n: u64) {
-        self.u64_at(H_COUNTERS + c as usize * 8).fetch_add(n, Ordering::Relaxed);
+        self.u64_at(H_COUNTERS + c as usize * 8)
+            .fetch_add(n, Ordering::Relaxed);
     }
     /// Reads a counter.
     pub fn counter(&self, c: Counter) -> u64 {
-        self.u64_at(H_COUNTERS + c as usize * 8).load(Ordering::Relaxed)
+        self.u64_at(H_COUNTERS + c as usize * 8)
+            .load(Ordering::Relaxed)
     }
 
     // ----- ring: producers -------------------------------------------------------------------
@@ -431,7 +493,11 @@ impl Shm {
             return agent;
         }
         let local = self.u64_at(H_LOCAL_READ).load(Ordering::Acquire);
-        if attached & Consumer::Agent.bit() == 0 { local } else { agent.min(local) }
+        if attached & Consumer::Agent.bit() == 0 {
+            local
+        } else {
+            agent.min(local)
+        }
     }
 
     /// Appends a record: `body` fills bytes 8..128; `rec_seq` (returned) is assigned here.
@@ -467,7 +533,11 @@ impl Shm {
     fn slot_ptr(&self, pos: u64) -> *mut u8 {
         let idx = (pos & (self.geometry.ring_capacity - 1)) as usize;
         // SAFETY: idx < capacity, so the slot lies inside the ring section of the mapping.
-        unsafe { self.base.as_ptr().add(self.geometry.ring_offset() + idx * RECORD_SIZE) }
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(self.geometry.ring_offset() + idx * RECORD_SIZE)
+        }
     }
 
     // ----- ring: consumers -------------------------------------------------------------------
@@ -479,7 +549,11 @@ impl Shm {
         if attached & c.bit() != 0 {
             return;
         }
-        let start = if attached == 0 { self.u64_at(H_AGENT_READ).load(Ordering::Acquire) } else { self.floor() };
+        let start = if attached == 0 {
+            self.u64_at(H_AGENT_READ).load(Ordering::Acquire)
+        } else {
+            self.floor()
+        };
         let cursor = self.u64_at(c.offset());
         if cursor.load(Ordering::Acquire) < start {
             cursor.store(start, Ordering::Release);
@@ -489,7 +563,8 @@ impl Shm {
 
     /// Detaches a consumer (it stopped for good): producers no longer wait for it.
     pub fn detach_consumer(&self, c: Consumer) {
-        self.u32_at(H_CONSUMERS).fetch_and(!c.bit(), Ordering::AcqRel);
+        self.u32_at(H_CONSUMERS)
+            .fetch_and(!c.bit(), Ordering::AcqRel);
     }
 
     /// Whether a consumer is attached.
@@ -556,7 +631,10 @@ impl Shm {
         debug_assert!(idx < self.geometry.in_flight_slots as usize);
         // SAFETY: idx < slots (checked by callers), so the 64-byte slot lies inside the table.
         unsafe {
-            &*(self.base.as_ptr().add(self.geometry.in_flight_offset() + idx * IN_FLIGHT_SLOT_SIZE)
+            &*(self
+                .base
+                .as_ptr()
+                .add(self.geometry.in_flight_offset() + idx * IN_FLIGHT_SLOT_SIZE)
                 as *const [AtomicU64; 8])
         }
     }
@@ -575,7 +653,9 @@ impl Shm {
             let idx = (hint + i) % n;
             let w = self.in_flight_words(idx);
             if w[0].load(Ordering::Relaxed) == 0
-                && w[0].compare_exchange(0, owner_token, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && w[0]
+                    .compare_exchange(0, owner_token, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
             {
                 self.in_flight_write(idx, e);
                 return Some(idx);
@@ -601,12 +681,21 @@ impl Shm {
         w[3].store(e.t_enter, Ordering::Relaxed);
         w[4].store(e.bytes, Ordering::Relaxed);
         w[5].store(
-            u64::from(e.op) | u64::from(e.status) << 8 | u64::from(e.flags) << 16 | u64::from(e.tid) << 32,
+            u64::from(e.op)
+                | u64::from(e.status) << 8
+                | u64::from(e.flags) << 16
+                | u64::from(e.tid) << 32,
             Ordering::Relaxed,
         );
-        w[6].store(u64::from(e.peer as u32) | u64::from(e.tag as u32) << 32, Ordering::Relaxed);
+        w[6].store(
+            u64::from(e.peer as u32) | u64::from(e.tag as u32) << 32,
+            Ordering::Relaxed,
+        );
         // The comm rank rides in the upper half of the sequence word, beside the version.
-        w[7].store(((v | 1) + 1) & 0xffff_ffff | u64::from(e.comm_rank as u32) << 32, Ordering::Release);
+        w[7].store(
+            ((v | 1) + 1) & 0xffff_ffff | u64::from(e.comm_rank as u32) << 32,
+            Ordering::Release,
+        );
     }
 
     /// Marks a claimed slot idle (status 0) while keeping it: a thread keeps one such home
@@ -622,7 +711,10 @@ impl Shm {
         w[7].store(v | 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         w[5].store(w[5].load(Ordering::Relaxed) & !0xff00, Ordering::Relaxed);
-        w[7].store(((v | 1) + 1) & 0xffff_ffff | v & !0xffff_ffff, Ordering::Release);
+        w[7].store(
+            ((v | 1) + 1) & 0xffff_ffff | v & !0xffff_ffff,
+            Ordering::Release,
+        );
     }
 
     /// Frees a claimed slot.
@@ -689,7 +781,9 @@ mod tests {
 
     impl Region {
         fn new(g: Geometry) -> (Region, Shm) {
-            let mut r = Region { buf: vec![0u64; g.total_size() / 8 + 8] };
+            let mut r = Region {
+                buf: vec![0u64; g.total_size() / 8 + 8],
+            };
             let ptr = r.buf.as_mut_ptr() as *mut u8;
             let aligned = ptr.wrapping_add(ptr.align_offset(64));
             let base = NonNull::new(aligned).expect("non-null");
@@ -701,12 +795,19 @@ mod tests {
     }
 
     fn call(n: u64) -> RawRecord {
-        Record::Call(Call { seq: n, ..Default::default() }).encode()
+        Record::Call(Call {
+            seq: n,
+            ..Default::default()
+        })
+        .encode()
     }
 
     #[test]
     fn ring_delivers_in_order_to_both_consumers_and_drops_when_full() {
-        let g = Geometry { ring_capacity: 8, in_flight_slots: 4 };
+        let g = Geometry {
+            ring_capacity: 8,
+            in_flight_slots: 4,
+        };
         let (_r, shm) = Region::new(g);
         shm.attach_consumer(Consumer::Local);
         shm.attach_consumer(Consumer::Agent);
@@ -732,7 +833,10 @@ mod tests {
 
     #[test]
     fn unattached_agent_does_not_hold_back_the_local_writer() {
-        let g = Geometry { ring_capacity: 4, in_flight_slots: 0 };
+        let g = Geometry {
+            ring_capacity: 4,
+            in_flight_slots: 0,
+        };
         let (_r, shm) = Region::new(g);
         shm.attach_consumer(Consumer::Local);
         for round in 0..5u64 {
@@ -750,7 +854,10 @@ mod tests {
 
     #[test]
     fn in_flight_slots_claim_snapshot_release() {
-        let g = Geometry { ring_capacity: 4, in_flight_slots: 2 };
+        let g = Geometry {
+            ring_capacity: 4,
+            in_flight_slots: 2,
+        };
         let (_r, shm) = Region::new(g);
         let e = InFlight {
             comm_id: 0xabc,
@@ -766,7 +873,9 @@ mod tests {
             comm_rank: 3,
         };
         let a = shm.in_flight_claim(0, &e).expect("slot");
-        let b = shm.in_flight_claim(0, &InFlight { seq: 6, ..e }).expect("slot");
+        let b = shm
+            .in_flight_claim(0, &InFlight { seq: 6, ..e })
+            .expect("slot");
         assert_ne!(a, b);
         assert_eq!(shm.in_flight_claim(0, &e), None);
         assert_eq!(shm.counter(Counter::DroppedInFlight), 1);
@@ -777,25 +886,36 @@ mod tests {
         // A home slot left idle is not in flight, stays owned, and is reused by its owner.
         shm.in_flight_leave(b);
         assert_eq!(shm.in_flight_read(b), None);
-        assert_eq!(shm.in_flight_claim(0, &e), Some(a), "only the released slot is free");
+        assert_eq!(
+            shm.in_flight_claim(0, &e),
+            Some(a),
+            "only the released slot is free"
+        );
         shm.in_flight_write(b, &InFlight { seq: 7, ..e });
         assert_eq!(shm.in_flight_read(b).map(|x| x.seq), Some(7));
     }
 
     #[test]
     fn attach_rejects_foreign_and_newer_regions() {
-        let g = Geometry { ring_capacity: 4, in_flight_slots: 1 };
+        let g = Geometry {
+            ring_capacity: 4,
+            in_flight_slots: 1,
+        };
         let (_r, shm) = Region::new(g);
         let base = shm.base;
         // SAFETY: same live region as `shm`.
         let again = unsafe { Shm::attach(base, g.total_size()) }.expect("attach");
         assert_eq!(again.geometry(), g);
-        shm.u32_at(H_VERSION).store(LAYOUT_VERSION + 1, Ordering::Relaxed);
+        shm.u32_at(H_VERSION)
+            .store(LAYOUT_VERSION + 1, Ordering::Relaxed);
         // SAFETY: as above.
         let err = unsafe { Shm::attach(base, g.total_size()) }.expect_err("newer");
         assert!(err.to_string().contains("newer"), "{err}");
         shm.u64_at(H_MAGIC).store(1, Ordering::Relaxed);
         // SAFETY: as above.
-        assert_eq!(unsafe { Shm::attach(base, g.total_size()) }.expect_err("magic"), LayoutError::BadMagic);
+        assert_eq!(
+            unsafe { Shm::attach(base, g.total_size()) }.expect_err("magic"),
+            LayoutError::BadMagic
+        );
     }
 }

@@ -12,7 +12,8 @@ fn generated_grpc_code_is_fresh() {
         .emit_rerun_if_changed(false)
         .compile_protos(&[root.join("proto/commscope.proto")], &[root.join("proto")])
         .expect("protoc (the protobuf-compiler package; scripts/setup.sh installs it) failed to compile the proto");
-    let fresh = std::fs::read_to_string(out.path().join("commscope.v1.rs")).expect("generated file");
+    let fresh =
+        std::fs::read_to_string(out.path().join("commscope.v1.rs")).expect("generated file");
     let checked_in = root.join("src/generated/commscope.v1.rs");
     let current = std::fs::read_to_string(&checked_in).unwrap_or_default();
     if std::env::var_os("COMMSCOPE_BLESS").is_some() {

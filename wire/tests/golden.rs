@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use commscope_wire::cst;
 use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Comm, CommEvent, Heartbeat, Process, ProcessEvent, Record};
-use commscope_wire::registration::{Request, Status, Reply};
+use commscope_wire::registration::{Reply, Request, Status};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1")
@@ -31,7 +31,16 @@ fn header() -> cst::Header {
 }
 
 fn records() -> Vec<Record> {
-    let mut comm = Comm::new(CommEvent::Created, 0x3f1a_2b3c_4d5e_6f70, 0x7bbf_d4ee_4c3f_a5a1, 1_000_000_100, 37, 5, 8, 0);
+    let mut comm = Comm::new(
+        CommEvent::Created,
+        0x3f1a_2b3c_4d5e_6f70,
+        0x7bbf_d4ee_4c3f_a5a1,
+        1_000_000_100,
+        37,
+        5,
+        8,
+        0,
+    );
     comm.rec_seq = 2;
     comm.set_name(b"TENSOR_MODEL_PARALLEL_GROUP");
     let call = Call {
@@ -90,7 +99,13 @@ fn records() -> Vec<Record> {
         Record::Comm(comm),
         Record::Call(call),
         Record::Call(send),
-        Record::Enter(Call { rec_seq: 5, seq: 43, op_seq: 41, t_exit: 0, ..call }),
+        Record::Enter(Call {
+            rec_seq: 5,
+            seq: 43,
+            op_seq: 41,
+            t_exit: 0,
+            ..call
+        }),
         Record::Heartbeat(Heartbeat {
             rec_seq: 6,
             flags: flags::FINAL,
@@ -133,7 +148,15 @@ fn version_1_fixtures_still_decode() {
         w.append(&raws[3..]).expect("block");
         std::fs::write(&trace, w.get_mut()).expect("write fixture");
         std::fs::write(&reg, request().encode()).expect("write fixture");
-        std::fs::write(&ack, Reply { version: 1, status: Status::Accepted }.encode()).expect("write fixture");
+        std::fs::write(
+            &ack,
+            Reply {
+                version: 1,
+                status: Status::Accepted,
+            }
+            .encode(),
+        )
+        .expect("write fixture");
     }
     let t = cst::read_file(&trace).expect("the version 1 trace fixture decodes");
     assert_eq!(t.header, header());
@@ -142,5 +165,11 @@ fn version_1_fixtures_still_decode() {
     let bytes = std::fs::read(&reg).expect("fixture");
     assert_eq!(Request::decode(&bytes), Ok(request()));
     let bytes = std::fs::read(&ack).expect("fixture");
-    assert_eq!(Reply::decode(&bytes), Ok(Reply { version: 1, status: Status::Accepted }));
+    assert_eq!(
+        Reply::decode(&bytes),
+        Ok(Reply {
+            version: 1,
+            status: Status::Accepted
+        })
+    );
 }

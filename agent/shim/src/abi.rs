@@ -65,7 +65,10 @@ pub struct Real {
 impl Real {
     /// A function named `name`, resolved on first use.
     pub const fn new(name: &'static CStr) -> Self {
-        Real { name, ptr: AtomicUsize::new(0) }
+        Real {
+            name,
+            ptr: AtomicUsize::new(0),
+        }
     }
 
     /// The function's address, or 0 when the loaded MPI does not have it.

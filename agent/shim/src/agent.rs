@@ -31,7 +31,10 @@ pub struct Link {
 impl Link {
     /// Not connected.
     pub fn new() -> Link {
-        Link { started: now_mono(), ..Link::default() }
+        Link {
+            started: now_mono(),
+            ..Link::default()
+        }
     }
 
     /// Keeps the registration alive: notices a closed connection and reconnects.
@@ -89,7 +92,14 @@ impl Link {
 fn closed(s: &UnixStream) -> bool {
     let mut b = [0u8; 1];
     // SAFETY: peeking one byte into a valid buffer, without blocking.
-    let n = unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
     if n == 0 {
         return true;
     }
@@ -119,16 +129,23 @@ fn register(shim: &Shim) -> std::io::Result<UnixStream> {
     send_with_fd(&s, &req.encode(), shim.memfd)?;
     let mut reply = [0u8; REPLY_SIZE];
     (&s).read_exact(&mut reply)?;
-    let reply = Reply::decode(&reply).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let reply = Reply::decode(&reply)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     if reply.status != Status::Accepted {
-        return Err(std::io::Error::other(format!("the agent refused the registration ({:?})", reply.status)));
+        return Err(std::io::Error::other(format!(
+            "the agent refused the registration ({:?})",
+            reply.status
+        )));
     }
     Ok(s)
 }
 
 /// Sends `bytes` with `fd` attached as `SCM_RIGHTS`.
 fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: i32) -> std::io::Result<()> {
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut _,
+        iov_len: bytes.len(),
+    };
     // SAFETY: CMSG_SPACE is a pure computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
     let mut control = vec![0u8; space];
@@ -152,7 +169,10 @@ fn send_with_fd(s: &UnixStream, bytes: &[u8], fd: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     if n as usize != bytes.len() {
-        return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short registration write"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "short registration write",
+        ));
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN};
 use commscope_wire::shm::Counter;
 
 use crate::abi::{H, STATUS_MAX, pmpi};
-use crate::state::{Begun, Shim, active, activate, life, shielded, shutdown};
+use crate::state::{Begun, Shim, activate, active, life, shielded, shutdown};
 use crate::tables::{CommEntry, CommInfo, Dir, Pending, comm_flags};
 
 type P = *mut c_void;
@@ -119,7 +119,12 @@ pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char)
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Init_thread(argc: *mut c_int, argv: *mut *mut *mut c_char, required: c_int, provided: *mut c_int) -> c_int {
+pub unsafe extern "C" fn MPI_Init_thread(
+    argc: *mut c_int,
+    argv: *mut *mut *mut c_char,
+    required: c_int,
+    provided: *mut c_int,
+) -> c_int {
     // SAFETY: the application's arguments, passed through.
     let rc = unsafe { PMPI_Init_thread(argc, argv, required, provided) };
     if rc == 0 {
@@ -153,7 +158,11 @@ fn shape(e: Option<&CommEntry>) -> (u64, i32, bool) {
     match e {
         Some(e) => {
             let inter = e.flags.load(Ordering::Relaxed) & comm_flags::INTERCOMM != 0;
-            let n = if inter { e.remote_size.load(Ordering::Relaxed) } else { e.size.load(Ordering::Relaxed) };
+            let n = if inter {
+                e.remote_size.load(Ordering::Relaxed)
+            } else {
+                e.size.load(Ordering::Relaxed)
+            };
             (n.max(0) as u64, e.rank.load(Ordering::Relaxed), inter)
         }
         None => (0, -1, false),
@@ -174,10 +183,18 @@ impl Shim {
         self.type_info(h).1
     }
     fn in_place(&self, p: CP) -> u16 {
-        if p as usize == self.abi.in_place { flags::IN_PLACE } else { 0 }
+        if p as usize == self.abi.in_place {
+            flags::IN_PLACE
+        } else {
+            0
+        }
     }
     fn root_is_me(&self, root: c_int, me: i32, inter: bool) -> bool {
-        if inter { root == self.abi.root } else { root == me }
+        if inter {
+            root == self.abi.root
+        } else {
+            root == me
+        }
     }
     fn root_value(&self, root: c_int) -> i32 {
         self.abi.rank_value(root)
@@ -185,7 +202,13 @@ impl Shim {
 
     /// Records a collective around `real`.
     #[inline(always)]
-    fn coll(&self, comm: H, op: Op, info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo, real: impl FnOnce() -> c_int) -> c_int {
+    fn coll(
+        &self,
+        comm: H,
+        op: Op,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
         let b = shielded(self, || {
             let e = self.comm(comm);
             let (n, me, inter) = shape(e);
@@ -201,12 +224,27 @@ impl Shim {
 
     /// Records a nonblocking collective around `real`, which writes `req`.
     #[inline(always)]
-    fn icoll(&self, comm: H, op: Op, req: P, info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo, real: impl FnOnce() -> c_int) -> c_int {
+    fn icoll(
+        &self,
+        comm: H,
+        op: Op,
+        req: P,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
         let b = shielded(self, || {
             let e = self.comm(comm);
             let (n, me, inter) = shape(e);
             let i = info(self, n, me, inter);
-            self.begin_coll(e, op, i.bytes, i.count, i.dtype, i.root, i.flags | flags::NONBLOCKING)
+            self.begin_coll(
+                e,
+                op,
+                i.bytes,
+                i.count,
+                i.dtype,
+                i.root,
+                i.flags | flags::NONBLOCKING,
+            )
         });
         let rc = real();
         if let Some(b) = b {
@@ -224,7 +262,12 @@ impl Shim {
         // SAFETY: MPI wrote the request handle to `req`.
         let h = unsafe { self.abi.read_handle(req) };
         self.mark_posted(&b);
-        if let Err(p) = self.requests.insert(h, Pending { call: b.call, slot: b.slot, seq_at_completion }) {
+        let p = Pending {
+            call: b.call,
+            slot: b.slot,
+            seq_at_completion,
+        };
+        if !self.requests.insert(h, p) {
             self.shm.count(Counter::DroppedRequests, 1);
             let mut c = p.call;
             c.flags |= flags::UNTRACKED;
@@ -234,7 +277,9 @@ impl Shim {
 
     /// A request completed: write its record. `st` is its status (or null).
     fn completed(&self, h: u64, st: *const u8, rc: c_int) {
-        let Some(p) = self.requests.take(h) else { return };
+        let Some(p) = self.requests.take(h) else {
+            return;
+        };
         let mut call = p.call;
         let op = Op::from_code(call.op);
         if op == Op::Recv && !st.is_null() {
@@ -245,10 +290,29 @@ impl Shim {
     }
 
     /// Records a blocking send.
-    fn send(&self, fl: u16, buf_count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, real: impl FnOnce() -> c_int) -> c_int {
+    fn send(
+        &self,
+        fl: u16,
+        buf_count: c_int,
+        dt: H,
+        dest: c_int,
+        tag: c_int,
+        comm: H,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
         let b = shielded(self, || {
             let count = buf_count.max(0) as u64;
-            self.begin_p2p(comm, Op::Send, dest, tag, count * self.type_size(dt), count, self.dt(dt), fl, Dir::Send)
+            self.begin_p2p(
+                comm,
+                Op::Send,
+                dest,
+                tag,
+                count * self.type_size(dt),
+                count,
+                self.dt(dt),
+                fl,
+                Dir::Send,
+            )
         });
         let rc = real();
         if let Some(b) = b {
@@ -258,15 +322,37 @@ impl Shim {
     }
 
     /// Records a nonblocking send or receive.
-    fn ip2p(&self, op: Op, fl: u16, count: c_int, dt: H, peer: c_int, tag: c_int, comm: H, req: P, real: impl FnOnce() -> c_int) -> c_int {
+    fn ip2p(
+        &self,
+        op: Op,
+        fl: u16,
+        count: c_int,
+        dt: H,
+        peer: c_int,
+        tag: c_int,
+        comm: H,
+        req: P,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
         let dir = if op == Op::Recv { Dir::Recv } else { Dir::Send };
         let b = shielded(self, || {
             let count = count.max(0) as u64;
-            self.begin_p2p(comm, op, peer, tag, count * self.type_size(dt), count, self.dt(dt), fl | flags::NONBLOCKING, dir)
+            self.begin_p2p(
+                comm,
+                op,
+                peer,
+                tag,
+                count * self.type_size(dt),
+                count,
+                self.dt(dt),
+                fl | flags::NONBLOCKING,
+                dir,
+            )
         });
         let rc = real();
         if let Some(b) = b {
-            let later = dir == Dir::Recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+            let later =
+                dir == Dir::Recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
             shielded(self, || self.posted(b, rc, req, later));
         }
         rc
@@ -282,7 +368,9 @@ unsafe fn sum(counts: IP, n: u64) -> u64 {
         return 0;
     }
     // SAFETY: per the contract.
-    (0..n as usize).map(|i| unsafe { *counts.add(i) }.max(0) as u64).sum()
+    (0..n as usize)
+        .map(|i| unsafe { *counts.add(i) }.max(0) as u64)
+        .sum()
 }
 
 fn cnt(c: c_int) -> u64 {
@@ -304,9 +392,18 @@ macro_rules! real_or {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Barrier(comm: H) -> c_int {
     let (s, _g) = real_or!(PMPI_Barrier(comm));
-    s.coll(comm, Op::Barrier, |_, _, _, _| CollInfo { bytes: 0, count: 0, dtype: dtype::NONE, root: -1, flags: 0 }, || unsafe {
-        PMPI_Barrier(comm)
-    })
+    s.coll(
+        comm,
+        Op::Barrier,
+        |_, _, _, _| CollInfo {
+            bytes: 0,
+            count: 0,
+            dtype: dtype::NONE,
+            root: -1,
+            flags: 0,
+        },
+        || unsafe { PMPI_Barrier(comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -315,136 +412,355 @@ pub unsafe extern "C" fn MPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, com
     s.coll(
         comm,
         Op::Broadcast,
-        |s, _, _, _| CollInfo { bytes: cnt(count) * s.type_size(dt), count: cnt(count), dtype: s.dt(dt), root: s.root_value(root), flags: 0 },
+        |s, _, _, _| CollInfo {
+            bytes: cnt(count) * s.type_size(dt),
+            count: cnt(count),
+            dtype: s.dt(dt),
+            root: s.root_value(root),
+            flags: 0,
+        },
         || unsafe { PMPI_Bcast(buf, count, dt, root, comm) },
     )
 }
 
 fn reduce_info(s: &Shim, sbuf: CP, count: c_int, dt: H, root: i32) -> CollInfo {
-    CollInfo { bytes: cnt(count) * s.type_size(dt), count: cnt(count), dtype: s.dt(dt), root, flags: s.in_place(sbuf) }
+    CollInfo {
+        bytes: cnt(count) * s.type_size(dt),
+        count: cnt(count),
+        dtype: s.dt(dt),
+        root,
+        flags: s.in_place(sbuf),
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Reduce(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    root: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Reduce(sbuf, rbuf, count, dt, op, root, comm));
-    s.coll(comm, Op::Reduce, |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)), || unsafe {
-        PMPI_Reduce(sbuf, rbuf, count, dt, op, root, comm)
-    })
+    s.coll(
+        comm,
+        Op::Reduce,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)),
+        || unsafe { PMPI_Reduce(sbuf, rbuf, count, dt, op, root, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Allreduce(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Allreduce(sbuf, rbuf, count, dt, op, comm));
-    s.coll(comm, Op::Allreduce, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe {
-        PMPI_Allreduce(sbuf, rbuf, count, dt, op, comm)
-    })
+    s.coll(
+        comm,
+        Op::Allreduce,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Allreduce(sbuf, rbuf, count, dt, op, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int {
     let (s, _g) = real_or!(PMPI_Scan(sbuf, rbuf, count, dt, op, comm));
-    s.coll(comm, Op::Scan, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe { PMPI_Scan(sbuf, rbuf, count, dt, op, comm) })
+    s.coll(
+        comm,
+        Op::Scan,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Scan(sbuf, rbuf, count, dt, op, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Exscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Exscan(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Exscan(sbuf, rbuf, count, dt, op, comm));
-    s.coll(comm, Op::Exscan, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe {
-        PMPI_Exscan(sbuf, rbuf, count, dt, op, comm)
-    })
+    s.coll(
+        comm,
+        Op::Exscan,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Exscan(sbuf, rbuf, count, dt, op, comm) },
+    )
 }
 
 /// Per-rank part × ranks, measured on the receive side.
 fn gathered(s: &Shim, sbuf: CP, rcount: c_int, rt: H, n: u64) -> CollInfo {
-    CollInfo { bytes: cnt(rcount) * s.type_size(rt) * n, count: cnt(rcount) * n, dtype: s.dt(rt), root: -1, flags: s.in_place(sbuf) }
+    CollInfo {
+        bytes: cnt(rcount) * s.type_size(rt) * n,
+        count: cnt(rcount) * n,
+        dtype: s.dt(rt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Allgather(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Allgather(sbuf, scount, st, rbuf, rcount, rt, comm));
-    s.coll(comm, Op::Allgather, |s, n, _, _| gathered(s, sbuf, rcount, rt, n), || unsafe {
-        PMPI_Allgather(sbuf, scount, st, rbuf, rcount, rt, comm)
-    })
+    s.coll(
+        comm,
+        Op::Allgather,
+        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
+        || unsafe { PMPI_Allgather(sbuf, scount, st, rbuf, rcount, rt, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Alltoall(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Alltoall(sbuf, scount, st, rbuf, rcount, rt, comm));
-    s.coll(comm, Op::Alltoall, |s, n, _, _| gathered(s, sbuf, rcount, rt, n), || unsafe {
-        PMPI_Alltoall(sbuf, scount, st, rbuf, rcount, rt, comm)
-    })
+    s.coll(
+        comm,
+        Op::Alltoall,
+        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
+        || unsafe { PMPI_Alltoall(sbuf, scount, st, rbuf, rcount, rt, comm) },
+    )
 }
 
 fn gatherv_info(s: &Shim, sbuf: CP, rcounts: IP, rt: H, n: u64) -> CollInfo {
     // SAFETY: MPI requires `rcounts` to hold one count per rank here.
     let c = unsafe { sum(rcounts, n) };
-    CollInfo { bytes: c * s.type_size(rt), count: c, dtype: s.dt(rt), root: -1, flags: s.in_place(sbuf) }
+    CollInfo {
+        bytes: c * s.type_size(rt),
+        count: c,
+        dtype: s.dt(rt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Allgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm));
-    s.coll(comm, Op::Allgatherv, |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n), || unsafe {
-        PMPI_Allgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm)
-    })
+pub unsafe extern "C" fn MPI_Allgatherv(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    displs: IP,
+    rt: H,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Allgatherv(
+        sbuf, scount, st, rbuf, rcounts, displs, rt, comm
+    ));
+    s.coll(
+        comm,
+        Op::Allgatherv,
+        |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n),
+        || unsafe { PMPI_Allgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm) },
+    )
 }
 
 /// Gather/scatter: the root knows the total; other ranks know their part × ranks.
-fn rooted_info(s: &Shim, root: c_int, me: i32, inter: bool, n: u64, root_side: (c_int, H), my_side: (c_int, H), fl: u16) -> CollInfo {
-    let (c, t) = if s.root_is_me(root, me, inter) { root_side } else { my_side };
-    CollInfo { bytes: cnt(c) * s.type_size(t) * n, count: cnt(c) * n, dtype: s.dt(t), root: s.root_value(root), flags: fl }
+fn rooted_info(
+    s: &Shim,
+    root: c_int,
+    me: i32,
+    inter: bool,
+    n: u64,
+    root_side: (c_int, H),
+    my_side: (c_int, H),
+    fl: u16,
+) -> CollInfo {
+    let (c, t) = if s.root_is_me(root, me, inter) {
+        root_side
+    } else {
+        my_side
+    };
+    CollInfo {
+        bytes: cnt(c) * s.type_size(t) * n,
+        count: cnt(c) * n,
+        dtype: s.dt(t),
+        root: s.root_value(root),
+        flags: fl,
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Gather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Gather(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Gather(sbuf, scount, st, rbuf, rcount, rt, root, comm));
     s.coll(
         comm,
         Op::Gather,
-        |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)),
+        |s, n, me, inter| {
+            rooted_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                (rcount, rt),
+                (scount, st),
+                s.in_place(sbuf),
+            )
+        },
         || unsafe { PMPI_Gather(sbuf, scount, st, rbuf, rcount, rt, root, comm) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Scatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Scatter(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Scatter(sbuf, scount, st, rbuf, rcount, rt, root, comm));
     s.coll(
         comm,
         Op::Scatter,
-        |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)),
+        |s, n, me, inter| {
+            rooted_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                (scount, st),
+                (rcount, rt),
+                s.in_place(rbuf),
+            )
+        },
         || unsafe { PMPI_Scatter(sbuf, scount, st, rbuf, rcount, rt, root, comm) },
     )
 }
 
-fn rooted_v_info(s: &Shim, root: c_int, me: i32, inter: bool, n: u64, counts: IP, root_t: H, my: (c_int, H), fl: u16) -> CollInfo {
+fn rooted_v_info(
+    s: &Shim,
+    root: c_int,
+    me: i32,
+    inter: bool,
+    n: u64,
+    counts: IP,
+    root_t: H,
+    my: (c_int, H),
+    fl: u16,
+) -> CollInfo {
     let (c, t) = if s.root_is_me(root, me, inter) {
         // SAFETY: at the root MPI requires one count per rank.
         (unsafe { sum(counts, n) }, root_t)
     } else {
         (cnt(my.0), my.1)
     };
-    CollInfo { bytes: c * s.type_size(t), count: c, dtype: s.dt(t), root: s.root_value(root), flags: fl }
+    CollInfo {
+        bytes: c * s.type_size(t),
+        count: c,
+        dtype: s.dt(t),
+        root: s.root_value(root),
+        flags: fl,
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Gatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Gatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm));
+pub unsafe extern "C" fn MPI_Gatherv(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    displs: IP,
+    rt: H,
+    root: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Gatherv(
+        sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm
+    ));
     s.coll(
         comm,
         Op::Gatherv,
-        |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)),
+        |s, n, me, inter| {
+            rooted_v_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                rcounts,
+                rt,
+                (scount, st),
+                s.in_place(sbuf),
+            )
+        },
         || unsafe { PMPI_Gatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Scatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm));
+pub unsafe extern "C" fn MPI_Scatterv(
+    sbuf: CP,
+    scounts: IP,
+    displs: IP,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Scatterv(
+        sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm
+    ));
     s.coll(
         comm,
         Op::Scatterv,
-        |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)),
+        |s, n, me, inter| {
+            rooted_v_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                scounts,
+                st,
+                (rcount, rt),
+                s.in_place(rbuf),
+            )
+        },
         || unsafe { PMPI_Scatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm) },
     )
 }
@@ -452,7 +768,13 @@ pub unsafe extern "C" fn MPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, 
 fn reduce_scatter_info(s: &Shim, sbuf: CP, rcounts: IP, dt: H, n: u64) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
-    CollInfo { bytes: c * s.type_size(dt), count: c, dtype: s.dt(dt), root: -1, flags: s.in_place(sbuf) }
+    CollInfo {
+        bytes: c * s.type_size(dt),
+        count: c,
+        dtype: s.dt(dt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
 }
 
 fn reduce_scatter_block_info(s: &Shim, sbuf: CP, rcount: c_int, dt: H, n: u64) -> CollInfo {
@@ -466,40 +788,97 @@ fn reduce_scatter_block_info(s: &Shim, sbuf: CP, rcount: c_int, dt: H, n: u64) -
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Reduce_scatter(
+    sbuf: CP,
+    rbuf: P,
+    rcounts: IP,
+    dt: H,
+    op: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Reduce_scatter(sbuf, rbuf, rcounts, dt, op, comm));
-    s.coll(comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n), || unsafe {
-        PMPI_Reduce_scatter(sbuf, rbuf, rcounts, dt, op, comm)
-    })
+    s.coll(
+        comm,
+        Op::Reducescatter,
+        |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n),
+        || unsafe { PMPI_Reduce_scatter(sbuf, rbuf, rcounts, dt, op, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Reduce_scatter_block(
+    sbuf: CP,
+    rbuf: P,
+    rcount: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Reduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm));
-    s.coll(comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n), || unsafe {
-        PMPI_Reduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm)
-    })
+    s.coll(
+        comm,
+        Op::Reducescatter,
+        |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n),
+        || unsafe { PMPI_Reduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm) },
+    )
 }
 
 fn alltoallv_info(s: &Shim, sbuf: CP, scounts: IP, st: H, rcounts: IP, rt: H, n: u64) -> CollInfo {
     let fl = s.in_place(sbuf);
-    let (counts, t) = if fl != 0 { (rcounts, rt) } else { (scounts, st) };
+    let (counts, t) = if fl != 0 {
+        (rcounts, rt)
+    } else {
+        (scounts, st)
+    };
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(counts, n) };
-    CollInfo { bytes: c * s.type_size(t), count: c, dtype: s.dt(t), root: -1, flags: fl }
+    CollInfo {
+        bytes: c * s.type_size(t),
+        count: c,
+        dtype: s.dt(t),
+        root: -1,
+        flags: fl,
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Alltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm));
-    s.coll(comm, Op::Alltoallv, |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n), || unsafe {
-        PMPI_Alltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm)
-    })
+pub unsafe extern "C" fn MPI_Alltoallv(
+    sbuf: CP,
+    scounts: IP,
+    sdispls: IP,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    rdispls: IP,
+    rt: H,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Alltoallv(
+        sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm
+    ));
+    s.coll(
+        comm,
+        Op::Alltoallv,
+        |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n),
+        || unsafe { PMPI_Alltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm) },
+    )
 }
 
-fn alltoallw_info(s: &Shim, sbuf: CP, scounts: IP, sts: CP, rcounts: IP, rts: CP, n: u64) -> CollInfo {
+fn alltoallw_info(
+    s: &Shim,
+    sbuf: CP,
+    scounts: IP,
+    sts: CP,
+    rcounts: IP,
+    rts: CP,
+    n: u64,
+) -> CollInfo {
     let fl = s.in_place(sbuf);
-    let (counts, types) = if fl != 0 { (rcounts, rts) } else { (scounts, sts) };
+    let (counts, types) = if fl != 0 {
+        (rcounts, rts)
+    } else {
+        (scounts, sts)
+    };
     let (mut bytes, mut count) = (0u64, 0u64);
     if !counts.is_null() && !types.is_null() {
         for i in 0..n as usize {
@@ -509,15 +888,40 @@ fn alltoallw_info(s: &Shim, sbuf: CP, scounts: IP, sts: CP, rcounts: IP, rts: CP
             bytes += c * s.type_size(t as H);
         }
     }
-    CollInfo { bytes, count, dtype: dtype::MIXED, root: -1, flags: fl }
+    CollInfo {
+        bytes,
+        count,
+        dtype: dtype::MIXED,
+        root: -1,
+        flags: fl,
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Alltoallw(sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm));
-    s.coll(comm, Op::Alltoallw, |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n), || unsafe {
-        PMPI_Alltoallw(sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm)
-    })
+pub unsafe extern "C" fn MPI_Alltoallw(
+    sbuf: CP,
+    scounts: IP,
+    sdispls: IP,
+    sts: CP,
+    rbuf: P,
+    rcounts: IP,
+    rdispls: IP,
+    rts: CP,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Alltoallw(
+        sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm
+    ));
+    s.coll(
+        comm,
+        Op::Alltoallw,
+        |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n),
+        || unsafe {
+            PMPI_Alltoallw(
+                sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm,
+            )
+        },
+    )
 }
 
 // ----- nonblocking collectives -------------------------------------------------------------------
@@ -525,194 +929,534 @@ pub unsafe extern "C" fn MPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Ibarrier(comm: H, req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Ibarrier(comm, req));
-    s.icoll(comm, Op::Barrier, req, |_, _, _, _| CollInfo { bytes: 0, count: 0, dtype: dtype::NONE, root: -1, flags: 0 }, || unsafe {
-        PMPI_Ibarrier(comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Barrier,
+        req,
+        |_, _, _, _| CollInfo {
+            bytes: 0,
+            count: 0,
+            dtype: dtype::NONE,
+            root: -1,
+            flags: 0,
+        },
+        || unsafe { PMPI_Ibarrier(comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ibcast(buf: P, count: c_int, dt: H, root: c_int, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Ibcast(
+    buf: P,
+    count: c_int,
+    dt: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Ibcast(buf, count, dt, root, comm, req));
     s.icoll(
         comm,
         Op::Broadcast,
         req,
-        |s, _, _, _| CollInfo { bytes: cnt(count) * s.type_size(dt), count: cnt(count), dtype: s.dt(dt), root: s.root_value(root), flags: 0 },
+        |s, _, _, _| CollInfo {
+            bytes: cnt(count) * s.type_size(dt),
+            count: cnt(count),
+            dtype: s.dt(dt),
+            root: s.root_value(root),
+            flags: 0,
+        },
         || unsafe { PMPI_Ibcast(buf, count, dt, root, comm, req) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Ireduce(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Ireduce(sbuf, rbuf, count, dt, op, root, comm, req));
-    s.icoll(comm, Op::Reduce, req, |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)), || unsafe {
-        PMPI_Ireduce(sbuf, rbuf, count, dt, op, root, comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Reduce,
+        req,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)),
+        || unsafe { PMPI_Ireduce(sbuf, rbuf, count, dt, op, root, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Iallreduce(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Iallreduce(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(comm, Op::Allreduce, req, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe {
-        PMPI_Iallreduce(sbuf, rbuf, count, dt, op, comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Allreduce,
+        req,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Iallreduce(sbuf, rbuf, count, dt, op, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Iscan(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Iscan(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(comm, Op::Scan, req, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe {
-        PMPI_Iscan(sbuf, rbuf, count, dt, op, comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Scan,
+        req,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Iscan(sbuf, rbuf, count, dt, op, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iexscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Iexscan(
+    sbuf: CP,
+    rbuf: P,
+    count: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Iexscan(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(comm, Op::Exscan, req, |s, _, _, _| reduce_info(s, sbuf, count, dt, -1), || unsafe {
-        PMPI_Iexscan(sbuf, rbuf, count, dt, op, comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Exscan,
+        req,
+        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
+        || unsafe { PMPI_Iexscan(sbuf, rbuf, count, dt, op, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iallgather(sbuf, scount, st, rbuf, rcount, rt, comm, req));
-    s.icoll(comm, Op::Allgather, req, |s, n, _, _| gathered(s, sbuf, rcount, rt, n), || unsafe {
-        PMPI_Iallgather(sbuf, scount, st, rbuf, rcount, rt, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Iallgather(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Iallgather(
+        sbuf, scount, st, rbuf, rcount, rt, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Allgather,
+        req,
+        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
+        || unsafe { PMPI_Iallgather(sbuf, scount, st, rbuf, rcount, rt, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoall(sbuf, scount, st, rbuf, rcount, rt, comm, req));
-    s.icoll(comm, Op::Alltoall, req, |s, n, _, _| gathered(s, sbuf, rcount, rt, n), || unsafe {
-        PMPI_Ialltoall(sbuf, scount, st, rbuf, rcount, rt, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Ialltoall(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Ialltoall(
+        sbuf, scount, st, rbuf, rcount, rt, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Alltoall,
+        req,
+        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
+        || unsafe { PMPI_Ialltoall(sbuf, scount, st, rbuf, rcount, rt, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iallgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req));
-    s.icoll(comm, Op::Allgatherv, req, |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n), || unsafe {
-        PMPI_Iallgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Iallgatherv(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    displs: IP,
+    rt: H,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Iallgatherv(
+        sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Allgatherv,
+        req,
+        |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n),
+        || unsafe { PMPI_Iallgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Igather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Igather(sbuf, scount, st, rbuf, rcount, rt, root, comm, req));
+pub unsafe extern "C" fn MPI_Igather(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Igather(
+        sbuf, scount, st, rbuf, rcount, rt, root, comm, req
+    ));
     s.icoll(
         comm,
         Op::Gather,
         req,
-        |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)),
+        |s, n, me, inter| {
+            rooted_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                (rcount, rt),
+                (scount, st),
+                s.in_place(sbuf),
+            )
+        },
         || unsafe { PMPI_Igather(sbuf, scount, st, rbuf, rcount, rt, root, comm, req) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iscatter(sbuf, scount, st, rbuf, rcount, rt, root, comm, req));
+pub unsafe extern "C" fn MPI_Iscatter(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Iscatter(
+        sbuf, scount, st, rbuf, rcount, rt, root, comm, req
+    ));
     s.icoll(
         comm,
         Op::Scatter,
         req,
-        |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)),
+        |s, n, me, inter| {
+            rooted_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                (scount, st),
+                (rcount, rt),
+                s.in_place(rbuf),
+            )
+        },
         || unsafe { PMPI_Iscatter(sbuf, scount, st, rbuf, rcount, rt, root, comm, req) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Igatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Igatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm, req));
+pub unsafe extern "C" fn MPI_Igatherv(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    displs: IP,
+    rt: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Igatherv(
+        sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm, req
+    ));
     s.icoll(
         comm,
         Op::Gatherv,
         req,
-        |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)),
+        |s, n, me, inter| {
+            rooted_v_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                rcounts,
+                rt,
+                (scount, st),
+                s.in_place(sbuf),
+            )
+        },
         || unsafe { PMPI_Igatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm, req) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iscatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm, req));
+pub unsafe extern "C" fn MPI_Iscatterv(
+    sbuf: CP,
+    scounts: IP,
+    displs: IP,
+    st: H,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    root: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Iscatterv(
+        sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm, req
+    ));
     s.icoll(
         comm,
         Op::Scatterv,
         req,
-        |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)),
+        |s, n, me, inter| {
+            rooted_v_info(
+                s,
+                root,
+                me,
+                inter,
+                n,
+                scounts,
+                st,
+                (rcount, rt),
+                s.in_place(rbuf),
+            )
+        },
         || unsafe { PMPI_Iscatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm, req) },
     )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Ireduce_scatter(
+    sbuf: CP,
+    rbuf: P,
+    rcounts: IP,
+    dt: H,
+    op: H,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Ireduce_scatter(sbuf, rbuf, rcounts, dt, op, comm, req));
-    s.icoll(comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n), || unsafe {
-        PMPI_Ireduce_scatter(sbuf, rbuf, rcounts, dt, op, comm, req)
-    })
+    s.icoll(
+        comm,
+        Op::Reducescatter,
+        req,
+        |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n),
+        || unsafe { PMPI_Ireduce_scatter(sbuf, rbuf, rcounts, dt, op, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ireduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm, req));
-    s.icoll(comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n), || unsafe {
-        PMPI_Ireduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
+    sbuf: CP,
+    rbuf: P,
+    rcount: c_int,
+    dt: H,
+    op: H,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Ireduce_scatter_block(
+        sbuf, rbuf, rcount, dt, op, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Reducescatter,
+        req,
+        |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n),
+        || unsafe { PMPI_Ireduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req));
-    s.icoll(comm, Op::Alltoallv, req, |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n), || unsafe {
-        PMPI_Ialltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Ialltoallv(
+    sbuf: CP,
+    scounts: IP,
+    sdispls: IP,
+    st: H,
+    rbuf: P,
+    rcounts: IP,
+    rdispls: IP,
+    rt: H,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Ialltoallv(
+        sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Alltoallv,
+        req,
+        |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n),
+        || unsafe {
+            PMPI_Ialltoallv(
+                sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req,
+            )
+        },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoallw(sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req));
-    s.icoll(comm, Op::Alltoallw, req, |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n), || unsafe {
-        PMPI_Ialltoallw(sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req)
-    })
+pub unsafe extern "C" fn MPI_Ialltoallw(
+    sbuf: CP,
+    scounts: IP,
+    sdispls: IP,
+    sts: CP,
+    rbuf: P,
+    rcounts: IP,
+    rdispls: IP,
+    rts: CP,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Ialltoallw(
+        sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req
+    ));
+    s.icoll(
+        comm,
+        Op::Alltoallw,
+        req,
+        |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n),
+        || unsafe {
+            PMPI_Ialltoallw(
+                sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req,
+            )
+        },
+    )
 }
 
 // ----- point-to-point ----------------------------------------------------------------------------
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Send(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Send(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Send(buf, count, dt, dest, tag, comm));
-    s.send(0, count, dt, dest, tag, comm, || unsafe { PMPI_Send(buf, count, dt, dest, tag, comm) })
+    s.send(0, count, dt, dest, tag, comm, || unsafe {
+        PMPI_Send(buf, count, dt, dest, tag, comm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ssend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Ssend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Ssend(buf, count, dt, dest, tag, comm));
-    s.send(flags::SYNCHRONOUS, count, dt, dest, tag, comm, || unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) })
+    s.send(flags::SYNCHRONOUS, count, dt, dest, tag, comm, || unsafe {
+        PMPI_Ssend(buf, count, dt, dest, tag, comm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Bsend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Bsend(buf, count, dt, dest, tag, comm));
-    s.send(flags::BUFFERED, count, dt, dest, tag, comm, || unsafe { PMPI_Bsend(buf, count, dt, dest, tag, comm) })
+    s.send(flags::BUFFERED, count, dt, dest, tag, comm, || unsafe {
+        PMPI_Bsend(buf, count, dt, dest, tag, comm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Rsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int {
+pub unsafe extern "C" fn MPI_Rsend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Rsend(buf, count, dt, dest, tag, comm));
-    s.send(flags::READY, count, dt, dest, tag, comm, || unsafe { PMPI_Rsend(buf, count, dt, dest, tag, comm) })
+    s.send(flags::READY, count, dt, dest, tag, comm, || unsafe {
+        PMPI_Rsend(buf, count, dt, dest, tag, comm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, status: P) -> c_int {
+pub unsafe extern "C" fn MPI_Recv(
+    buf: P,
+    count: c_int,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Recv(buf, count, dt, src, tag, comm, status));
     let b = shielded(s, || {
         let c = cnt(count);
-        s.begin_p2p(comm, Op::Recv, src, tag, c * s.type_size(dt), c, s.dt(dt), 0, Dir::Recv)
+        s.begin_p2p(
+            comm,
+            Op::Recv,
+            src,
+            tag,
+            c * s.type_size(dt),
+            c,
+            s.dt(dt),
+            0,
+            Dir::Recv,
+        )
     });
     let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) { own.as_mut_ptr().cast() } else { status };
+    let st: P = if s.abi.is_status_ignore(status) {
+        own.as_mut_ptr().cast()
+    } else {
+        status
+    };
     // SAFETY: pass-through, with our own status buffer when the application ignores it.
     let rc = unsafe { PMPI_Recv(buf, count, dt, src, tag, comm, st) };
     if let Some(mut b) = b {
@@ -729,23 +1473,59 @@ pub unsafe extern "C" fn MPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: 
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Isend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Isend(buf, count, dt, dest, tag, comm, req));
-    s.ip2p(Op::Send, 0, count, dt, dest, tag, comm, req, || unsafe { PMPI_Isend(buf, count, dt, dest, tag, comm, req) })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Issend(buf, count, dt, dest, tag, comm, req));
-    s.ip2p(Op::Send, flags::SYNCHRONOUS, count, dt, dest, tag, comm, req, || unsafe {
-        PMPI_Issend(buf, count, dt, dest, tag, comm, req)
+    s.ip2p(Op::Send, 0, count, dt, dest, tag, comm, req, || unsafe {
+        PMPI_Isend(buf, count, dt, dest, tag, comm, req)
     })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int {
+pub unsafe extern "C" fn MPI_Issend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Issend(buf, count, dt, dest, tag, comm, req));
+    s.ip2p(
+        Op::Send,
+        flags::SYNCHRONOUS,
+        count,
+        dt,
+        dest,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Issend(buf, count, dt, dest, tag, comm, req) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Irecv(
+    buf: P,
+    count: c_int,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Irecv(buf, count, dt, src, tag, comm, req));
-    s.ip2p(Op::Recv, 0, count, dt, src, tag, comm, req, || unsafe { PMPI_Irecv(buf, count, dt, src, tag, comm, req) })
+    s.ip2p(Op::Recv, 0, count, dt, src, tag, comm, req, || unsafe {
+        PMPI_Irecv(buf, count, dt, src, tag, comm, req)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -763,18 +1543,38 @@ pub unsafe extern "C" fn MPI_Sendrecv(
     comm: H,
     status: P,
 ) -> c_int {
-    let (s, _g) = real_or!(PMPI_Sendrecv(sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status));
+    let (s, _g) = real_or!(PMPI_Sendrecv(
+        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
+    ));
     let b = shielded(s, || {
         let c = cnt(scount);
-        let mut b = s.begin_p2p(comm, Op::Sendrecv, dest, stag, c * s.type_size(st), c, s.dt(st), 0, Dir::Send);
+        let mut b = s.begin_p2p(
+            comm,
+            Op::Sendrecv,
+            dest,
+            stag,
+            c * s.type_size(st),
+            c,
+            s.dt(st),
+            0,
+            Dir::Send,
+        );
         b.call.peer2 = s.abi.rank_value(src);
         b.call.tag2 = rtag;
         b
     });
     let mut own = [0u8; STATUS_MAX];
-    let stp: P = if s.abi.is_status_ignore(status) { own.as_mut_ptr().cast() } else { status };
+    let stp: P = if s.abi.is_status_ignore(status) {
+        own.as_mut_ptr().cast()
+    } else {
+        status
+    };
     // SAFETY: pass-through, with our own status buffer when the application ignores it.
-    let rc = unsafe { PMPI_Sendrecv(sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp) };
+    let rc = unsafe {
+        PMPI_Sendrecv(
+            sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
+        )
+    };
     if let Some(mut b) = b {
         shielded(s, || {
             if rc == 0 {
@@ -789,7 +1589,10 @@ pub unsafe extern "C" fn MPI_Sendrecv(
                     b.call.flags |= flags::ANY_TAG;
                 }
                 if b.call.peer2 >= 0 {
-                    match s.p2p.next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv) {
+                    match s
+                        .p2p
+                        .next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv)
+                    {
                         Some(q) => b.call.op_seq2 = q,
                         None => {
                             b.call.flags |= flags::P2P_SEQ_UNKNOWN;
@@ -855,13 +1658,21 @@ fn rc_at(s: &Shim, rc: c_int, st: *const u8) -> c_int {
 pub unsafe extern "C" fn MPI_Wait(req: P, status: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Wait(req, status));
     // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() { 0 } else { unsafe { s.abi.read_handle(req) } };
+    let h = if s.requests.is_empty() || req.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(req) }
+    };
     if h == 0 || !s.requests.contains(h) {
         // SAFETY: pass-through.
         return unsafe { PMPI_Wait(req, status) };
     }
     let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) { own.as_mut_ptr().cast() } else { status };
+    let st: P = if s.abi.is_status_ignore(status) {
+        own.as_mut_ptr().cast()
+    } else {
+        status
+    };
     // SAFETY: pass-through with a real status buffer.
     let rc = unsafe { PMPI_Wait(req, st) };
     shielded(s, || s.completed(h, st as *const u8, rc));
@@ -872,13 +1683,21 @@ pub unsafe extern "C" fn MPI_Wait(req: P, status: P) -> c_int {
 pub unsafe extern "C" fn MPI_Test(req: P, flag: *mut c_int, status: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Test(req, flag, status));
     // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() { 0 } else { unsafe { s.abi.read_handle(req) } };
+    let h = if s.requests.is_empty() || req.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(req) }
+    };
     if h == 0 || !s.requests.contains(h) {
         // SAFETY: pass-through.
         return unsafe { PMPI_Test(req, flag, status) };
     }
     let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) { own.as_mut_ptr().cast() } else { status };
+    let st: P = if s.abi.is_status_ignore(status) {
+        own.as_mut_ptr().cast()
+    } else {
+        status
+    };
     // SAFETY: pass-through with a real status buffer.
     let rc = unsafe { PMPI_Test(req, flag, st) };
     // SAFETY: MPI wrote `flag`.
@@ -956,32 +1775,66 @@ pub unsafe extern "C" fn MPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Waitany(n: c_int, reqs: P, index: *mut c_int, status: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Waitany(n, reqs, index, status));
-    any_completion(s, n, reqs, index, std::ptr::null_mut(), status, |st| unsafe { PMPI_Waitany(n, reqs, index, st) })
+    any_completion(
+        s,
+        n,
+        reqs,
+        index,
+        std::ptr::null_mut(),
+        status,
+        |st| unsafe { PMPI_Waitany(n, reqs, index, st) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testany(n: c_int, reqs: P, index: *mut c_int, flag: *mut c_int, status: P) -> c_int {
+pub unsafe extern "C" fn MPI_Testany(
+    n: c_int,
+    reqs: P,
+    index: *mut c_int,
+    flag: *mut c_int,
+    status: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Testany(n, reqs, index, flag, status));
-    any_completion(s, n, reqs, index, flag, status, |st| unsafe { PMPI_Testany(n, reqs, index, flag, st) })
+    any_completion(s, n, reqs, index, flag, status, |st| unsafe {
+        PMPI_Testany(n, reqs, index, flag, st)
+    })
 }
 
 /// Waitany/Testany: one request (at `*index`) completed when `flag` (if given) is set.
-fn any_completion(s: &Shim, n: c_int, reqs: P, index: *mut c_int, flag: *mut c_int, status: P, real: impl Fn(P) -> c_int) -> c_int {
+fn any_completion(
+    s: &Shim,
+    n: c_int,
+    reqs: P,
+    index: *mut c_int,
+    flag: *mut c_int,
+    status: P,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
     if s.requests.is_empty() {
         return real(status);
     }
     HANDLES.with(|hc| {
-        let Ok(mut hs) = hc.try_borrow_mut() else { return real(status) };
+        let Ok(mut hs) = hc.try_borrow_mut() else {
+            return real(status);
+        };
         if !snapshot(s, n, reqs, &mut hs) {
             return real(status);
         }
         let mut own = [0u8; STATUS_MAX];
-        let st: P = if s.abi.is_status_ignore(status) { own.as_mut_ptr().cast() } else { status };
+        let st: P = if s.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
         let rc = real(st);
         // SAFETY: MPI wrote `flag` and `index`.
         let done = flag.is_null() || unsafe { *flag } != 0;
         // SAFETY: as above.
-        let i = if index.is_null() { -1 } else { unsafe { *index } };
+        let i = if index.is_null() {
+            -1
+        } else {
+            unsafe { *index }
+        };
         if done && i >= 0 && (i as usize) < hs.len() {
             let h = hs[i as usize];
             shielded(s, || s.completed(h, st as *const u8, rc));
@@ -991,32 +1844,62 @@ fn any_completion(s: &Shim, n: c_int, reqs: P, index: *mut c_int, flag: *mut c_i
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Waitsome(n: c_int, reqs: P, outcount: *mut c_int, indices: *mut c_int, sts: P) -> c_int {
+pub unsafe extern "C" fn MPI_Waitsome(
+    n: c_int,
+    reqs: P,
+    outcount: *mut c_int,
+    indices: *mut c_int,
+    sts: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Waitsome(n, reqs, outcount, indices, sts));
-    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe { PMPI_Waitsome(n, reqs, outcount, indices, st) })
+    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe {
+        PMPI_Waitsome(n, reqs, outcount, indices, st)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testsome(n: c_int, reqs: P, outcount: *mut c_int, indices: *mut c_int, sts: P) -> c_int {
+pub unsafe extern "C" fn MPI_Testsome(
+    n: c_int,
+    reqs: P,
+    outcount: *mut c_int,
+    indices: *mut c_int,
+    sts: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Testsome(n, reqs, outcount, indices, sts));
-    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe { PMPI_Testsome(n, reqs, outcount, indices, st) })
+    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe {
+        PMPI_Testsome(n, reqs, outcount, indices, st)
+    })
 }
 
 /// Waitsome/Testsome: the requests at `indices[..*outcount]` completed, with statuses in order.
-fn some_completion(s: &Shim, n: c_int, reqs: P, outcount: *mut c_int, indices: *mut c_int, sts: P, real: impl Fn(P) -> c_int) -> c_int {
+fn some_completion(
+    s: &Shim,
+    n: c_int,
+    reqs: P,
+    outcount: *mut c_int,
+    indices: *mut c_int,
+    sts: P,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
     if s.requests.is_empty() {
         return real(sts);
     }
     HANDLES.with(|hc| {
         STATUSES.with(|sc| {
-            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else { return real(sts) };
+            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
+                return real(sts);
+            };
             if !snapshot(s, n, reqs, &mut hs) {
                 return real(sts);
             }
             let st = statuses(s, n, sts, &mut scratch);
             let rc = real(st);
             // SAFETY: MPI wrote `outcount`.
-            let k = if outcount.is_null() { 0 } else { unsafe { *outcount } };
+            let k = if outcount.is_null() {
+                0
+            } else {
+                unsafe { *outcount }
+            };
             if k > 0 && k != s.abi.undefined && !indices.is_null() {
                 shielded(s, || {
                     for j in 0..k.min(n) as usize {
@@ -1038,7 +1921,11 @@ fn some_completion(s: &Shim, n: c_int, reqs: P, outcount: *mut c_int, indices: *
 pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Request_free(req));
     // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() { 0 } else { unsafe { s.abi.read_handle(req) } };
+    let h = if s.requests.is_empty() || req.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(req) }
+    };
     // SAFETY: pass-through.
     let rc = unsafe { PMPI_Request_free(req) };
     if h != 0 && rc == 0 {
@@ -1072,9 +1959,13 @@ enum Ctor {
 impl Shim {
     fn comm_created(&self, parent: H, newcomm: P, kind: Ctor) {
         let parent_entry = self.comm(parent);
-        let parent_id = parent_entry.map(|e| e.id.load(Ordering::Relaxed)).unwrap_or(0);
+        let parent_id = parent_entry
+            .map(|e| e.id.load(Ordering::Relaxed))
+            .unwrap_or(0);
         let counter = match (kind, parent_entry) {
-            (Ctor::Collective | Ctor::Dup, Some(e)) => Some(e.children.fetch_add(1, Ordering::Relaxed)),
+            (Ctor::Collective | Ctor::Dup, Some(e)) => {
+                Some(e.children.fetch_add(1, Ordering::Relaxed))
+            }
             _ => None,
         };
         if newcomm.is_null() {
@@ -1092,10 +1983,23 @@ impl Shim {
             Ctor::Collective | Ctor::Dup => {
                 hash::derived_comm_id(domain::DERIVED, parent_id, counter.unwrap_or(0), &members)
             }
-            Ctor::Group => hash::derived_comm_id(domain::GROUP, parent_id, self.set_counter(parent_id, &members), &members),
-            Ctor::Inter => hash::derived_comm_id(domain::GROUP, 0, self.set_counter(0, &members), &members),
+            Ctor::Group => hash::derived_comm_id(
+                domain::GROUP,
+                parent_id,
+                self.set_counter(parent_id, &members),
+                &members,
+            ),
+            Ctor::Inter => {
+                hash::derived_comm_id(domain::GROUP, 0, self.set_counter(0, &members), &members)
+            }
         };
-        let info = CommInfo { id, size, rank, remote_size: remote, flags: if inter { comm_flags::INTERCOMM } else { 0 } };
+        let info = CommInfo {
+            id,
+            size,
+            rank,
+            remote_size: remote,
+            flags: if inter { comm_flags::INTERCOMM } else { 0 },
+        };
         match self.comms.insert(new, info) {
             Some(e) => self.comm_record(CommEvent::Created, e, parent_id, None),
             None => self.shm.count(Counter::DroppedComms, 1),
@@ -1121,68 +2025,126 @@ impl Shim {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_split(comm: H, color: c_int, key: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_split(comm, color, key, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Comm_split(comm, color, key, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Comm_split(comm, color, key, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Comm_split_type(comm: H, kind: c_int, key: c_int, info: H, newcomm: P) -> c_int {
+pub unsafe extern "C" fn MPI_Comm_split_type(
+    comm: H,
+    kind: c_int,
+    key: c_int,
+    info: H,
+    newcomm: P,
+) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_split_type(comm, kind, key, info, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Comm_split_type(comm, kind, key, info, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Comm_split_type(comm, kind, key, info, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_dup(comm: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_dup(comm, newcomm));
-    s.ctor(comm, newcomm, Ctor::Dup, || unsafe { PMPI_Comm_dup(comm, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
+        PMPI_Comm_dup(comm, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_dup_with_info(comm: H, info: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_dup_with_info(comm, info, newcomm));
-    s.ctor(comm, newcomm, Ctor::Dup, || unsafe { PMPI_Comm_dup_with_info(comm, info, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
+        PMPI_Comm_dup_with_info(comm, info, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_idup(comm: H, newcomm: P, req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_idup(comm, newcomm, req));
-    s.ctor(comm, newcomm, Ctor::Dup, || unsafe { PMPI_Comm_idup(comm, newcomm, req) })
+    s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
+        PMPI_Comm_idup(comm, newcomm, req)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_create(comm: H, group: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_create(comm, group, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Comm_create(comm, group, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Comm_create(comm, group, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_create_group(comm: H, group: H, tag: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_create_group(comm, group, tag, newcomm));
-    s.ctor(comm, newcomm, Ctor::Group, || unsafe { PMPI_Comm_create_group(comm, group, tag, newcomm) })
+    s.ctor(comm, newcomm, Ctor::Group, || unsafe {
+        PMPI_Comm_create_group(comm, group, tag, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Cart_create(comm: H, ndims: c_int, dims: IP, periods: IP, reorder: c_int, newcomm: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Cart_create(comm, ndims, dims, periods, reorder, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Cart_create(comm, ndims, dims, periods, reorder, newcomm) })
+pub unsafe extern "C" fn MPI_Cart_create(
+    comm: H,
+    ndims: c_int,
+    dims: IP,
+    periods: IP,
+    reorder: c_int,
+    newcomm: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Cart_create(
+        comm, ndims, dims, periods, reorder, newcomm
+    ));
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Cart_create(comm, ndims, dims, periods, reorder, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Cart_sub(comm: H, remain: IP, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Cart_sub(comm, remain, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Cart_sub(comm, remain, newcomm) })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Graph_create(comm: H, nnodes: c_int, index: IP, edges: IP, reorder: c_int, newcomm: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Graph_create(comm, nnodes, index, edges, reorder, newcomm));
-    s.ctor(comm, newcomm, Ctor::Collective, || unsafe { PMPI_Graph_create(comm, nnodes, index, edges, reorder, newcomm) })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Dist_graph_create(comm: H, n: c_int, sources: IP, degrees: IP, dests: IP, weights: IP, info: H, reorder: c_int, newcomm: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Dist_graph_create(comm, n, sources, degrees, dests, weights, info, reorder, newcomm));
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
-        PMPI_Dist_graph_create(comm, n, sources, degrees, dests, weights, info, reorder, newcomm)
+        PMPI_Cart_sub(comm, remain, newcomm)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Graph_create(
+    comm: H,
+    nnodes: c_int,
+    index: IP,
+    edges: IP,
+    reorder: c_int,
+    newcomm: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Graph_create(
+        comm, nnodes, index, edges, reorder, newcomm
+    ));
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Graph_create(comm, nnodes, index, edges, reorder, newcomm)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Dist_graph_create(
+    comm: H,
+    n: c_int,
+    sources: IP,
+    degrees: IP,
+    dests: IP,
+    weights: IP,
+    info: H,
+    reorder: c_int,
+    newcomm: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Dist_graph_create(
+        comm, n, sources, degrees, dests, weights, info, reorder, newcomm
+    ));
+    s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Dist_graph_create(
+            comm, n, sources, degrees, dests, weights, info, reorder, newcomm,
+        )
     })
 }
 
@@ -1199,29 +2161,55 @@ pub unsafe extern "C" fn MPI_Dist_graph_create_adjacent(
     reorder: c_int,
     newcomm: P,
 ) -> c_int {
-    let (s, _g) = real_or!(PMPI_Dist_graph_create_adjacent(comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm));
+    let (s, _g) = real_or!(PMPI_Dist_graph_create_adjacent(
+        comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm
+    ));
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
-        PMPI_Dist_graph_create_adjacent(comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm)
+        PMPI_Dist_graph_create_adjacent(
+            comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm,
+        )
     })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Intercomm_create(local: H, local_leader: c_int, peer: H, remote_leader: c_int, tag: c_int, newcomm: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Intercomm_create(local, local_leader, peer, remote_leader, tag, newcomm));
-    s.ctor(local, newcomm, Ctor::Inter, || unsafe { PMPI_Intercomm_create(local, local_leader, peer, remote_leader, tag, newcomm) })
+pub unsafe extern "C" fn MPI_Intercomm_create(
+    local: H,
+    local_leader: c_int,
+    peer: H,
+    remote_leader: c_int,
+    tag: c_int,
+    newcomm: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Intercomm_create(
+        local,
+        local_leader,
+        peer,
+        remote_leader,
+        tag,
+        newcomm
+    ));
+    s.ctor(local, newcomm, Ctor::Inter, || unsafe {
+        PMPI_Intercomm_create(local, local_leader, peer, remote_leader, tag, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Intercomm_merge(inter: H, high: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Intercomm_merge(inter, high, newcomm));
-    s.ctor(inter, newcomm, Ctor::Collective, || unsafe { PMPI_Intercomm_merge(inter, high, newcomm) })
+    s.ctor(inter, newcomm, Ctor::Collective, || unsafe {
+        PMPI_Intercomm_merge(inter, high, newcomm)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_free(comm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_free(comm));
     // SAFETY: MPI requires a valid pointer to a communicator handle.
-    let h = if comm.is_null() { 0 } else { unsafe { s.abi.read_handle(comm) } };
+    let h = if comm.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(comm) }
+    };
     // SAFETY: pass-through.
     let rc = unsafe { PMPI_Comm_free(comm) };
     if rc == 0 && h != 0 {
@@ -1234,7 +2222,11 @@ pub unsafe extern "C" fn MPI_Comm_free(comm: P) -> c_int {
 pub unsafe extern "C" fn MPI_Comm_disconnect(comm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_disconnect(comm));
     // SAFETY: MPI requires a valid pointer to a communicator handle.
-    let h = if comm.is_null() { 0 } else { unsafe { s.abi.read_handle(comm) } };
+    let h = if comm.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(comm) }
+    };
     // SAFETY: pass-through.
     let rc = unsafe { PMPI_Comm_disconnect(comm) };
     if rc == 0 && h != 0 {

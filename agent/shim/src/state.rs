@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 use commscope_wire::hash::{self, Hasher, domain};
 use commscope_wire::op::{Clock, Op, flags};
 use commscope_wire::record::{
-    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record, encode_call, kind,
+    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE,
+    Record, encode_call, kind,
 };
 use commscope_wire::shm::{Counter, Geometry, InFlight, Shm, in_flight_status, state as shm_state};
 
@@ -96,7 +97,9 @@ pub fn shielded<T>(shim: &Shim, f: impl FnOnce() -> T) -> Option<T> {
             shim.shm.count(Counter::DroppedInternal, 1);
             set_life(life::OFF);
             shim.shm.set_state(shm_state::FAILED);
-            util::warn(format_args!("internal error; recording stopped, the application continues unaffected"));
+            util::warn(format_args!(
+                "internal error; recording stopped, the application continues unaffected"
+            ));
             None
         }
     }
@@ -154,12 +157,18 @@ pub struct Shim {
 
 /// Creates the shared-memory region (a memfd, mapped shared).
 fn create_region(config: &Config) -> Result<(Shm, c_int), String> {
-    let geometry = Geometry { ring_capacity: config.ring_records, in_flight_slots: config.in_flight_slots };
+    let geometry = Geometry {
+        ring_capacity: config.ring_records,
+        in_flight_slots: config.in_flight_slots,
+    };
     let size = geometry.total_size();
     // SAFETY: a valid NUL-terminated name and flags.
     let fd = unsafe { libc::memfd_create(c"commscope-ring".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
-        return Err(format!("memfd_create failed: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "memfd_create failed: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // SAFETY: fd is our new memfd.
     if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
@@ -170,7 +179,14 @@ fn create_region(config: &Config) -> Result<(Shm, c_int), String> {
     }
     // SAFETY: mapping `size` bytes of our memfd, shared, read-write.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
@@ -240,7 +256,8 @@ pub fn activate() {
             set_life(life::ACTIVE);
             // With an agent on this node, keep every record for it from the very first one.
             if shim.config.agent_socket_explicit || shim.config.agent_socket.exists() {
-                shim.shm.attach_consumer(commscope_wire::shm::Consumer::Agent);
+                shim.shm
+                    .attach_consumer(commscope_wire::shm::Consumer::Agent);
             }
             shim.announce();
             crate::writer::start(shim);
@@ -256,7 +273,9 @@ pub fn activate() {
         }
         Err(_) => {
             set_life(life::OFF);
-            util::warn(format_args!("not recording: internal error during activation"));
+            util::warn(format_args!(
+                "not recording: internal error during activation"
+            ));
         }
     }
 }
@@ -282,15 +301,27 @@ fn build() -> Result<Shim, String> {
         None => {
             let mut buf = [0u8; 64];
             if rank == 0 {
-                let nonce = Hasher::new().word(domain::JOB_NONCE).word(now_real()).word(u64::from(pid)).word(start_time).finish();
+                let nonce = Hasher::new()
+                    .word(domain::JOB_NONCE)
+                    .word(now_real())
+                    .word(u64::from(pid))
+                    .word(start_time)
+                    .finish();
                 let s = format!("mpi-{nonce:016x}");
                 buf[..s.len()].copy_from_slice(s.as_bytes());
             }
-            let byte = abi.dtypes.iter().find(|d| d.1 == commscope_wire::op::dtype::BYTE).map(|d| d.0).unwrap_or(0);
+            let byte = abi
+                .dtypes
+                .iter()
+                .find(|d| d.1 == commscope_wire::op::dtype::BYTE)
+                .map(|d| d.0)
+                .unwrap_or(0);
             // SAFETY: a 64-byte buffer broadcast as 64 MPI_BYTEs on the world communicator.
             let rc = unsafe { PMPI_Bcast(buf.as_mut_ptr().cast(), 64, byte as H, 0, world) };
             if rc != 0 {
-                return Err(format!("failed to agree on a job id (MPI_Bcast returned {rc}); set COMMSCOPE_JOB_ID"));
+                return Err(format!(
+                    "failed to agree on a job id (MPI_Bcast returned {rc}); set COMMSCOPE_JOB_ID"
+                ));
             }
             let end = buf.iter().position(|&b| b == 0).unwrap_or(64);
             util::sanitize_job(&String::from_utf8_lossy(&buf[..end]))
@@ -335,8 +366,24 @@ fn build() -> Result<Shim, String> {
     };
     let world_id = hash::world_comm_id(&shim.job);
     let self_id = hash::self_comm_id(&shim.job, rank);
-    shim.comms.insert(shim.abi.comm_world, CommInfo { id: world_id, size, rank, ..Default::default() });
-    shim.comms.insert(shim.abi.comm_self, CommInfo { id: self_id, size: 1, rank: 0, ..Default::default() });
+    shim.comms.insert(
+        shim.abi.comm_world,
+        CommInfo {
+            id: world_id,
+            size,
+            rank,
+            ..Default::default()
+        },
+    );
+    shim.comms.insert(
+        shim.abi.comm_self,
+        CommInfo {
+            id: self_id,
+            size: 1,
+            rank: 0,
+            ..Default::default()
+        },
+    );
     Ok(shim)
 }
 
@@ -364,7 +411,15 @@ extern "C" fn in_forked_child() {
 /// Stops recording and flushes everything: at `MPI_Finalize` (`clean`), at exit, or before
 /// `MPI_Abort`.
 pub fn shutdown(clean: bool, exit_status: i32) {
-    if LIFE.compare_exchange(life::ACTIVE, life::DONE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    if LIFE
+        .compare_exchange(
+            life::ACTIVE,
+            life::DONE,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
         return;
     }
     let Some(shim) = shim() else { return };
@@ -430,7 +485,10 @@ impl Shim {
             rank: self.rank,
             world_size: self.world_size,
         }));
-        for (h, name) in [(self.abi.comm_world, "MPI_COMM_WORLD"), (self.abi.comm_self, "MPI_COMM_SELF")] {
+        for (h, name) in [
+            (self.abi.comm_world, "MPI_COMM_WORLD"),
+            (self.abi.comm_self, "MPI_COMM_SELF"),
+        ] {
             if let Some(e) = self.comms.get(h) {
                 self.comm_record(CommEvent::Created, e, 0, Some(name.as_bytes()));
             }
@@ -482,7 +540,16 @@ impl Shim {
             .word(self.local_ids.fetch_add(1, Ordering::Relaxed))
             .finish();
         let flags = comm_flags::LOCAL_ID | if inter { comm_flags::INTERCOMM } else { 0 };
-        match self.comms.insert(key, CommInfo { id, size, rank, remote_size: remote, flags }) {
+        match self.comms.insert(
+            key,
+            CommInfo {
+                id,
+                size,
+                rank,
+                remote_size: remote,
+                flags,
+            },
+        ) {
             Some(e) => {
                 self.comm_record(CommEvent::Created, e, 0, None);
                 Some(e)
@@ -541,7 +608,9 @@ impl Shim {
         let ranks: Vec<c_int> = (0..n.max(0)).collect();
         let mut world = vec![0 as c_int; ranks.len()];
         // SAFETY: both arrays hold `n` ints.
-        unsafe { PMPI_Group_translate_ranks(gh, n, ranks.as_ptr(), self.world_group, world.as_mut_ptr()) };
+        unsafe {
+            PMPI_Group_translate_ranks(gh, n, ranks.as_ptr(), self.world_group, world.as_mut_ptr())
+        };
         // SAFETY: frees the group handle MPI gave us (written back as GROUP_NULL).
         unsafe { PMPI_Group_free((&mut g as *mut u64).cast()) };
         world
@@ -576,7 +645,16 @@ impl Shim {
     /// Starts recording a collective.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    pub fn begin_coll(&self, comm: Option<&CommEntry>, op: Op, bytes: u64, count: u64, dtype: u16, root: i32, flags: u16) -> Begun {
+    pub fn begin_coll(
+        &self,
+        comm: Option<&CommEntry>,
+        op: Op,
+        bytes: u64,
+        count: u64,
+        dtype: u16,
+        root: i32,
+        flags: u16,
+    ) -> Begun {
         let t = now_mono();
         let mut call = Call {
             op: op as u8,
@@ -616,7 +694,18 @@ impl Shim {
     /// without wildcards).
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    pub fn begin_p2p(&self, comm: H, op: Op, peer: i32, tag: i32, bytes: u64, count: u64, dtype: u16, flags: u16, dir: Dir) -> Begun {
+    pub fn begin_p2p(
+        &self,
+        comm: H,
+        op: Op,
+        peer: i32,
+        tag: i32,
+        bytes: u64,
+        count: u64,
+        dtype: u16,
+        flags: u16,
+        dir: Dir,
+    ) -> Begun {
         let t = now_mono();
         let mut call = Call {
             op: op as u8,
@@ -692,15 +781,19 @@ impl Shim {
     #[inline]
     fn claim(&self, call: &Call, status: u8) -> Slot {
         let entry = InFlight {
-                comm_id: call.comm_id,
-                seq: if Op::from_code(call.op).is_p2p() { call.op_seq } else { call.seq },
-                t_enter: call.t_enter,
-                bytes: call.bytes,
-                op: call.op,
-                status,
-                flags: call.flags,
-                peer: call.peer,
-                tag: call.tag,
+            comm_id: call.comm_id,
+            seq: if Op::from_code(call.op).is_p2p() {
+                call.op_seq
+            } else {
+                call.seq
+            },
+            t_enter: call.t_enter,
+            bytes: call.bytes,
+            op: call.op,
+            status,
+            flags: call.flags,
+            peer: call.peer,
+            tag: call.tag,
             tid: util::tid(),
             comm_rank: call.comm_rank,
         };
@@ -738,11 +831,11 @@ impl Shim {
 
     /// Marks a begun call as posted (nonblocking) in the in-flight table.
     pub fn mark_posted(&self, b: &Begun) {
-        if let Slot::Owned(s) = b.slot {
-            if let Some(mut e) = self.shm.in_flight_read(s) {
-                e.status = in_flight_status::POSTED;
-                self.shm.in_flight_write(s, &e);
-            }
+        if let Slot::Owned(s) = b.slot
+            && let Some(mut e) = self.shm.in_flight_read(s)
+        {
+            e.status = in_flight_status::POSTED;
+            self.shm.in_flight_write(s, &e);
         }
     }
 

@@ -64,7 +64,10 @@ impl CommTable {
     /// A table of `capacity` entries (a power of two).
     pub fn new(capacity: usize) -> CommTable {
         let capacity = capacity.next_power_of_two();
-        CommTable { entries: (0..capacity).map(|_| CommEntry::default()).collect(), write: Mutex::new(()) }
+        CommTable {
+            entries: (0..capacity).map(|_| CommEntry::default()).collect(),
+            write: Mutex::new(()),
+        }
     }
 
     fn start(&self, handle: u64) -> usize {
@@ -150,7 +153,10 @@ pub struct RequestTable {
 
 impl std::fmt::Debug for RequestTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestTable").field("capacity", &self.entries.len()).field("live", &self.len()).finish()
+        f.debug_struct("RequestTable")
+            .field("capacity", &self.entries.len())
+            .field("live", &self.len())
+            .finish()
     }
 }
 
@@ -167,7 +173,10 @@ impl RequestTable {
         let capacity = capacity.next_power_of_two();
         RequestTable {
             entries: (0..capacity)
-                .map(|_| ReqEntry { key: AtomicU64::new(EMPTY), data: UnsafeCell::new(Pending::default()) })
+                .map(|_| ReqEntry {
+                    key: AtomicU64::new(EMPTY),
+                    data: UnsafeCell::new(Pending::default()),
+                })
                 .collect(),
             live: AtomicUsize::new(0),
         }
@@ -191,28 +200,30 @@ impl RequestTable {
         (0..MAX_PROBE.min(n)).map(move |i| &self.entries[(start + i) & (n - 1)])
     }
 
-    /// Adds a pending request; `Err(p)` when the table is full.
+    /// Adds a pending request; false when the table is full.
     ///
     /// One handle may be pending several times: Open MPI hands out the same completed request
     /// object for every nonblocking call that finished at once (small eager sends), and the
     /// application waits on that handle once per call.
-    pub fn insert(&self, handle: u64, p: Pending) -> Result<(), Pending> {
+    pub fn insert(&self, handle: u64, p: Pending) -> bool {
         if handle == EMPTY || handle >= BUSY {
-            return Err(p);
+            return false;
         }
         for e in self.probe(handle) {
             let k = e.key.load(Ordering::Relaxed);
             if (k == EMPTY || k == TOMB)
-                && e.key.compare_exchange(k, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && e.key
+                    .compare_exchange(k, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
             {
                 // SAFETY: this thread holds the entry (BUSY).
                 unsafe { *e.data.get() = p };
                 e.key.store(handle, Ordering::Release);
                 self.live.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
+                return true;
             }
         }
-        Err(p)
+        false
     }
 
     /// Removes and returns the pending request of a handle (the oldest, when one handle is
@@ -239,7 +250,10 @@ impl RequestTable {
                 }
             }
             let (e, _) = best?;
-            if e.key.compare_exchange(handle, BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            if e.key
+                .compare_exchange(handle, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
                 // SAFETY: this thread holds the entry (BUSY).
                 let p = unsafe { *e.data.get() };
                 e.key.store(TOMB, Ordering::Release);
@@ -253,7 +267,11 @@ impl RequestTable {
     /// Whether a handle is pending (without taking it).
     #[inline]
     pub fn contains(&self, handle: u64) -> bool {
-        !self.is_empty() && self.probe(handle).take_while(|e| e.key.load(Ordering::Relaxed) != EMPTY).any(|e| e.key.load(Ordering::Acquire) == handle)
+        !self.is_empty()
+            && self
+                .probe(handle)
+                .take_while(|e| e.key.load(Ordering::Relaxed) != EMPTY)
+                .any(|e| e.key.load(Ordering::Acquire) == handle)
     }
 }
 
@@ -302,9 +320,16 @@ impl P2pTable {
                 return Some(self.counters[idx].fetch_add(1, Ordering::Relaxed));
             }
             if k == EMPTY {
-                match self.keys[idx].compare_exchange(EMPTY, key, Ordering::AcqRel, Ordering::Acquire) {
+                match self.keys[idx].compare_exchange(
+                    EMPTY,
+                    key,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
                     Ok(_) => return Some(self.counters[idx].fetch_add(1, Ordering::Relaxed)),
-                    Err(now) if now == key => return Some(self.counters[idx].fetch_add(1, Ordering::Relaxed)),
+                    Err(now) if now == key => {
+                        return Some(self.counters[idx].fetch_add(1, Ordering::Relaxed));
+                    }
                     Err(_) => {}
                 }
             }
@@ -320,15 +345,41 @@ mod tests {
     #[test]
     fn comm_table_follows_create_and_free_with_handle_reuse() {
         let t = CommTable::new(8);
-        let a = t.insert(0x44000000, CommInfo { id: 1, size: 8, rank: 0, ..Default::default() }).expect("room");
+        let a = t
+            .insert(
+                0x44000000,
+                CommInfo {
+                    id: 1,
+                    size: 8,
+                    rank: 0,
+                    ..Default::default()
+                },
+            )
+            .expect("room");
         a.seq.fetch_add(5, Ordering::Relaxed);
-        assert_eq!(t.get(0x44000000).map(|e| e.id.load(Ordering::Relaxed)), Some(1));
+        assert_eq!(
+            t.get(0x44000000).map(|e| e.id.load(Ordering::Relaxed)),
+            Some(1)
+        );
         assert_eq!(t.remove(0x44000000), Some(1));
         assert!(t.get(0x44000000).is_none());
         // The handle is reused by a new communicator: fresh counters.
-        let b = t.insert(0x44000000, CommInfo { id: 2, size: 4, rank: 1, ..Default::default() }).expect("room");
+        let b = t
+            .insert(
+                0x44000000,
+                CommInfo {
+                    id: 2,
+                    size: 4,
+                    rank: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("room");
         assert_eq!(b.seq.load(Ordering::Relaxed), 0);
-        assert_eq!(t.get(0x44000000).map(|e| e.id.load(Ordering::Relaxed)), Some(2));
+        assert_eq!(
+            t.get(0x44000000).map(|e| e.id.load(Ordering::Relaxed)),
+            Some(2)
+        );
         for h in 1..8u64 {
             assert!(t.insert(h, CommInfo::default()).is_some());
         }
@@ -338,17 +389,37 @@ mod tests {
     #[test]
     fn requests_are_taken_once() {
         let t = RequestTable::new(16);
-        let p = Pending { call: Call { seq: 9, ..Default::default() }, ..Default::default() };
-        assert!(t.insert(77, p).is_ok());
+        let p = Pending {
+            call: Call {
+                seq: 9,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(t.insert(77, p));
         assert!(t.contains(77));
         assert_eq!(t.len(), 1);
         assert_eq!(t.take(77).map(|p| p.call.seq), Some(9));
         assert!(t.take(77).is_none());
         assert!(t.is_empty());
         // One handle pending twice (a shared completed request): taken oldest first.
-        let newer = Pending { call: Call { seq: 2, t_enter: 20, ..Default::default() }, ..Default::default() };
-        let older = Pending { call: Call { seq: 1, t_enter: 10, ..Default::default() }, ..Default::default() };
-        assert!(t.insert(5, newer).is_ok() && t.insert(5, older).is_ok());
+        let newer = Pending {
+            call: Call {
+                seq: 2,
+                t_enter: 20,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let older = Pending {
+            call: Call {
+                seq: 1,
+                t_enter: 10,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(t.insert(5, newer) && t.insert(5, older));
         assert_eq!(t.take(5).map(|p| p.call.seq), Some(1));
         assert_eq!(t.take(5).map(|p| p.call.seq), Some(2));
         assert!(t.take(5).is_none());

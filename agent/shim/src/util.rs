@@ -16,10 +16,15 @@ pub fn now_real() -> u64 {
 
 #[inline]
 fn clock(id: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer.
     unsafe { libc::clock_gettime(id, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The kernel thread id of the caller, cached per thread.
@@ -50,10 +55,17 @@ pub fn warn(args: std::fmt::Arguments<'_>) {
 
 /// The process start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
 pub fn process_start_time() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0 };
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
     // The command name (field 2) is in parentheses and may contain spaces.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return 0 };
-    rest.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// An environment variable, if set and valid UTF-8.
@@ -64,12 +76,20 @@ pub fn env(name: &str) -> Option<String> {
 /// A boolean switch: `1/true/yes/on` or `0/false/no/off/""`; anything else is reported and
 /// treated as `default`.
 pub fn env_flag(name: &str, default: bool) -> bool {
-    match env(name).as_deref().map(str::trim).map(str::to_ascii_lowercase).as_deref() {
+    match env(name)
+        .as_deref()
+        .map(str::trim)
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         None => default,
         Some("1" | "true" | "yes" | "on") => true,
         Some("0" | "false" | "no" | "off" | "") => false,
         Some(other) => {
-            warn(format_args!("ignoring {name}={other:?}: expected 1 or 0; using {}", u8::from(default)));
+            warn(format_args!(
+                "ignoring {name}={other:?}: expected 1 or 0; using {}",
+                u8::from(default)
+            ));
             default
         }
     }
@@ -114,13 +134,18 @@ pub const DEFAULT_AGENT_SOCKET: &str = "/run/commscope/agent.sock";
 impl Config {
     /// Reads the environment.
     pub fn from_env() -> Config {
-        let trace_dir = env("COMMSCOPE_TRACE_DIR").filter(|s| !s.trim().is_empty()).map(Into::into);
+        let trace_dir = env("COMMSCOPE_TRACE_DIR")
+            .filter(|s| !s.trim().is_empty())
+            .map(Into::into);
         let explicit = env("COMMSCOPE_AGENT_SOCKET").filter(|s| !s.trim().is_empty());
         Config {
             trace_dir,
             agent_socket_explicit: explicit.is_some(),
-            agent_socket: explicit.unwrap_or_else(|| DEFAULT_AGENT_SOCKET.to_owned()).into(),
-            ring_records: env_u64("COMMSCOPE_RING_RECORDS", 1 << 16, 1 << 6, 1 << 24).next_power_of_two(),
+            agent_socket: explicit
+                .unwrap_or_else(|| DEFAULT_AGENT_SOCKET.to_owned())
+                .into(),
+            ring_records: env_u64("COMMSCOPE_RING_RECORDS", 1 << 16, 1 << 6, 1 << 24)
+                .next_power_of_two(),
             in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 256, 1, 1 << 16) as u32,
             flush_ms: env_u64("COMMSCOPE_FLUSH_MS", 200, 10, 1000),
         }
@@ -131,8 +156,16 @@ impl Config {
 /// bytes of `[A-Za-z0-9._-]`; longer ids keep a prefix and gain a hash suffix so they stay
 /// distinct.
 pub fn sanitize_job(id: &str) -> String {
-    let clean: String =
-        id.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    let clean: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     let clean = clean.trim_start_matches('.').to_owned();
     if clean.is_empty() {
         return "job".to_owned();

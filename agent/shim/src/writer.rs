@@ -50,8 +50,16 @@ impl LocalTrace {
         let job_dir = dir.join(&shim.job);
         std::fs::create_dir_all(&job_dir)?;
         let path = job_dir.join(header.file_name());
-        let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
-        Ok(LocalTrace { writer: cst::Writer::new(file, &header)?, path, batch: Vec::with_capacity(BLOCK_RECORDS) })
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        Ok(LocalTrace {
+            writer: cst::Writer::new(file, &header)?,
+            path,
+            batch: Vec::with_capacity(BLOCK_RECORDS),
+        })
     }
 }
 
@@ -69,17 +77,26 @@ pub fn start(shim: &'static Shim) {
             )),
         }
     }
-    let spawned = std::thread::Builder::new().name("commscope".into()).stack_size(256 << 10).spawn(move || run(shim));
+    let spawned = std::thread::Builder::new()
+        .name("commscope".into())
+        .stack_size(256 << 10)
+        .spawn(move || run(shim));
     match spawned {
         Ok(h) => *shim.background.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
-        Err(e) => util::warn(format_args!("cannot start the background thread: {e}; trace files are written at exit only")),
+        Err(e) => util::warn(format_args!(
+            "cannot start the background thread: {e}; trace files are written at exit only"
+        )),
     }
 }
 
 /// Stops the background thread and writes out whatever is left.
 pub fn stop(shim: &Shim) {
     shim.stop.store(true, Ordering::Release);
-    let handle = shim.background.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let handle = shim
+        .background
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
     if let Some(h) = handle {
         h.thread().unpark();
         let _ = h.join();
@@ -133,7 +150,9 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
             continue;
         }
         let key = (e.comm_id, e.seq, e.t_enter);
-        let Some(seen) = l.reported.get_mut(idx) else { continue };
+        let Some(seen) = l.reported.get_mut(idx) else {
+            continue;
+        };
         if *seen == key {
             continue;
         }

@@ -17,11 +17,17 @@ use commscope_tests::{Flavour, Mpi};
 fn release_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("exe");
     let dir = exe.parent().expect("dir").to_path_buf();
-    if dir.ends_with("deps") { dir.parent().expect("up").to_path_buf() } else { dir }
+    if dir.ends_with("deps") {
+        dir.parent().expect("up").to_path_buf()
+    } else {
+        dir
+    }
 }
 
 fn compile(mpi: &Mpi, name: &str, out: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("c")
+        .join(format!("{name}.c"));
     let exe = out.join(name);
     mpi.compile(&src, &exe).unwrap_or_else(|e| panic!("{e:#}"));
     exe
@@ -30,15 +36,23 @@ fn compile(mpi: &Mpi, name: &str, out: &Path) -> PathBuf {
 fn run(mpi: &Mpi, ranks: u32, exe: &Path, args: &[String], shim: Option<&Path>) -> String {
     let mut cmd = Command::new(&mpi.launcher);
     // One rank per core polls; more ranks than cores must yield or they starve each other.
-    let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
     let mut launcher_args = mpi.launcher_args.clone();
-    if ranks <= cores {
-        if let Some(i) = launcher_args.iter().position(|a| a == "mpi_yield_when_idle") {
-            launcher_args[i + 1] = "0".into();
-        }
+    if ranks <= cores
+        && let Some(i) = launcher_args
+            .iter()
+            .position(|a| a == "mpi_yield_when_idle")
+    {
+        launcher_args[i + 1] = "0".into();
     }
     cmd.args(&launcher_args);
-    let flavour_flag = if mpi.name == "Open MPI" { "-x" } else { "-genv" };
+    let flavour_flag = if mpi.name == "Open MPI" {
+        "-x"
+    } else {
+        "-genv"
+    };
     if let Some(s) = shim {
         if flavour_flag == "-x" {
             cmd.arg("-x").arg(format!("LD_PRELOAD={}", s.display()));
@@ -49,15 +63,24 @@ fn run(mpi: &Mpi, ranks: u32, exe: &Path, args: &[String], shim: Option<&Path>) 
         }
     }
     cmd.arg("-np").arg(ranks.to_string()).arg(exe).args(args);
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    cmd.env_remove("COMMSCOPE_TRACE_DIR").env_remove("LD_PRELOAD");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.env_remove("COMMSCOPE_TRACE_DIR")
+        .env_remove("LD_PRELOAD");
     let o = cmd.output().expect("run benchmark");
-    assert!(o.status.success(), "benchmark failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "benchmark failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn values(out: &str, key: &str) -> Vec<f64> {
-    out.lines().filter_map(|l| l.strip_prefix(key)).filter_map(|v| v.trim().parse().ok()).collect()
+    out.lines()
+        .filter_map(|l| l.strip_prefix(key))
+        .filter_map(|v| v.trim().parse().ok())
+        .collect()
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -66,30 +89,53 @@ fn median(v: &mut [f64]) -> f64 {
     if n == 0 {
         return f64::NAN;
     }
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Two-sided 97.5 % quantile of Student's t for `df` degrees of freedom.
 fn t975(df: usize) -> f64 {
     const T: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
-        2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
     ];
-    if df == 0 { f64::INFINITY } else { T.get(df - 1).copied().unwrap_or(1.96) }
+    if df == 0 {
+        f64::INFINITY
+    } else {
+        T.get(df - 1).copied().unwrap_or(1.96)
+    }
 }
 
 fn arg(name: &str, default: u32) -> u32 {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
     let shim = release_dir().join("libcommscope.so");
-    assert!(shim.is_file(), "{} missing: run `cargo build --release` first", shim.display());
+    assert!(
+        shim.is_file(),
+        "{} missing: run `cargo build --release` first",
+        shim.display()
+    );
     let ranks = arg("--ranks", 8);
     let pairs = arg("--pairs", 20);
     let work = tempfile::tempdir().expect("tempdir");
-    println!("commscope shim benchmark ({}; {} cores)", shim.display(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    println!(
+        "commscope shim benchmark ({}; {} cores)",
+        shim.display(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
 
     for flavour in [Flavour::OpenMpi, Flavour::Mpich] {
         let mpi = flavour.mpi();
@@ -103,7 +149,10 @@ fn main() {
         for _ in 0..6 {
             let args = ["1000000".to_owned(), "10".to_owned()];
             let mut b = values(&run(&mpi, 1, &bench_self, &args, None), "ns_per_call");
-            let mut a = values(&run(&mpi, 1, &bench_self, &args, Some(&shim)), "ns_per_call");
+            let mut a = values(
+                &run(&mpi, 1, &bench_self, &args, Some(&shim)),
+                "ns_per_call",
+            );
             diffs.push(median(&mut a.clone()) - median(&mut b.clone()));
             with.append(&mut a);
             without.append(&mut b);
@@ -121,7 +170,10 @@ fn main() {
         // 2. Real all-reduce loops, interleaved pairs: one rank per core (stable timings), and
         // eight ranks on the cores (Open MPI, yielding while idle; MPICH's busy-polling ranks
         // cannot share cores usefully).
-        let mut configs = vec![(2u32.min(ranks), 8u64, 200_000u64), (2u32.min(ranks), 1 << 20, 400)];
+        let mut configs = vec![
+            (2u32.min(ranks), 8u64, 200_000u64),
+            (2u32.min(ranks), 1 << 20, 400),
+        ];
         if flavour == Flavour::OpenMpi {
             configs.push((ranks, 8, 4_000));
             configs.push((ranks, 1 << 20, 100));
@@ -146,7 +198,9 @@ fn main() {
             }
             let n = ratios.len();
             let mean = ratios.iter().sum::<f64>() / n as f64;
-            let sd = (ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n.saturating_sub(1)).max(1) as f64).sqrt();
+            let sd = (ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>()
+                / (n.saturating_sub(1)).max(1) as f64)
+                .sqrt();
             let half = t975(n - 1) * sd / (n as f64).sqrt();
             println!(
                 "{}: {ranks}-rank MPI_Allreduce {bytes} B x {iters}: time ratio with/without shim = {mean:.4} (95% CI {:.4} .. {:.4}, {n} interleaved pairs)",
