@@ -193,3 +193,44 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Demo(a) => demo::run(&a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand's help renders, and every environment variable a flag reads is
+    /// documented in the README's settings table, so the two cannot drift apart.
+    #[test]
+    fn help_and_readme_agree() {
+        Cli::command().debug_assert();
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+            .expect("README");
+        let mut cmd = Cli::command();
+        let mut seen = 0;
+        let mut stack: Vec<clap::Command> = vec![cmd.clone()];
+        while let Some(c) = stack.pop() {
+            for a in c.get_arguments() {
+                if let Some(env) = a.get_env() {
+                    let env = env.to_string_lossy();
+                    assert!(
+                        readme.contains(&format!("`{env}`")),
+                        "README does not document {env}"
+                    );
+                    seen += 1;
+                }
+            }
+            stack.extend(c.get_subcommands().cloned());
+        }
+        assert!(seen >= 4, "flags with environment variables: {seen}");
+        let help = cmd.render_long_help().to_string();
+        for sub in ["run", "trace", "demo"] {
+            assert!(help.contains(sub), "{help}");
+            assert!(
+                readme.contains(&format!("commscope {sub}"))
+                    || readme.contains(&format!("scripts/{sub}")),
+                "README never shows `{sub}`"
+            );
+        }
+    }
+}

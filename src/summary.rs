@@ -248,7 +248,8 @@ pub fn render_text(s: &Summary) -> String {
         "job {}: {} ranks, {} records from {} processes",
         s.job, s.ranks, s.records, s.processes
     );
-    for c in &s.comms {
+    let idle = s.comms.iter().filter(|c| c.ops.is_empty()).count();
+    for c in s.comms.iter().filter(|c| !c.ops.is_empty()) {
         let name = c
             .name
             .as_deref()
@@ -265,11 +266,13 @@ pub fn render_text(s: &Summary) -> String {
             "  comm {}{name}, size {}{local}: {}",
             c.comm_id,
             c.size,
-            if ops.is_empty() {
-                "no calls".to_owned()
-            } else {
-                ops.join(", ")
-            }
+            ops.join(", ")
+        );
+    }
+    if idle > 0 {
+        let _ = writeln!(
+            o,
+            "  ({idle} more communicators without calls, e.g. each rank's MPI_COMM_SELF)"
         );
     }
     if s.p2p.send + s.p2p.recv > 0 {

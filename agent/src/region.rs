@@ -60,7 +60,7 @@ unsafe impl Sync for Region {}
 impl Region {
     /// Maps a region from its memfd (read-write: consumers advance their cursors).
     pub fn map(fd: OwnedFd) -> Result<Region, Error> {
-        let mut st: libc::stat = unsafe_zeroed_stat();
+        let mut st: libc::stat = zeroed_stat();
         // SAFETY: fstat on an open fd with a valid out-pointer.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(Error::Io {
@@ -156,7 +156,7 @@ impl Drop for Region {
     }
 }
 
-fn unsafe_zeroed_stat() -> libc::stat {
+fn zeroed_stat() -> libc::stat {
     // SAFETY: `stat` is plain old data; all-zero is a valid value.
     unsafe { std::mem::zeroed() }
 }
