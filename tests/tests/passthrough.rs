@@ -285,3 +285,42 @@ fn a_full_ring_drops_and_counts_never_blocks() {
     let (s, _) = summary_json(&[tmp.path()]);
     assert!(s["dropped"]["ring_full"].as_u64().unwrap_or(0) > 0, "{s}");
 }
+
+#[test]
+fn a_forked_child_never_writes_to_the_parents_trace() {
+    let prog = build(Flavour::Mpich, "forker");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = run_traced(
+        tmp.path(),
+        "fork",
+        &launch(Flavour::Mpich, 2, &prog, &[]),
+        &[],
+    );
+    assert_ok(&out, "forking job");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("parent done, child status 0")
+            .count(),
+        2
+    );
+    let job = load_job(&tmp.path().join("fork"));
+    assert_eq!(job.processes.len(), 2, "only the ranks write trace files");
+    for p in &job.processes {
+        let calls = p
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Call(_)))
+            .count();
+        assert_eq!(calls, 15, "rank {}", p.header.rank);
+        let exits = p
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Process(x) if x.event == commscope_wire::record::ProcessEvent::Exit))
+            .count();
+        assert_eq!(exits, 1, "the child's exit is not recorded as the rank's");
+        let mut seqs: Vec<u64> = p.records.iter().map(Record::rec_seq).collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), p.records.len(), "rec_seq is unique");
+    }
+}

@@ -183,7 +183,8 @@ fn create_region(config: &Config) -> Result<(Shm, c_int), String> {
             std::ptr::null_mut(),
             size,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
+            // Fault every page in now, at MPI_Init, so the hot path never takes a page fault.
+            libc::MAP_SHARED | libc::MAP_POPULATE,
             fd,
             0,
         )

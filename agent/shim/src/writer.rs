@@ -21,7 +21,7 @@ const ENTER_AFTER_NS: u64 = 100_000_000;
 /// Heartbeat period.
 const BEAT_NS: u64 = 1_000_000_000;
 /// Records per trace-file block at most.
-const BLOCK_RECORDS: usize = 4096;
+const BLOCK_RECORDS: usize = 512;
 
 /// The local trace file.
 #[derive(Debug)]

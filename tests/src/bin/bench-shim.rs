@@ -3,8 +3,10 @@
 //! 1. Added cost per intercepted call: `MPI_Allreduce` of one int on `MPI_COMM_SELF`, millions of
 //!    times, with and without the shim, in interleaved runs; reports the median per-call time of
 //!    each and the median of the paired differences.
-//! 2. A real `MPI_Allreduce` loop over several ranks (8 B and 1 MiB), with and without the shim,
-//!    in interleaved pairs; reports the mean ratio with its 95 % confidence interval.
+//!    (No trace directory and no agent: the "counters only" mode.)
+//! 2. A real `MPI_Allreduce` loop over several ranks (8 B and 1 MiB), with and without the shim
+//!    (writing its trace file), in interleaved pairs; reports the mean ratio with its 95 %
+//!    confidence interval.
 //!
 //! Run: `scripts/bench.sh [--ranks N --pairs P]` (defaults: 8 ranks, 20 pairs). Nothing else should
 //! run on the machine meanwhile.
@@ -33,7 +35,16 @@ fn compile(mpi: &Mpi, name: &str, out: &Path) -> PathBuf {
     exe
 }
 
-fn run(mpi: &Mpi, ranks: u32, exe: &Path, args: &[String], shim: Option<&Path>) -> String {
+/// Runs a benchmark program, with the shim preloaded when `shim` is given, writing its trace to
+/// `trace` (deleted afterwards) when given.
+fn run(
+    mpi: &Mpi,
+    ranks: u32,
+    exe: &Path,
+    args: &[String],
+    shim: Option<&Path>,
+    trace: Option<&Path>,
+) -> String {
     let mut cmd = Command::new(&mpi.launcher);
     // One rank per core polls; more ranks than cores must yield or they starve each other.
     let cores = std::thread::available_parallelism()
@@ -62,12 +73,23 @@ fn run(mpi: &Mpi, ranks: u32, exe: &Path, args: &[String], shim: Option<&Path>) 
             cmd.arg("-genv").arg("COMMSCOPE_JOB_ID").arg("bench");
         }
     }
+    if let (Some(_), Some(t)) = (shim, trace) {
+        if flavour_flag == "-x" {
+            cmd.arg("-x")
+                .arg(format!("COMMSCOPE_TRACE_DIR={}", t.display()));
+        } else {
+            cmd.arg("-genv").arg("COMMSCOPE_TRACE_DIR").arg(t);
+        }
+    }
     cmd.arg("-np").arg(ranks.to_string()).arg(exe).args(args);
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     cmd.env_remove("COMMSCOPE_TRACE_DIR")
         .env_remove("LD_PRELOAD");
     let o = cmd.output().expect("run benchmark");
+    if let Some(t) = trace {
+        let _ = std::fs::remove_dir_all(t);
+    }
     assert!(
         o.status.success(),
         "benchmark failed: {}",
@@ -143,14 +165,16 @@ fn main() {
         std::fs::create_dir_all(&dir).expect("mkdir");
         let bench_self = compile(&mpi, "bench_self", &dir);
         let bench_ar = compile(&mpi, "bench_allreduce", &dir);
+        // Real loops run as in production: the shim writes its trace file.
+        let trace = dir.join("trace");
 
         // 1. Per-call overhead, interleaved runs of 10 windows x 1M calls.
         let (mut with, mut without, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
             let args = ["1000000".to_owned(), "10".to_owned()];
-            let mut b = values(&run(&mpi, 1, &bench_self, &args, None), "ns_per_call");
+            let mut b = values(&run(&mpi, 1, &bench_self, &args, None, None), "ns_per_call");
             let mut a = values(
-                &run(&mpi, 1, &bench_self, &args, Some(&shim)),
+                &run(&mpi, 1, &bench_self, &args, Some(&shim), None),
                 "ns_per_call",
             );
             diffs.push(median(&mut a.clone()) - median(&mut b.clone()));
@@ -171,12 +195,12 @@ fn main() {
         // eight ranks on the cores (Open MPI, yielding while idle; MPICH's busy-polling ranks
         // cannot share cores usefully).
         let mut configs = vec![
-            (2u32.min(ranks), 8u64, 200_000u64),
-            (2u32.min(ranks), 1 << 20, 400),
+            (2u32.min(ranks), 8u64, 500_000u64),
+            (2u32.min(ranks), 1 << 20, 1_000),
         ];
         if flavour == Flavour::OpenMpi {
-            configs.push((ranks, 8, 4_000));
-            configs.push((ranks, 1 << 20, 100));
+            configs.push((ranks, 8, 20_000));
+            configs.push((ranks, 1 << 20, 300));
         }
         for (ranks, bytes, iters) in configs {
             let args = [bytes.to_string(), iters.to_string()];
@@ -184,12 +208,18 @@ fn main() {
             for i in 0..pairs {
                 // Alternate which goes first, so drift affects both equally.
                 let (a, b) = if i % 2 == 0 {
-                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None), "seconds");
-                    let a = values(&run(&mpi, ranks, &bench_ar, &args, Some(&shim)), "seconds");
+                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None, None), "seconds");
+                    let a = values(
+                        &run(&mpi, ranks, &bench_ar, &args, Some(&shim), Some(&trace)),
+                        "seconds",
+                    );
                     (a, b)
                 } else {
-                    let a = values(&run(&mpi, ranks, &bench_ar, &args, Some(&shim)), "seconds");
-                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None), "seconds");
+                    let a = values(
+                        &run(&mpi, ranks, &bench_ar, &args, Some(&shim), Some(&trace)),
+                        "seconds",
+                    );
+                    let b = values(&run(&mpi, ranks, &bench_ar, &args, None, None), "seconds");
                     (a, b)
                 };
                 if let (Some(a), Some(b)) = (a.first(), b.first()) {
