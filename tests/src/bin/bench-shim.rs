@@ -8,8 +8,9 @@
 //!    (writing its trace file), in interleaved pairs; reports the mean ratio with its 95 %
 //!    confidence interval.
 //!
-//! Run: `scripts/bench.sh [--ranks N --pairs P]` (defaults: 8 ranks, 20 pairs). Nothing else should
-//! run on the machine meanwhile.
+//! Run: `scripts/bench.sh [--ranks N] [--pairs P] [--scale K] [--only-many-ranks]` (defaults: 8
+//! ranks, 20 pairs; `--scale` multiplies the loop lengths; `--only-many-ranks` runs just the
+//! Open MPI many-rank loops). Nothing else should run on the machine meanwhile.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -159,7 +160,14 @@ fn main() {
             .unwrap_or(1)
     );
 
-    for flavour in [Flavour::OpenMpi, Flavour::Mpich] {
+    let scale = u64::from(arg("--scale", 1).max(1));
+    let only_many = std::env::args().any(|a| a == "--only-many-ranks");
+    let flavours: &[Flavour] = if only_many {
+        &[Flavour::OpenMpi]
+    } else {
+        &[Flavour::OpenMpi, Flavour::Mpich]
+    };
+    for &flavour in flavours {
         let mpi = flavour.mpi();
         let dir = work.path().join(flavour.name());
         std::fs::create_dir_all(&dir).expect("mkdir");
@@ -169,40 +177,47 @@ fn main() {
         let trace = dir.join("trace");
 
         // 1. Per-call overhead, interleaved runs of 10 windows x 1M calls.
-        let (mut with, mut without, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..6 {
-            let args = ["1000000".to_owned(), "10".to_owned()];
-            let mut b = values(&run(&mpi, 1, &bench_self, &args, None, None), "ns_per_call");
-            let mut a = values(
-                &run(&mpi, 1, &bench_self, &args, Some(&shim), None),
-                "ns_per_call",
+        if !only_many {
+            let (mut with, mut without, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..6 {
+                let args = ["1000000".to_owned(), "10".to_owned()];
+                let mut b = values(&run(&mpi, 1, &bench_self, &args, None, None), "ns_per_call");
+                let mut a = values(
+                    &run(&mpi, 1, &bench_self, &args, Some(&shim), None),
+                    "ns_per_call",
+                );
+                diffs.push(median(&mut a.clone()) - median(&mut b.clone()));
+                with.append(&mut a);
+                without.append(&mut b);
+            }
+            let (mw, mwo, md) = (median(&mut with), median(&mut without), median(&mut diffs));
+            println!(
+                "{}: MPI_Allreduce(1 int, MPI_COMM_SELF): {:.1} ns/call without, {:.1} ns/call with the shim: {:.1} ns added per call (median of {} paired runs of 10M calls)",
+                mpi.name,
+                mwo,
+                mw,
+                md,
+                diffs.len()
             );
-            diffs.push(median(&mut a.clone()) - median(&mut b.clone()));
-            with.append(&mut a);
-            without.append(&mut b);
         }
-        let (mw, mwo, md) = (median(&mut with), median(&mut without), median(&mut diffs));
-        println!(
-            "{}: MPI_Allreduce(1 int, MPI_COMM_SELF): {:.1} ns/call without, {:.1} ns/call with the shim: {:.1} ns added per call (median of {} paired runs of 10M calls)",
-            mpi.name,
-            mwo,
-            mw,
-            md,
-            diffs.len()
-        );
 
         // 2. Real all-reduce loops, interleaved pairs: one rank per core (stable timings), and
         // eight ranks on the cores (Open MPI, yielding while idle; MPICH's busy-polling ranks
         // cannot share cores usefully).
-        let mut configs = vec![
-            (2u32.min(ranks), 8u64, 500_000u64),
-            (2u32.min(ranks), 1 << 20, 1_000),
-        ];
+        let mut configs = if only_many {
+            vec![]
+        } else {
+            vec![
+                (2u32.min(ranks), 8u64, 500_000u64),
+                (2u32.min(ranks), 1 << 20, 1_000),
+            ]
+        };
         if flavour == Flavour::OpenMpi {
             configs.push((ranks, 8, 20_000));
             configs.push((ranks, 1 << 20, 300));
         }
         for (ranks, bytes, iters) in configs {
+            let iters = iters * scale;
             let args = [bytes.to_string(), iters.to_string()];
             let mut ratios = Vec::new();
             for i in 0..pairs {
