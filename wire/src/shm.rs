@@ -665,37 +665,44 @@ impl Shm {
         None
     }
 
-    /// Rewrites a claimed slot (e.g. a status change).
+    /// Runs `f` on slot `idx`'s words under its sequence lock (odd while writing; only the owner
+    /// writes, so a load and a store suffice). `f` gets the upper half of the sequence word (the
+    /// comm rank) and returns its new value.
     #[inline]
-    pub fn in_flight_write(&self, idx: usize, e: &InFlight) {
+    fn in_flight_locked(&self, idx: usize, f: impl FnOnce(&[AtomicU64; 8], u64) -> u64) {
         if idx >= self.geometry.in_flight_slots as usize {
             return;
         }
         let w = self.in_flight_words(idx);
-        // Sequence lock: odd while writing. Only the owner writes, so load+store suffices.
         let v = w[7].load(Ordering::Relaxed);
         w[7].store(v | 1, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        w[1].store(e.comm_id, Ordering::Relaxed);
-        w[2].store(e.seq, Ordering::Relaxed);
-        w[3].store(e.t_enter, Ordering::Relaxed);
-        w[4].store(e.bytes, Ordering::Relaxed);
-        w[5].store(
-            u64::from(e.op)
-                | u64::from(e.status) << 8
-                | u64::from(e.flags) << 16
-                | u64::from(e.tid) << 32,
-            Ordering::Relaxed,
-        );
-        w[6].store(
-            u64::from(e.peer as u32) | u64::from(e.tag as u32) << 32,
-            Ordering::Relaxed,
-        );
-        // The comm rank rides in the upper half of the sequence word, beside the version.
-        w[7].store(
-            ((v | 1) + 1) & 0xffff_ffff | u64::from(e.comm_rank as u32) << 32,
-            Ordering::Release,
-        );
+        let upper = f(w, v >> 32);
+        w[7].store(((v | 1) + 1) & 0xffff_ffff | upper << 32, Ordering::Release);
+    }
+
+    /// Rewrites a claimed slot (e.g. a status change).
+    #[inline]
+    pub fn in_flight_write(&self, idx: usize, e: &InFlight) {
+        self.in_flight_locked(idx, |w, _| {
+            w[1].store(e.comm_id, Ordering::Relaxed);
+            w[2].store(e.seq, Ordering::Relaxed);
+            w[3].store(e.t_enter, Ordering::Relaxed);
+            w[4].store(e.bytes, Ordering::Relaxed);
+            w[5].store(
+                u64::from(e.op)
+                    | u64::from(e.status) << 8
+                    | u64::from(e.flags) << 16
+                    | u64::from(e.tid) << 32,
+                Ordering::Relaxed,
+            );
+            w[6].store(
+                u64::from(e.peer as u32) | u64::from(e.tag as u32) << 32,
+                Ordering::Relaxed,
+            );
+            // The comm rank rides in the upper half of the sequence word, beside the version.
+            u64::from(e.comm_rank as u32)
+        });
     }
 
     /// Marks a claimed slot idle (status 0) while keeping it: a thread keeps one such home
@@ -703,18 +710,10 @@ impl Shm {
     /// read-modify-write.
     #[inline]
     pub fn in_flight_leave(&self, idx: usize) {
-        if idx >= self.geometry.in_flight_slots as usize {
-            return;
-        }
-        let w = self.in_flight_words(idx);
-        let v = w[7].load(Ordering::Relaxed);
-        w[7].store(v | 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
-        w[5].store(w[5].load(Ordering::Relaxed) & !0xff00, Ordering::Relaxed);
-        w[7].store(
-            ((v | 1) + 1) & 0xffff_ffff | v & !0xffff_ffff,
-            Ordering::Release,
-        );
+        self.in_flight_locked(idx, |w, upper| {
+            w[5].store(w[5].load(Ordering::Relaxed) & !0xff00, Ordering::Relaxed);
+            upper
+        });
     }
 
     /// Frees a claimed slot.
