@@ -15,6 +15,7 @@
 
 pub mod abi;
 pub mod agent;
+pub mod clock;
 pub mod mpi;
 pub mod state;
 pub mod tables;

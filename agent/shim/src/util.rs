@@ -2,10 +2,10 @@
 
 use std::io::Write;
 
-/// `CLOCK_MONOTONIC` in nanoseconds (vDSO: no system call).
+/// `CLOCK_MONOTONIC` in nanoseconds (from the TSC where possible: [`crate::clock`]).
 #[inline]
 pub fn now_mono() -> u64 {
-    clock(libc::CLOCK_MONOTONIC)
+    crate::clock::now()
 }
 
 /// `CLOCK_REALTIME` in nanoseconds since the epoch.

@@ -105,6 +105,7 @@ pub fn stop(shim: &Shim) {
 }
 
 struct Loop {
+    clock: crate::clock::Calibrator,
     last_beat: u64,
     /// Per in-flight slot, the (comm, seq, t_enter) already reported with an `enter` record.
     reported: Vec<(u64, u64, u64)>,
@@ -119,6 +120,7 @@ fn run(shim: &'static Shim) {
     // SAFETY: changing this thread's own scheduling policy with a valid parameter.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
     let mut l = Loop {
+        clock: crate::clock::Calibrator::new(),
         last_beat: 0,
         reported: vec![(0, 0, 0); shim.shm.geometry().in_flight_slots as usize],
         agent: crate::agent::Link::new(),
@@ -132,6 +134,7 @@ fn run(shim: &'static Shim) {
 }
 
 fn tick(shim: &Shim, l: &mut Loop) {
+    l.clock.tick();
     let now = now_mono();
     if now.saturating_sub(l.last_beat) >= BEAT_NS {
         shim.push_heartbeat(now, false);
