@@ -185,6 +185,26 @@ static void p2p(void) {
     /* Sendrecv: shift by two. */
     MPI_Sendrecv(sbuf, 200, MPI_CHAR, (me + 2) % n, 40, rbuf, 200, MPI_CHAR, MPI_ANY_SOURCE, 40, MPI_COMM_WORLD, &st);
     call(w, "sendrecv", 200);
+    /* Persistent requests: a halo exchange started three times, with Start and Startall. */
+    MPI_Request pr[2];
+    MPI_Recv_init(rbuf, 48, MPI_CHAR, left, 70, MPI_COMM_WORLD, &pr[0]);
+    MPI_Send_init(sbuf, 48, MPI_CHAR, right, 70, MPI_COMM_WORLD, &pr[1]);
+    for (int k = 0; k < 3; k++) {
+        if (k == 0) {
+            MPI_Start(&pr[0]);
+            MPI_Start(&pr[1]);
+        } else {
+            MPI_Startall(2, pr);
+        }
+        call(w, "recv", 48);
+        call(w, "send", 48);
+        MPI_Waitall(2, pr, MPI_STATUSES_IGNORE);
+    }
+    MPI_Request_free(&pr[0]);
+    MPI_Request_free(&pr[1]);
+    /* Sendrecv_replace: shift by three. */
+    MPI_Sendrecv_replace(rbuf, 24, MPI_CHAR, (me + 3) % n, 80, (me + n - 3) % n, 80, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    call(w, "sendrecv", 24);
     /* A send to MPI_PROC_NULL is still a call. */
     MPI_Send(sbuf, 8, MPI_CHAR, MPI_PROC_NULL, 50, MPI_COMM_WORLD); call(w, "send", 8);
     /* A send request released with MPI_Request_free; the barrier keeps the buffer alive. */

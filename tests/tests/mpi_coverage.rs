@@ -78,6 +78,15 @@ fn check(flavour: Flavour) {
     let mut instances: BTreeMap<(u64, u64), Vec<Member>> = BTreeMap::new();
     for p in &trace.processes {
         let rank = p.header.rank;
+        let persistent = p
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Call(c) if c.flags & flags::PERSISTENT != 0))
+            .count();
+        assert_eq!(
+            persistent, 6,
+            "rank {rank}: three starts of a persistent send and receive"
+        );
         let mut names: HashMap<u64, String> = HashMap::new();
         let mut last_seq: HashMap<u64, u64> = HashMap::new();
         for r in &p.records {

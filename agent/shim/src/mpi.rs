@@ -14,12 +14,13 @@ use std::sync::atomic::Ordering;
 
 use commscope_wire::hash::{self, domain};
 use commscope_wire::op::{Op, dtype, flags};
-use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN};
-use commscope_wire::shm::Counter;
+use commscope_wire::record::{Call, CommEvent, EXIT_STATUS_UNKNOWN};
+use commscope_wire::shm::{Counter, in_flight_status};
 
 use crate::abi::{H, STATUS_MAX, pmpi};
-use crate::state::{Begun, Shim, activate, active, life, shielded, shutdown};
+use crate::state::{Begun, Shim, Slot, activate, active, life, shielded, shutdown};
 use crate::tables::{CommEntry, CommInfo, Dir, Pending, comm_flags};
+use crate::util::now_mono;
 
 type P = *mut c_void;
 type CP = *const c_void;
@@ -76,6 +77,15 @@ pmpi! {
     fn PMPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Sendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: c_int, rt: H, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+
+    fn PMPI_Sendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Send_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ssend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Bsend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Rsend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Recv_init(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Start(req: P) -> c_int;
+    fn PMPI_Startall(n: c_int, reqs: P) -> c_int;
 
     fn PMPI_Wait(req: P, status: P) -> c_int;
     fn PMPI_Waitall(n: c_int, reqs: P, statuses: P) -> c_int;
@@ -266,6 +276,7 @@ impl Shim {
             call: b.call,
             slot: b.slot,
             seq_at_completion,
+            comm: 0,
         };
         if !self.requests.insert(h, p) {
             self.shm.count(Counter::DroppedRequests, 1);
@@ -1528,6 +1539,78 @@ pub unsafe extern "C" fn MPI_Irecv(
     })
 }
 
+impl Shim {
+    /// Records a send-receive around `real`, which gets the status to fill.
+    #[allow(clippy::too_many_arguments)]
+    fn sendrecv(
+        &self,
+        scount: c_int,
+        st: H,
+        dest: c_int,
+        stag: c_int,
+        src: c_int,
+        rtag: c_int,
+        comm: H,
+        status: P,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let c = cnt(scount);
+            let mut b = self.begin_p2p(
+                comm,
+                Op::Sendrecv,
+                dest,
+                stag,
+                c * self.type_size(st),
+                c,
+                self.dt(st),
+                0,
+                Dir::Send,
+            );
+            b.call.peer2 = self.abi.rank_value(src);
+            b.call.tag2 = rtag;
+            b
+        });
+        let mut own = [0u8; STATUS_MAX];
+        let stp: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(stp);
+        if let Some(mut b) = b {
+            shielded(self, || {
+                if rc == 0 {
+                    // SAFETY: MPI filled the status.
+                    let (from, tag, _) = unsafe { self.abi.status_fields(stp as *const u8) };
+                    b.call.peer2 = self.abi.rank_value(from);
+                    b.call.tag2 = tag;
+                    if src == self.abi.any_source {
+                        b.call.flags |= flags::ANY_SOURCE;
+                    }
+                    if rtag == self.abi.any_tag {
+                        b.call.flags |= flags::ANY_TAG;
+                    }
+                    if b.call.peer2 >= 0 {
+                        match self
+                            .p2p
+                            .next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv)
+                        {
+                            Some(q) => b.call.op_seq2 = q,
+                            None => {
+                                b.call.flags |= flags::P2P_SEQ_UNKNOWN;
+                                self.shm.count(Counter::DroppedP2pSeq, 1);
+                            }
+                        }
+                    }
+                }
+                self.finish(b.call, b.slot, rc)
+            });
+        }
+        rc
+    }
+}
+
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Sendrecv(
     sbuf: CP,
@@ -1546,62 +1629,214 @@ pub unsafe extern "C" fn MPI_Sendrecv(
     let (s, _g) = real_or!(PMPI_Sendrecv(
         sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
     ));
-    let b = shielded(s, || {
-        let c = cnt(scount);
-        let mut b = s.begin_p2p(
-            comm,
-            Op::Sendrecv,
-            dest,
-            stag,
-            c * s.type_size(st),
-            c,
-            s.dt(st),
-            0,
-            Dir::Send,
-        );
-        b.call.peer2 = s.abi.rank_value(src);
-        b.call.tag2 = rtag;
-        b
-    });
-    let mut own = [0u8; STATUS_MAX];
-    let stp: P = if s.abi.is_status_ignore(status) {
-        own.as_mut_ptr().cast()
-    } else {
-        status
-    };
-    // SAFETY: pass-through, with our own status buffer when the application ignores it.
-    let rc = unsafe {
-        PMPI_Sendrecv(
-            sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
-        )
-    };
-    if let Some(mut b) = b {
-        shielded(s, || {
-            if rc == 0 {
-                // SAFETY: MPI filled the status.
-                let (from, tag, _) = unsafe { s.abi.status_fields(stp as *const u8) };
-                b.call.peer2 = s.abi.rank_value(from);
-                b.call.tag2 = tag;
-                if src == s.abi.any_source {
-                    b.call.flags |= flags::ANY_SOURCE;
-                }
-                if rtag == s.abi.any_tag {
-                    b.call.flags |= flags::ANY_TAG;
-                }
-                if b.call.peer2 >= 0 {
-                    match s
-                        .p2p
-                        .next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv)
-                    {
-                        Some(q) => b.call.op_seq2 = q,
-                        None => {
-                            b.call.flags |= flags::P2P_SEQ_UNKNOWN;
-                            s.shm.count(Counter::DroppedP2pSeq, 1);
-                        }
-                    }
-                }
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        scount,
+        st,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe {
+            PMPI_Sendrecv(
+                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
+            )
+        },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_replace(
+    buf: P,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    stag: c_int,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_replace(
+        buf, count, dt, dest, stag, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        count,
+        dt,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe { PMPI_Sendrecv_replace(buf, count, dt, dest, stag, src, rtag, comm, stp) },
+    )
+}
+
+// ----- persistent point-to-point -----------------------------------------------------------------
+
+impl Shim {
+    /// A persistent send or receive was created: keep its template under the request handle.
+    #[allow(clippy::too_many_arguments)]
+    fn persistent_init(
+        &self,
+        op: Op,
+        fl: u16,
+        count: c_int,
+        dt: H,
+        peer: c_int,
+        tag: c_int,
+        comm: H,
+        req: P,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let rc = real();
+        if rc != 0 || req.is_null() {
+            return rc;
+        }
+        shielded(self, || {
+            // SAFETY: MPI wrote the request handle.
+            let h = unsafe { self.abi.read_handle(req) };
+            let c = cnt(count);
+            let mut call = Call {
+                op: op as u8,
+                flags: fl | flags::PERSISTENT | flags::NONBLOCKING,
+                peer: self.abi.rank_value(peer),
+                tag,
+                bytes: c * self.type_size(dt),
+                count: c,
+                dtype: self.dt(dt),
+                rank: self.rank,
+                peer2: -1,
+                tag2: -1,
+                ..Default::default()
+            };
+            let recv = op == Op::Recv;
+            if recv && peer == self.abi.any_source {
+                call.flags |= flags::ANY_SOURCE;
             }
-            s.finish(b.call, b.slot, rc)
+            if recv && tag == self.abi.any_tag {
+                call.flags |= flags::ANY_TAG;
+            }
+            if let Some(e) = self.comm(comm) {
+                call.comm_id = e.id.load(Ordering::Relaxed);
+                call.comm_rank = e.rank.load(Ordering::Relaxed);
+                call.comm_size = e.size.load(Ordering::Relaxed);
+            }
+            let wildcard = recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+            let template = Pending {
+                call,
+                slot: Slot::None,
+                seq_at_completion: wildcard,
+                comm: self.abi.norm(comm),
+            };
+            if !self.persistent.insert(h, template) {
+                self.shm.count(Counter::DroppedRequests, 1);
+            }
+        });
+        rc
+    }
+
+    /// A persistent request was started: it becomes a pending call like any nonblocking one.
+    fn started(&self, h: u64) {
+        let Some(t) = self.persistent.get(h) else {
+            return;
+        };
+        let mut call = t.call;
+        call.t_enter = now_mono();
+        if let Some(e) = self.comms.get(t.comm) {
+            call.seq = e.seq.load(Ordering::Relaxed);
+        }
+        if !t.seq_at_completion {
+            let dir = if Op::from_code(call.op) == Op::Recv {
+                Dir::Recv
+            } else {
+                Dir::Send
+            };
+            self.assign_p2p_seq(&mut call, dir);
+        }
+        let slot = self.claim(&call, in_flight_status::POSTED);
+        let p = Pending { call, slot, ..t };
+        if !self.requests.insert(h, p) {
+            self.shm.count(Counter::DroppedRequests, 1);
+            let mut c = p.call;
+            c.flags |= flags::UNTRACKED;
+            self.finish(c, p.slot, 0);
+        }
+    }
+}
+
+macro_rules! persistent_init {
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: $buf,
+            count: c_int,
+            dt: H,
+            peer: c_int,
+            tag: c_int,
+            comm: H,
+            req: P,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
+            // SAFETY: pass-through of the application's arguments.
+            s.persistent_init($op, $fl, count, dt, peer, tag, comm, req, || unsafe {
+                $real(buf, count, dt, peer, tag, comm, req)
+            })
+        }
+    };
+}
+
+persistent_init!(MPI_Send_init, PMPI_Send_init, Op::Send, 0, CP);
+persistent_init!(
+    MPI_Ssend_init,
+    PMPI_Ssend_init,
+    Op::Send,
+    flags::SYNCHRONOUS,
+    CP
+);
+persistent_init!(
+    MPI_Bsend_init,
+    PMPI_Bsend_init,
+    Op::Send,
+    flags::BUFFERED,
+    CP
+);
+persistent_init!(MPI_Rsend_init, PMPI_Rsend_init, Op::Send, flags::READY, CP);
+persistent_init!(MPI_Recv_init, PMPI_Recv_init, Op::Recv, 0, P);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Start(req: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Start(req));
+    // SAFETY: MPI requires a valid request pointer.
+    let h = if s.persistent.is_empty() || req.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(req) }
+    };
+    // SAFETY: pass-through.
+    let rc = unsafe { PMPI_Start(req) };
+    if rc == 0 && h != 0 {
+        shielded(s, || s.started(h));
+    }
+    rc
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Startall(n: c_int, reqs: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Startall(n, reqs));
+    // SAFETY: pass-through.
+    let rc = unsafe { PMPI_Startall(n, reqs) };
+    if rc == 0 && !s.persistent.is_empty() && !reqs.is_null() {
+        shielded(s, || {
+            for i in 0..n.max(0) as usize {
+                // SAFETY: MPI requires `n` request handles.
+                let h = unsafe { s.abi.read_handle_at(reqs, i) };
+                s.started(h);
+            }
         });
     }
     rc
@@ -1921,7 +2156,7 @@ fn some_completion(
 pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Request_free(req));
     // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() {
+    let h = if (s.requests.is_empty() && s.persistent.is_empty()) || req.is_null() {
         0
     } else {
         unsafe { s.abi.read_handle(req) }
@@ -1930,6 +2165,7 @@ pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {
     let rc = unsafe { PMPI_Request_free(req) };
     if h != 0 && rc == 0 {
         shielded(s, || {
+            s.persistent.take(h);
             if let Some(p) = s.requests.take(h) {
                 let mut c = p.call;
                 c.flags |= flags::REQUEST_FREED;

@@ -142,6 +142,8 @@ pub struct Shim {
     pub real_anchor: u64,
     pub comms: CommTable,
     pub requests: RequestTable,
+    /// Persistent requests' templates, by handle, from `*_init` to `MPI_Request_free`.
+    pub persistent: RequestTable,
     pub p2p: P2pTable,
     /// The world group, for translating ranks.
     pub world_group: H,
@@ -357,6 +359,7 @@ fn build() -> Result<Shim, String> {
         real_anchor: now_real(),
         comms: CommTable::new(4096),
         requests: RequestTable::new(8192),
+        persistent: RequestTable::new(1024),
         p2p: P2pTable::new(16384),
         world_group,
         set_counters: Mutex::new(HashMap::new()),
@@ -780,7 +783,7 @@ impl Shim {
     /// Shows a call in the in-flight table: blocking calls in the thread's home slot,
     /// nonblocking ones in a slot of their own.
     #[inline]
-    fn claim(&self, call: &Call, status: u8) -> Slot {
+    pub fn claim(&self, call: &Call, status: u8) -> Slot {
         let entry = InFlight {
             comm_id: call.comm_id,
             seq: if Op::from_code(call.op).is_p2p() {

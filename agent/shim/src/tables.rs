@@ -138,6 +138,8 @@ pub struct Pending {
     pub slot: crate::state::Slot,
     /// A receive whose p2p sequence is assigned at completion (wildcard source or tag).
     pub seq_at_completion: bool,
+    /// The communicator's normalized handle (persistent requests look up `seq` at each start).
+    pub comm: u64,
 }
 
 struct ReqEntry {
@@ -259,6 +261,26 @@ impl RequestTable {
                 e.key.store(TOMB, Ordering::Release);
                 self.live.fetch_sub(1, Ordering::Relaxed);
                 return Some(p);
+            }
+        }
+        None
+    }
+
+    /// A copy of the entry of a handle, left in place (persistent request templates).
+    #[inline]
+    pub fn get(&self, handle: u64) -> Option<Pending> {
+        if self.is_empty() || handle == EMPTY || handle >= BUSY {
+            return None;
+        }
+        for e in self.probe(handle) {
+            let k = e.key.load(Ordering::Acquire);
+            if k == handle {
+                // SAFETY: an entry keyed by a handle is fully written; templates change only when
+                // their request is freed, which the application does not do while starting it.
+                return Some(unsafe { *e.data.get() });
+            }
+            if k == EMPTY {
+                return None;
             }
         }
         None
