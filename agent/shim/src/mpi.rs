@@ -400,40 +400,6 @@ macro_rules! real_or {
     };
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Barrier(comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Barrier(comm));
-    s.coll(
-        comm,
-        Op::Barrier,
-        |_, _, _, _| CollInfo {
-            bytes: 0,
-            count: 0,
-            dtype: dtype::NONE,
-            root: -1,
-            flags: 0,
-        },
-        || unsafe { PMPI_Barrier(comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Bcast(buf, count, dt, root, comm));
-    s.coll(
-        comm,
-        Op::Broadcast,
-        |s, _, _, _| CollInfo {
-            bytes: cnt(count) * s.type_size(dt),
-            count: cnt(count),
-            dtype: s.dt(dt),
-            root: s.root_value(root),
-            flags: 0,
-        },
-        || unsafe { PMPI_Bcast(buf, count, dt, root, comm) },
-    )
-}
-
 fn reduce_info(s: &Shim, sbuf: CP, count: c_int, dt: H, root: i32) -> CollInfo {
     CollInfo {
         bytes: cnt(count) * s.type_size(dt),
@@ -442,72 +408,6 @@ fn reduce_info(s: &Shim, sbuf: CP, count: c_int, dt: H, root: i32) -> CollInfo {
         root,
         flags: s.in_place(sbuf),
     }
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    root: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Reduce(sbuf, rbuf, count, dt, op, root, comm));
-    s.coll(
-        comm,
-        Op::Reduce,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)),
-        || unsafe { PMPI_Reduce(sbuf, rbuf, count, dt, op, root, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allreduce(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Allreduce(sbuf, rbuf, count, dt, op, comm));
-    s.coll(
-        comm,
-        Op::Allreduce,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Allreduce(sbuf, rbuf, count, dt, op, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int {
-    let (s, _g) = real_or!(PMPI_Scan(sbuf, rbuf, count, dt, op, comm));
-    s.coll(
-        comm,
-        Op::Scan,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Scan(sbuf, rbuf, count, dt, op, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Exscan(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Exscan(sbuf, rbuf, count, dt, op, comm));
-    s.coll(
-        comm,
-        Op::Exscan,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Exscan(sbuf, rbuf, count, dt, op, comm) },
-    )
 }
 
 /// Per-rank part × ranks, measured on the receive side.
@@ -521,44 +421,6 @@ fn gathered(s: &Shim, sbuf: CP, rcount: c_int, rt: H, n: u64) -> CollInfo {
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allgather(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Allgather(sbuf, scount, st, rbuf, rcount, rt, comm));
-    s.coll(
-        comm,
-        Op::Allgather,
-        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
-        || unsafe { PMPI_Allgather(sbuf, scount, st, rbuf, rcount, rt, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoall(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Alltoall(sbuf, scount, st, rbuf, rcount, rt, comm));
-    s.coll(
-        comm,
-        Op::Alltoall,
-        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
-        || unsafe { PMPI_Alltoall(sbuf, scount, st, rbuf, rcount, rt, comm) },
-    )
-}
-
 fn gatherv_info(s: &Shim, sbuf: CP, rcounts: IP, rt: H, n: u64) -> CollInfo {
     // SAFETY: MPI requires `rcounts` to hold one count per rank here.
     let c = unsafe { sum(rcounts, n) };
@@ -569,28 +431,6 @@ fn gatherv_info(s: &Shim, sbuf: CP, rcounts: IP, rt: H, n: u64) -> CollInfo {
         root: -1,
         flags: s.in_place(sbuf),
     }
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Allgatherv(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    displs: IP,
-    rt: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Allgatherv(
-        sbuf, scount, st, rbuf, rcounts, displs, rt, comm
-    ));
-    s.coll(
-        comm,
-        Op::Allgatherv,
-        |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n),
-        || unsafe { PMPI_Allgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm) },
-    )
 }
 
 /// Gather/scatter: the root knows the total; other ranks know their part × ranks.
@@ -616,68 +456,6 @@ fn rooted_info(
         root: s.root_value(root),
         flags: fl,
     }
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Gather(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Gather(sbuf, scount, st, rbuf, rcount, rt, root, comm));
-    s.coll(
-        comm,
-        Op::Gather,
-        |s, n, me, inter| {
-            rooted_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                (rcount, rt),
-                (scount, st),
-                s.in_place(sbuf),
-            )
-        },
-        || unsafe { PMPI_Gather(sbuf, scount, st, rbuf, rcount, rt, root, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Scatter(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Scatter(sbuf, scount, st, rbuf, rcount, rt, root, comm));
-    s.coll(
-        comm,
-        Op::Scatter,
-        |s, n, me, inter| {
-            rooted_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                (scount, st),
-                (rcount, rt),
-                s.in_place(rbuf),
-            )
-        },
-        || unsafe { PMPI_Scatter(sbuf, scount, st, rbuf, rcount, rt, root, comm) },
-    )
 }
 
 fn rooted_v_info(
@@ -706,76 +484,6 @@ fn rooted_v_info(
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Gatherv(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    displs: IP,
-    rt: H,
-    root: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Gatherv(
-        sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm
-    ));
-    s.coll(
-        comm,
-        Op::Gatherv,
-        |s, n, me, inter| {
-            rooted_v_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                rcounts,
-                rt,
-                (scount, st),
-                s.in_place(sbuf),
-            )
-        },
-        || unsafe { PMPI_Gatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Scatterv(
-    sbuf: CP,
-    scounts: IP,
-    displs: IP,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Scatterv(
-        sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm
-    ));
-    s.coll(
-        comm,
-        Op::Scatterv,
-        |s, n, me, inter| {
-            rooted_v_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                scounts,
-                st,
-                (rcount, rt),
-                s.in_place(rbuf),
-            )
-        },
-        || unsafe { PMPI_Scatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm) },
-    )
-}
-
 fn reduce_scatter_info(s: &Shim, sbuf: CP, rcounts: IP, dt: H, n: u64) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
@@ -798,42 +506,6 @@ fn reduce_scatter_block_info(s: &Shim, sbuf: CP, rcount: c_int, dt: H, n: u64) -
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce_scatter(
-    sbuf: CP,
-    rbuf: P,
-    rcounts: IP,
-    dt: H,
-    op: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Reduce_scatter(sbuf, rbuf, rcounts, dt, op, comm));
-    s.coll(
-        comm,
-        Op::Reducescatter,
-        |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n),
-        || unsafe { PMPI_Reduce_scatter(sbuf, rbuf, rcounts, dt, op, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Reduce_scatter_block(
-    sbuf: CP,
-    rbuf: P,
-    rcount: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Reduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm));
-    s.coll(
-        comm,
-        Op::Reducescatter,
-        |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n),
-        || unsafe { PMPI_Reduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm) },
-    )
-}
-
 fn alltoallv_info(s: &Shim, sbuf: CP, scounts: IP, st: H, rcounts: IP, rt: H, n: u64) -> CollInfo {
     let fl = s.in_place(sbuf);
     let (counts, t) = if fl != 0 {
@@ -850,29 +522,6 @@ fn alltoallv_info(s: &Shim, sbuf: CP, scounts: IP, st: H, rcounts: IP, rt: H, n:
         root: -1,
         flags: fl,
     }
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoallv(
-    sbuf: CP,
-    scounts: IP,
-    sdispls: IP,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    rdispls: IP,
-    rt: H,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Alltoallv(
-        sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm
-    ));
-    s.coll(
-        comm,
-        Op::Alltoallv,
-        |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n),
-        || unsafe { PMPI_Alltoallv(sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm) },
-    )
 }
 
 fn alltoallw_info(
@@ -908,472 +557,118 @@ fn alltoallw_info(
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Alltoallw(
-    sbuf: CP,
-    scounts: IP,
-    sdispls: IP,
-    sts: CP,
-    rbuf: P,
-    rcounts: IP,
-    rdispls: IP,
-    rts: CP,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Alltoallw(
-        sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm
-    ));
-    s.coll(
-        comm,
-        Op::Alltoallw,
-        |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n),
-        || unsafe {
-            PMPI_Alltoallw(
-                sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm,
-            )
-        },
-    )
+/// Defines a blocking collective wrapper: the C signature, the communicator argument, the op, and
+/// how to compute the record's size fields from the arguments (`|shim, ranks, my rank, intercomm|`).
+macro_rules! collective {
+    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            let (s, _g) = real_or!($real($($a),*));
+            // SAFETY: pass-through of the application's arguments.
+            s.coll($comm, $op, |$s, $n, $me, $inter| $info, || unsafe { $real($($a),*) })
+        }
+    };
 }
+
+/// Defines a nonblocking collective wrapper, like [`collective!`] plus the request argument.
+macro_rules! icollective {
+    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            let (s, _g) = real_or!($real($($a),*));
+            // SAFETY: pass-through of the application's arguments.
+            s.icoll($comm, $op, $req, |$s, $n, $me, $inter| $info, || unsafe { $real($($a),*) })
+        }
+    };
+}
+
+const NO_DATA: CollInfo = CollInfo {
+    bytes: 0,
+    count: 0,
+    dtype: dtype::NONE,
+    root: -1,
+    flags: 0,
+};
+
+fn bcast_info(s: &Shim, count: c_int, dt: H, root: c_int) -> CollInfo {
+    CollInfo {
+        bytes: cnt(count) * s.type_size(dt),
+        count: cnt(count),
+        dtype: s.dt(dt),
+        root: s.root_value(root),
+        flags: 0,
+    }
+}
+
+collective!(MPI_Barrier => PMPI_Barrier(comm: H), comm, Op::Barrier, |_s, _, _, _| NO_DATA);
+collective!(MPI_Bcast => PMPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+collective!(MPI_Reduce => PMPI_Reduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+collective!(MPI_Allreduce => PMPI_Allreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Scan => PMPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Exscan => PMPI_Exscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Allgather => PMPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Alltoall => PMPI_Alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Allgatherv => PMPI_Allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H), comm, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+collective!(MPI_Gather => PMPI_Gather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatter => PMPI_Scatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Gatherv => PMPI_Gatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatterv => PMPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Reduce_scatter => PMPI_Reduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+collective!(MPI_Reduce_scatter_block => PMPI_Reduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+collective!(MPI_Alltoallv => PMPI_Alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H), comm, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+collective!(MPI_Alltoallw => PMPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H), comm, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
 
 // ----- nonblocking collectives -------------------------------------------------------------------
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ibarrier(comm: H, req: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ibarrier(comm, req));
-    s.icoll(
-        comm,
-        Op::Barrier,
-        req,
-        |_, _, _, _| CollInfo {
-            bytes: 0,
-            count: 0,
-            dtype: dtype::NONE,
-            root: -1,
-            flags: 0,
-        },
-        || unsafe { PMPI_Ibarrier(comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ibcast(
-    buf: P,
-    count: c_int,
-    dt: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ibcast(buf, count, dt, root, comm, req));
-    s.icoll(
-        comm,
-        Op::Broadcast,
-        req,
-        |s, _, _, _| CollInfo {
-            bytes: cnt(count) * s.type_size(dt),
-            count: cnt(count),
-            dtype: s.dt(dt),
-            root: s.root_value(root),
-            flags: 0,
-        },
-        || unsafe { PMPI_Ibcast(buf, count, dt, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ireduce(sbuf, rbuf, count, dt, op, root, comm, req));
-    s.icoll(
-        comm,
-        Op::Reduce,
-        req,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)),
-        || unsafe { PMPI_Ireduce(sbuf, rbuf, count, dt, op, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallreduce(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iallreduce(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(
-        comm,
-        Op::Allreduce,
-        req,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Iallreduce(sbuf, rbuf, count, dt, op, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscan(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iscan(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(
-        comm,
-        Op::Scan,
-        req,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Iscan(sbuf, rbuf, count, dt, op, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iexscan(
-    sbuf: CP,
-    rbuf: P,
-    count: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iexscan(sbuf, rbuf, count, dt, op, comm, req));
-    s.icoll(
-        comm,
-        Op::Exscan,
-        req,
-        |s, _, _, _| reduce_info(s, sbuf, count, dt, -1),
-        || unsafe { PMPI_Iexscan(sbuf, rbuf, count, dt, op, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallgather(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iallgather(
-        sbuf, scount, st, rbuf, rcount, rt, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Allgather,
-        req,
-        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
-        || unsafe { PMPI_Iallgather(sbuf, scount, st, rbuf, rcount, rt, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoall(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoall(
-        sbuf, scount, st, rbuf, rcount, rt, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Alltoall,
-        req,
-        |s, n, _, _| gathered(s, sbuf, rcount, rt, n),
-        || unsafe { PMPI_Ialltoall(sbuf, scount, st, rbuf, rcount, rt, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iallgatherv(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    displs: IP,
-    rt: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iallgatherv(
-        sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Allgatherv,
-        req,
-        |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n),
-        || unsafe { PMPI_Iallgatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Igather(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Igather(
-        sbuf, scount, st, rbuf, rcount, rt, root, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Gather,
-        req,
-        |s, n, me, inter| {
-            rooted_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                (rcount, rt),
-                (scount, st),
-                s.in_place(sbuf),
-            )
-        },
-        || unsafe { PMPI_Igather(sbuf, scount, st, rbuf, rcount, rt, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscatter(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iscatter(
-        sbuf, scount, st, rbuf, rcount, rt, root, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Scatter,
-        req,
-        |s, n, me, inter| {
-            rooted_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                (scount, st),
-                (rcount, rt),
-                s.in_place(rbuf),
-            )
-        },
-        || unsafe { PMPI_Iscatter(sbuf, scount, st, rbuf, rcount, rt, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Igatherv(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    displs: IP,
-    rt: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Igatherv(
-        sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Gatherv,
-        req,
-        |s, n, me, inter| {
-            rooted_v_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                rcounts,
-                rt,
-                (scount, st),
-                s.in_place(sbuf),
-            )
-        },
-        || unsafe { PMPI_Igatherv(sbuf, scount, st, rbuf, rcounts, displs, rt, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Iscatterv(
-    sbuf: CP,
-    scounts: IP,
-    displs: IP,
-    st: H,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    root: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Iscatterv(
-        sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Scatterv,
-        req,
-        |s, n, me, inter| {
-            rooted_v_info(
-                s,
-                root,
-                me,
-                inter,
-                n,
-                scounts,
-                st,
-                (rcount, rt),
-                s.in_place(rbuf),
-            )
-        },
-        || unsafe { PMPI_Iscatterv(sbuf, scounts, displs, st, rbuf, rcount, rt, root, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce_scatter(
-    sbuf: CP,
-    rbuf: P,
-    rcounts: IP,
-    dt: H,
-    op: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ireduce_scatter(sbuf, rbuf, rcounts, dt, op, comm, req));
-    s.icoll(
-        comm,
-        Op::Reducescatter,
-        req,
-        |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n),
-        || unsafe { PMPI_Ireduce_scatter(sbuf, rbuf, rcounts, dt, op, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
-    sbuf: CP,
-    rbuf: P,
-    rcount: c_int,
-    dt: H,
-    op: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ireduce_scatter_block(
-        sbuf, rbuf, rcount, dt, op, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Reducescatter,
-        req,
-        |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n),
-        || unsafe { PMPI_Ireduce_scatter_block(sbuf, rbuf, rcount, dt, op, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoallv(
-    sbuf: CP,
-    scounts: IP,
-    sdispls: IP,
-    st: H,
-    rbuf: P,
-    rcounts: IP,
-    rdispls: IP,
-    rt: H,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoallv(
-        sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Alltoallv,
-        req,
-        |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n),
-        || unsafe {
-            PMPI_Ialltoallv(
-                sbuf, scounts, sdispls, st, rbuf, rcounts, rdispls, rt, comm, req,
-            )
-        },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ialltoallw(
-    sbuf: CP,
-    scounts: IP,
-    sdispls: IP,
-    sts: CP,
-    rbuf: P,
-    rcounts: IP,
-    rdispls: IP,
-    rts: CP,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ialltoallw(
-        sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req
-    ));
-    s.icoll(
-        comm,
-        Op::Alltoallw,
-        req,
-        |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n),
-        || unsafe {
-            PMPI_Ialltoallw(
-                sbuf, scounts, sdispls, sts, rbuf, rcounts, rdispls, rts, comm, req,
-            )
-        },
-    )
-}
+icollective!(MPI_Ibarrier => PMPI_Ibarrier(comm: H, req: P), comm, req, Op::Barrier, |_s, _, _, _| NO_DATA);
+icollective!(MPI_Ibcast => PMPI_Ibcast(buf: P, count: c_int, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+icollective!(MPI_Ireduce => PMPI_Ireduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+icollective!(MPI_Iallreduce => PMPI_Iallreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iscan => PMPI_Iscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iexscan => PMPI_Iexscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iallgather => PMPI_Iallgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ialltoall => PMPI_Ialltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Iallgatherv => PMPI_Iallgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P), comm, req, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+icollective!(MPI_Igather => PMPI_Igather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+icollective!(MPI_Iscatter => PMPI_Iscatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+icollective!(MPI_Igatherv => PMPI_Igatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+icollective!(MPI_Iscatterv => PMPI_Iscatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+icollective!(MPI_Ireduce_scatter => PMPI_Ireduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+icollective!(MPI_Ireduce_scatter_block => PMPI_Ireduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+icollective!(MPI_Ialltoallv => PMPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P), comm, req, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+icollective!(MPI_Ialltoallw => PMPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
 
 // ----- point-to-point ----------------------------------------------------------------------------
 
