@@ -322,3 +322,172 @@ pub fn render_text(s: &Summary) -> String {
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commscope_wire::cst::Header;
+    use commscope_wire::parquet::ProcessTrace;
+    use commscope_wire::record::{Call, Comm, Heartbeat};
+
+    fn call(rank: i32, op: Op, seq: u64, t: u64) -> Call {
+        Call {
+            rec_seq: t,
+            op: op as u8,
+            comm_id: 0xc0,
+            seq,
+            rank,
+            comm_rank: rank,
+            comm_size: 2,
+            peer: -1,
+            tag: -1,
+            peer2: -1,
+            tag2: -1,
+            t_enter: t,
+            t_exit: t + 5,
+            ..Default::default()
+        }
+    }
+
+    fn process(rank: i32, records: Vec<Record>) -> ProcessTrace {
+        ProcessTrace {
+            header: Header {
+                rank,
+                job: "j".into(),
+                pid: rank as u32 + 100,
+                ..Default::default()
+            },
+            records,
+        }
+    }
+
+    fn job(processes: Vec<ProcessTrace>) -> JobTrace {
+        JobTrace {
+            job: "j".into(),
+            processes,
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn a_send_pairs_with_its_receive_and_a_sendrecv_with_both() {
+        // rank 0 sends to 1 (tag 7, first message); rank 1 receives it; both sendrecv with each other.
+        let send = Call {
+            peer: 1,
+            tag: 7,
+            op_seq: 0,
+            ..call(0, Op::Send, 0, 10)
+        };
+        let recv = Call {
+            peer: 0,
+            tag: 7,
+            op_seq: 0,
+            ..call(1, Op::Recv, 0, 10)
+        };
+        let sr0 = Call {
+            peer: 1,
+            tag: 9,
+            op_seq: 0,
+            peer2: 1,
+            tag2: 9,
+            op_seq2: 0,
+            ..call(0, Op::Sendrecv, 0, 20)
+        };
+        let sr1 = Call {
+            peer: 0,
+            tag: 9,
+            op_seq: 0,
+            peer2: 0,
+            tag2: 9,
+            op_seq2: 0,
+            ..call(1, Op::Sendrecv, 0, 20)
+        };
+        let s = summarize(&job(vec![
+            process(0, vec![Record::Call(send), Record::Call(sr0)]),
+            process(1, vec![Record::Call(recv), Record::Call(sr1)]),
+        ]));
+        assert_eq!(
+            (s.p2p.send, s.p2p.recv, s.p2p.matched, s.p2p.unmatched),
+            (3, 3, 3, 0)
+        );
+    }
+
+    #[test]
+    fn an_unmatched_send_is_counted() {
+        let send = Call {
+            peer: 1,
+            tag: 7,
+            ..call(0, Op::Send, 0, 10)
+        };
+        let s = summarize(&job(vec![process(0, vec![Record::Call(send)])]));
+        assert_eq!((s.p2p.matched, s.p2p.unmatched), (0, 1));
+    }
+
+    #[test]
+    fn in_flight_lists_entered_calls_that_never_completed() {
+        let done = call(0, Op::Allreduce, 4, 100);
+        let entered_done = Call { t_exit: 0, ..done };
+        let stuck = Call {
+            t_exit: 0,
+            ..call(1, Op::Allreduce, 5, 200)
+        };
+        let beat = Heartbeat {
+            rec_seq: 9,
+            t_mono: 2_000_000_200,
+            rank: 1,
+            ..Default::default()
+        };
+        let s = summarize(&job(vec![
+            process(0, vec![Record::Enter(entered_done), Record::Call(done)]),
+            process(1, vec![Record::Enter(stuck), Record::Heartbeat(beat)]),
+        ]));
+        assert_eq!(s.in_flight.len(), 1);
+        assert_eq!(
+            (
+                s.in_flight[0].rank,
+                s.in_flight[0].seq,
+                s.in_flight[0].op.as_str()
+            ),
+            (1, 5, "allreduce")
+        );
+        assert!((s.in_flight[0].for_s - 2.0).abs() < 1e-9);
+        assert_eq!(
+            s.unfinished_ranks,
+            vec![0, 1],
+            "no final heartbeat from either"
+        );
+    }
+
+    #[test]
+    fn communicators_take_their_names_and_sizes_from_comm_records() {
+        let mut c = Comm::new(
+            commscope_wire::record::CommEvent::Created,
+            0xc0,
+            0,
+            1,
+            0,
+            0,
+            2,
+            0,
+        );
+        c.set_name(b"tp");
+        let s = summarize(&job(vec![process(
+            0,
+            vec![Record::Comm(c), Record::Call(call(0, Op::Barrier, 0, 5))],
+        )]));
+        assert_eq!(s.comms.len(), 1);
+        assert_eq!(
+            (
+                s.comms[0].name.as_deref(),
+                s.comms[0].size,
+                s.comms[0].ops.get("barrier")
+            ),
+            (Some("tp"), 2, Some(&1))
+        );
+        let text = render_text(&s);
+        assert!(
+            text.contains("comm 0xc0 \"tp\", size 2: barrier 1"),
+            "{text}"
+        );
+    }
+}
