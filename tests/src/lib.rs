@@ -185,3 +185,130 @@ pub fn summary_json(paths: &[&Path]) -> (serde_json::Value, Output) {
     let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
     (v, o)
 }
+
+/// Several "nodes" on one machine: network namespaces on a bridge, each with its own host name
+/// (a UTS namespace entered on every launch), reachable by name through `/etc/hosts`, and an rsh
+/// agent script that Open MPI uses to start its daemons inside them. Everything is removed on
+/// drop, also when a test fails.
+#[derive(Debug)]
+pub struct Nodes {
+    pub names: Vec<String>,
+    pub subnet: String,
+    pub rsh: PathBuf,
+    bridge: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Nodes {
+    /// Creates `n` nodes named `cs<tag>-0`, `cs<tag>-1`, …
+    pub fn new(n: usize) -> Nodes {
+        let tag = std::process::id() % 100_000;
+        let net = 64 + (std::process::id() % 128);
+        let bridge = format!("csbr{tag}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rsh = dir.path().join("nsrsh");
+        std::fs::write(
+            &rsh,
+            "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" unshare --uts /bin/sh -c \"hostname $host; $*\"\n",
+        )
+        .expect("write rsh agent");
+        std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let mut nodes = Nodes {
+            names: (0..n).map(|i| format!("cs{tag}-{i}")).collect(),
+            subnet: format!("10.77.{net}.0/24"),
+            rsh,
+            bridge: bridge.clone(),
+            _dir: dir,
+        };
+        let ip = |args: &str| {
+            let o = Command::new("ip")
+                .args(args.split_whitespace())
+                .output()
+                .expect("run ip");
+            assert!(
+                o.status.success(),
+                "ip {args}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        ip(&format!("link add {bridge} type bridge"));
+        ip(&format!("addr add 10.77.{net}.254/24 dev {bridge}"));
+        ip(&format!("link set {bridge} up"));
+        let mut hosts = String::new();
+        for (i, name) in nodes.names.clone().iter().enumerate() {
+            ip(&format!("netns add {name}"));
+            ip(&format!(
+                "link add v{name} type veth peer name eth0 netns {name}"
+            ));
+            ip(&format!("link set v{name} master {bridge} up"));
+            ip(&format!(
+                "-n {name} addr add 10.77.{net}.{}/24 dev eth0",
+                i + 1
+            ));
+            ip(&format!("-n {name} link set eth0 up"));
+            ip(&format!("-n {name} link set lo up"));
+            hosts += &format!("10.77.{net}.{} {name} # commscope-test\n", i + 1);
+        }
+        let mut h = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/etc/hosts")
+            .expect("open /etc/hosts");
+        std::io::Write::write_all(&mut h, hosts.as_bytes()).expect("append /etc/hosts");
+        nodes.subnet = format!("10.77.{net}.0/24");
+        nodes
+    }
+
+    /// Open MPI launcher arguments that place `per_node` ranks on each node.
+    pub fn openmpi_args(&self, per_node: u32) -> Vec<String> {
+        let hosts: Vec<String> = self
+            .names
+            .iter()
+            .map(|n| format!("{n}:{per_node}"))
+            .collect();
+        [
+            "--allow-run-as-root",
+            "--mca",
+            "plm_rsh_agent",
+            self.rsh.to_str().unwrap_or_default(),
+            "--mca",
+            "btl",
+            "tcp,self",
+            "--mca",
+            "btl_tcp_if_include",
+            &self.subnet,
+            "--mca",
+            "oob_tcp_if_include",
+            &self.subnet,
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
+            "--host",
+            &hosts.join(","),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .output();
+        if let Ok(hosts) = std::fs::read_to_string("/etc/hosts") {
+            let kept: String = hosts
+                .lines()
+                .filter(|l| {
+                    !(l.ends_with("# commscope-test")
+                        && self.names.iter().any(|n| l.contains(n.as_str())))
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = std::fs::write("/etc/hosts", kept);
+        }
+    }
+}
