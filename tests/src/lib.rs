@@ -194,14 +194,18 @@ pub fn summary_json(paths: &[&Path]) -> (serde_json::Value, Output) {
 pub struct Nodes {
     pub names: Vec<String>,
     pub subnet: String,
+    /// This machine's address on the nodes' network (the launcher's side).
+    pub gateway: String,
     pub rsh: PathBuf,
     bridge: String,
     _dir: tempfile::TempDir,
 }
 
 impl Nodes {
-    /// Creates `n` nodes named `cs<tag>-0`, `cs<tag>-1`, …
+    /// Creates `n` nodes named `cs<tag>-0`, `cs<tag>-1`, … (after removing what test runs that
+    /// were killed left behind).
     pub fn new(n: usize) -> Nodes {
+        Nodes::remove_stale();
         let tag = std::process::id() % 100_000;
         let net = 64 + (std::process::id() % 128);
         let bridge = format!("csbr{tag}");
@@ -209,7 +213,8 @@ impl Nodes {
         let rsh = dir.path().join("nsrsh");
         std::fs::write(
             &rsh,
-            "#!/bin/sh\nhost=$1; shift\nexec ip netns exec \"$host\" unshare --uts /bin/sh -c \"hostname $host; $*\"\n",
+            // Hydra calls its launcher like ssh (`-x HOST CMD`), Open MPI as `HOST CMD`.
+            "#!/bin/sh\n[ \"$1\" = -x ] && shift\nhost=$1; shift\nexec ip netns exec \"$host\" unshare --uts /bin/sh -c \"hostname $host; $*\"\n",
         )
         .expect("write rsh agent");
         std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -217,6 +222,7 @@ impl Nodes {
         let mut nodes = Nodes {
             names: (0..n).map(|i| format!("cs{tag}-{i}")).collect(),
             subnet: format!("10.77.{net}.0/24"),
+            gateway: format!("10.77.{net}.254"),
             rsh,
             bridge: bridge.clone(),
             _dir: dir,
@@ -288,6 +294,67 @@ impl Nodes {
         ]
         .map(String::from)
         .to_vec()
+    }
+}
+
+impl Nodes {
+    /// MPICH (Hydra) launcher arguments that place `per_node` ranks on each node.
+    pub fn hydra_args(&self, per_node: u32) -> Vec<String> {
+        let hosts: Vec<String> = self
+            .names
+            .iter()
+            .map(|n| format!("{n}:{per_node}"))
+            .collect();
+        vec![
+            "-launcher".into(),
+            "ssh".into(),
+            "-launcher-exec".into(),
+            self.rsh.display().to_string(),
+            "-localhost".into(),
+            self.gateway.clone(),
+            "-hosts".into(),
+            hosts.join(","),
+        ]
+    }
+}
+
+impl Nodes {
+    /// Removes namespaces, bridges and host entries of earlier test processes that no longer run.
+    fn remove_stale() {
+        let alive = |tag: &str| {
+            tag.parse::<u32>()
+                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists())
+        };
+        let out = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        for line in out.unwrap_or_default().lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if let Some(tag) = name.strip_prefix("cs").and_then(|r| r.split('-').next())
+                && !alive(tag)
+            {
+                let _ = Command::new("ip").args(["netns", "del", name]).output();
+                let _ = Command::new("ip")
+                    .args(["link", "del", &format!("csbr{tag}")])
+                    .output();
+            }
+        }
+        if let Ok(hosts) = std::fs::read_to_string("/etc/hosts") {
+            let kept: String = hosts
+                .lines()
+                .filter(|l| {
+                    !(l.ends_with("# commscope-test")
+                        && l.split_whitespace()
+                            .nth(1)
+                            .and_then(|n| n.strip_prefix("cs"))
+                            .and_then(|r| r.split('-').next())
+                            .is_some_and(|t| !alive(t)))
+                })
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let _ = std::fs::write("/etc/hosts", kept);
+        }
     }
 }
 
