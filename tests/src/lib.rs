@@ -206,7 +206,7 @@ impl Nodes {
     /// were killed left behind).
     pub fn new(n: usize) -> Nodes {
         Nodes::remove_stale();
-        let tag = std::process::id() % 100_000;
+        let tag = std::process::id();
         let net = 64 + (std::process::id() % 128);
         let bridge = format!("csbr{tag}");
         let dir = tempfile::tempdir().expect("tempdir");
