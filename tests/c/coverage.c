@@ -185,6 +185,12 @@ static void p2p(void) {
     /* Sendrecv: shift by two. */
     MPI_Sendrecv(sbuf, 200, MPI_CHAR, (me + 2) % n, 40, rbuf, 200, MPI_CHAR, MPI_ANY_SOURCE, 40, MPI_COMM_WORLD, &st);
     call(w, "sendrecv", 200);
+    /* Receives posted larger than what arrives record what arrived. */
+    MPI_Send(sbuf, 10, MPI_CHAR, right, 90, MPI_COMM_WORLD); call(w, "send", 10);
+    MPI_Recv(rbuf, 1000, MPI_CHAR, left, 90, MPI_COMM_WORLD, MPI_STATUS_IGNORE); call(w, "recv", 10);
+    MPI_Irecv(rbuf, 1000, MPI_CHAR, MPI_ANY_SOURCE, 91, MPI_COMM_WORLD, &rq); call(w, "recv", 20);
+    MPI_Send(sbuf, 20, MPI_CHAR, right, 91, MPI_COMM_WORLD); call(w, "send", 20);
+    MPI_Wait(&rq, MPI_STATUS_IGNORE);
     /* Persistent requests: a halo exchange started three times, with Start and Startall. */
     MPI_Request pr[2];
     MPI_Recv_init(rbuf, 48, MPI_CHAR, left, 70, MPI_COMM_WORLD, &pr[0]);

@@ -258,13 +258,13 @@ impl Shim {
         });
         let rc = real();
         if let Some(b) = b {
-            shielded(self, || self.posted(b, rc, req, false));
+            shielded(self, || self.posted(b, rc, req, false, 0));
         }
         rc
     }
 
     /// A nonblocking call was posted: remember it under its request handle.
-    fn posted(&self, b: Begun, rc: c_int, req: P, seq_at_completion: bool) {
+    fn posted(&self, b: Begun, rc: c_int, req: P, seq_at_completion: bool, dt: H) {
         if rc != 0 || req.is_null() {
             self.finish(b.call, b.slot, rc);
             return;
@@ -277,6 +277,7 @@ impl Shim {
             slot: b.slot,
             seq_at_completion,
             comm: 0,
+            dtype: dt as u64,
         };
         if !self.requests.insert(h, p) {
             self.shm.count(Counter::DroppedRequests, 1);
@@ -295,7 +296,7 @@ impl Shim {
         let op = Op::from_code(call.op);
         if op == Op::Recv && !st.is_null() {
             // SAFETY: `st` is a status of the loaded flavour written by MPI.
-            unsafe { self.complete_recv(&mut call, st, p.seq_at_completion) };
+            unsafe { self.complete_recv(&mut call, st, p.seq_at_completion, p.dtype as H) };
         }
         self.finish(call, p.slot, rc);
     }
@@ -364,7 +365,8 @@ impl Shim {
         if let Some(b) = b {
             let later =
                 dir == Dir::Recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
-            shielded(self, || self.posted(b, rc, req, later));
+            let recv_type = if dir == Dir::Recv { dt } else { 0 };
+            shielded(self, || self.posted(b, rc, req, later, recv_type));
         }
         rc
     }
@@ -770,7 +772,7 @@ pub unsafe extern "C" fn MPI_Recv(
             let later = b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
             if rc == 0 {
                 // SAFETY: MPI filled `st`.
-                unsafe { s.complete_recv(&mut b.call, st as *const u8, later) };
+                unsafe { s.complete_recv(&mut b.call, st as *const u8, later, dt) };
             }
             s.finish(b.call, b.slot, rc)
         });
@@ -1027,6 +1029,7 @@ impl Shim {
                 slot: Slot::None,
                 seq_at_completion: wildcard,
                 comm: self.abi.norm(comm),
+                dtype: if recv { dt as u64 } else { 0 },
             };
             if !self.persistent.insert(h, template) {
                 self.shm.count(Counter::DroppedRequests, 1);

@@ -238,6 +238,7 @@ crate::abi::pmpi! {
     fn PMPI_Group_free(group: *mut c_void) -> c_int;
     fn PMPI_Bcast(buf: *mut c_void, count: c_int, dtype: H, root: c_int, comm: H) -> c_int;
     fn PMPI_Type_size(dtype: H, size: *mut c_int) -> c_int;
+    fn PMPI_Get_count(status: *const c_void, dtype: H, count: *mut c_int) -> c_int;
 }
 
 /// Activates recording after a successful `MPI_Init`. Never fails the application: on any
@@ -766,9 +767,26 @@ impl Shim {
     /// # Safety
     /// `st` must point to a status of the loaded flavour.
     #[inline]
-    pub unsafe fn complete_recv(&self, call: &mut Call, st: *const u8, seq_at_completion: bool) {
+    pub unsafe fn complete_recv(
+        &self,
+        call: &mut Call,
+        st: *const u8,
+        seq_at_completion: bool,
+        dt: H,
+    ) {
         // SAFETY: per the contract.
         let (src, tag, _) = unsafe { self.abi.status_fields(st) };
+        // What arrived, rather than what was posted: asked only for predefined types, which cannot
+        // have been freed since the receive was posted.
+        if dt != 0 && call.dtype != commscope_wire::op::dtype::DERIVED {
+            let mut n: c_int = -1;
+            // SAFETY: `st` is a status MPI filled; `dt` is the receive's predefined datatype.
+            unsafe { PMPI_Get_count(st.cast(), dt, &mut n) };
+            if n >= 0 {
+                call.count = n as u64;
+                call.bytes = n as u64 * self.type_size(dt);
+            }
+        }
         if call.flags & flags::ANY_SOURCE != 0 {
             call.peer = self.abi.rank_value(src);
         }

@@ -140,6 +140,8 @@ pub struct Pending {
     pub seq_at_completion: bool,
     /// The communicator's normalized handle (persistent requests look up `seq` at each start).
     pub comm: u64,
+    /// A receive's datatype handle, to count what arrived (0 for anything else).
+    pub dtype: u64,
 }
 
 struct ReqEntry {
