@@ -324,3 +324,40 @@ fn a_forked_child_never_writes_to_the_parents_trace() {
         assert_eq!(seqs.len(), p.records.len(), "rec_seq is unique");
     }
 }
+
+#[test]
+fn an_agent_that_never_answers_does_not_hold_the_trace_back() {
+    let prog = build(Flavour::OpenMpi, "basic");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let calls = 40_000u64;
+    let mut c = commscope();
+    c.arg("run")
+        .arg("--trace-dir")
+        .arg(tmp.path())
+        .arg("--job-id")
+        .arg("no-agent")
+        .arg("--agent-socket")
+        .arg(tmp.path().join("nobody-listens.sock"))
+        .arg("--")
+        .args(launch(Flavour::OpenMpi, 2, &prog, &[&calls.to_string()]));
+    // A ring far smaller than the job's records: only a drained ring avoids drops.
+    c.env("COMMSCOPE_RING_RECORDS", "16384")
+        .env("COMMSCOPE_FLUSH_MS", "10");
+    let out = c.output().expect("run");
+    assert_ok(&out, "job with an absent agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot register with the agent at"), "{err}");
+    let job = load_job(&tmp.path().join("no-agent"));
+    for p in &job.processes {
+        let recorded = p
+            .records
+            .iter()
+            .filter(|r| matches!(r, Record::Call(_)))
+            .count() as u64;
+        assert_eq!(
+            recorded, calls,
+            "rank {}: every call is in the trace",
+            p.header.rank
+        );
+    }
+}

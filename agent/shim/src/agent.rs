@@ -14,9 +14,6 @@ use crate::util::{self, now_mono};
 
 /// How often to try an agent that is not there.
 const RETRY_NS: u64 = 1_000_000_000;
-/// How long records are kept for an agent that has never answered before the trace file stops
-/// waiting for it.
-const FIRST_CONTACT_NS: u64 = 5_000_000_000;
 
 /// The connection to the agent.
 #[derive(Debug, Default)]
@@ -24,17 +21,13 @@ pub struct Link {
     stream: Option<UnixStream>,
     next_try: u64,
     warned: bool,
-    started: u64,
     ever_registered: bool,
 }
 
 impl Link {
     /// Not connected.
     pub fn new() -> Link {
-        Link {
-            started: now_mono(),
-            ..Link::default()
-        }
+        Link::default()
     }
 
     /// Keeps the registration alive: notices a closed connection and reconnects.
@@ -64,12 +57,10 @@ impl Link {
                 self.ever_registered = true;
             }
             Err(e) => {
-                // An agent that never answered must not hold the trace file back for ever.
-                if !self.ever_registered
-                    && now.saturating_sub(self.started) > FIRST_CONTACT_NS
-                    && shim.shm.is_attached(Consumer::Agent)
-                    && shim.shm.is_attached(Consumer::Local)
-                {
+                // An agent that has never answered must not hold the trace file back: stop
+                // keeping records for it until it does (then it starts at the oldest record still
+                // in the ring). Once registered, an agent keeps its records across restarts.
+                if !self.ever_registered && shim.shm.is_attached(Consumer::Local) {
                     shim.shm.detach_consumer(Consumer::Agent);
                 }
                 if shim.config.agent_socket_explicit && !self.warned {
