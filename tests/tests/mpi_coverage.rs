@@ -294,3 +294,45 @@ fn open_mpi_trace_holds_exactly_the_calls_made() {
 fn mpich_trace_holds_exactly_the_calls_made() {
     check(Flavour::Mpich);
 }
+
+#[test]
+fn mpich_large_count_calls_are_recorded_under_the_same_names() {
+    let prog = build(Flavour::Mpich, "large_count");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let expect_dir = tmp.path().join("expect");
+    std::fs::create_dir_all(&expect_dir).expect("mkdir");
+    let trace_dir = tmp.path().join("trace");
+    let out = run_traced(
+        &trace_dir,
+        "large-count",
+        &launch(
+            Flavour::Mpich,
+            4,
+            &prog,
+            &[expect_dir.to_str().expect("utf-8")],
+        ),
+        &[],
+    );
+    assert_ok(&out, "large-count job");
+    let expected = read_expected(&expect_dir, 4);
+    let trace = load_job(&trace_dir.join("large-count"));
+    let mut actual: BTreeMap<(i32, String, String), (u64, u64)> = BTreeMap::new();
+    for p in &trace.processes {
+        for r in &p.records {
+            if let Record::Call(c) = r {
+                let v = actual
+                    .entry((
+                        p.header.rank,
+                        "MPI_COMM_WORLD".to_owned(),
+                        c.op().name().to_owned(),
+                    ))
+                    .or_default();
+                v.0 += 1;
+                v.1 += c.bytes;
+            }
+        }
+    }
+    assert_eq!(actual, expected.calls);
+    let (s, _) = summary_json(&[&trace_dir]);
+    assert_eq!(s["p2p"]["unmatched"], 0, "{}", s["p2p"]);
+}

@@ -305,7 +305,7 @@ impl Shim {
     fn send(
         &self,
         fl: u16,
-        buf_count: c_int,
+        buf_count: i64,
         dt: H,
         dest: c_int,
         tag: c_int,
@@ -313,7 +313,7 @@ impl Shim {
         real: impl FnOnce() -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let count = buf_count.max(0) as u64;
+            let count = cnt(buf_count);
             self.begin_p2p(
                 comm,
                 Op::Send,
@@ -338,7 +338,7 @@ impl Shim {
         &self,
         op: Op,
         fl: u16,
-        count: c_int,
+        count: i64,
         dt: H,
         peer: c_int,
         tag: c_int,
@@ -348,7 +348,7 @@ impl Shim {
     ) -> c_int {
         let dir = if op == Op::Recv { Dir::Recv } else { Dir::Send };
         let b = shielded(self, || {
-            let count = count.max(0) as u64;
+            let count = cnt(count);
             self.begin_p2p(
                 comm,
                 op,
@@ -375,19 +375,20 @@ impl Shim {
 /// Sum of `n` counts (0 when the array is absent).
 ///
 /// # Safety
-/// `counts` must be null or point to `n` ints.
-unsafe fn sum(counts: IP, n: u64) -> u64 {
+/// `counts` must be null or point to `n` counts.
+unsafe fn sum<T: Copy + Into<i64>>(counts: *const T, n: u64) -> u64 {
     if counts.is_null() {
         return 0;
     }
     // SAFETY: per the contract.
     (0..n as usize)
-        .map(|i| unsafe { *counts.add(i) }.max(0) as u64)
+        .map(|i| cnt(unsafe { *counts.add(i) }))
         .sum()
 }
 
-fn cnt(c: c_int) -> u64 {
-    c.max(0) as u64
+/// A count (`int`, or `MPI_Count` in the large-count `_c` calls) as an unsigned size.
+fn cnt(c: impl Into<i64>) -> u64 {
+    c.into().max(0) as u64
 }
 
 // ----- blocking collectives ----------------------------------------------------------------------
@@ -402,7 +403,7 @@ macro_rules! real_or {
     };
 }
 
-fn reduce_info(s: &Shim, sbuf: CP, count: c_int, dt: H, root: i32) -> CollInfo {
+fn reduce_info(s: &Shim, sbuf: CP, count: impl Into<i64> + Copy, dt: H, root: i32) -> CollInfo {
     CollInfo {
         bytes: cnt(count) * s.type_size(dt),
         count: cnt(count),
@@ -413,7 +414,7 @@ fn reduce_info(s: &Shim, sbuf: CP, count: c_int, dt: H, root: i32) -> CollInfo {
 }
 
 /// Per-rank part × ranks, measured on the receive side.
-fn gathered(s: &Shim, sbuf: CP, rcount: c_int, rt: H, n: u64) -> CollInfo {
+fn gathered(s: &Shim, sbuf: CP, rcount: impl Into<i64> + Copy, rt: H, n: u64) -> CollInfo {
     CollInfo {
         bytes: cnt(rcount) * s.type_size(rt) * n,
         count: cnt(rcount) * n,
@@ -423,7 +424,13 @@ fn gathered(s: &Shim, sbuf: CP, rcount: c_int, rt: H, n: u64) -> CollInfo {
     }
 }
 
-fn gatherv_info(s: &Shim, sbuf: CP, rcounts: IP, rt: H, n: u64) -> CollInfo {
+fn gatherv_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    rcounts: *const T,
+    rt: H,
+    n: u64,
+) -> CollInfo {
     // SAFETY: MPI requires `rcounts` to hold one count per rank here.
     let c = unsafe { sum(rcounts, n) };
     CollInfo {
@@ -436,14 +443,14 @@ fn gatherv_info(s: &Shim, sbuf: CP, rcounts: IP, rt: H, n: u64) -> CollInfo {
 }
 
 /// Gather/scatter: the root knows the total; other ranks know their part × ranks.
-fn rooted_info(
+fn rooted_info<C: Copy + Into<i64>>(
     s: &Shim,
     root: c_int,
     me: i32,
     inter: bool,
     n: u64,
-    root_side: (c_int, H),
-    my_side: (c_int, H),
+    root_side: (C, H),
+    my_side: (C, H),
     fl: u16,
 ) -> CollInfo {
     let (c, t) = if s.root_is_me(root, me, inter) {
@@ -460,15 +467,15 @@ fn rooted_info(
     }
 }
 
-fn rooted_v_info(
+fn rooted_v_info<T: Copy + Into<i64>, C: Copy + Into<i64>>(
     s: &Shim,
     root: c_int,
     me: i32,
     inter: bool,
     n: u64,
-    counts: IP,
+    counts: *const T,
     root_t: H,
-    my: (c_int, H),
+    my: (C, H),
     fl: u16,
 ) -> CollInfo {
     let (c, t) = if s.root_is_me(root, me, inter) {
@@ -486,7 +493,13 @@ fn rooted_v_info(
     }
 }
 
-fn reduce_scatter_info(s: &Shim, sbuf: CP, rcounts: IP, dt: H, n: u64) -> CollInfo {
+fn reduce_scatter_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    rcounts: *const T,
+    dt: H,
+    n: u64,
+) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
     CollInfo {
@@ -498,7 +511,13 @@ fn reduce_scatter_info(s: &Shim, sbuf: CP, rcounts: IP, dt: H, n: u64) -> CollIn
     }
 }
 
-fn reduce_scatter_block_info(s: &Shim, sbuf: CP, rcount: c_int, dt: H, n: u64) -> CollInfo {
+fn reduce_scatter_block_info(
+    s: &Shim,
+    sbuf: CP,
+    rcount: impl Into<i64> + Copy,
+    dt: H,
+    n: u64,
+) -> CollInfo {
     CollInfo {
         bytes: cnt(rcount) * n * s.type_size(dt),
         count: cnt(rcount) * n,
@@ -508,7 +527,15 @@ fn reduce_scatter_block_info(s: &Shim, sbuf: CP, rcount: c_int, dt: H, n: u64) -
     }
 }
 
-fn alltoallv_info(s: &Shim, sbuf: CP, scounts: IP, st: H, rcounts: IP, rt: H, n: u64) -> CollInfo {
+fn alltoallv_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    scounts: *const T,
+    st: H,
+    rcounts: *const T,
+    rt: H,
+    n: u64,
+) -> CollInfo {
     let fl = s.in_place(sbuf);
     let (counts, t) = if fl != 0 {
         (rcounts, rt)
@@ -526,12 +553,12 @@ fn alltoallv_info(s: &Shim, sbuf: CP, scounts: IP, st: H, rcounts: IP, rt: H, n:
     }
 }
 
-fn alltoallw_info(
+fn alltoallw_info<T: Copy + Into<i64>>(
     s: &Shim,
     sbuf: CP,
-    scounts: IP,
+    scounts: *const T,
     sts: CP,
-    rcounts: IP,
+    rcounts: *const T,
     rts: CP,
     n: u64,
 ) -> CollInfo {
@@ -592,7 +619,7 @@ const NO_DATA: CollInfo = CollInfo {
     flags: 0,
 };
 
-fn bcast_info(s: &Shim, count: c_int, dt: H, root: c_int) -> CollInfo {
+fn bcast_info(s: &Shim, count: impl Into<i64> + Copy, dt: H, root: c_int) -> CollInfo {
     CollInfo {
         bytes: cnt(count) * s.type_size(dt),
         count: cnt(count),
@@ -684,7 +711,7 @@ pub unsafe extern "C" fn MPI_Send(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Send(buf, count, dt, dest, tag, comm));
-    s.send(0, count, dt, dest, tag, comm, || unsafe {
+    s.send(0, count.into(), dt, dest, tag, comm, || unsafe {
         PMPI_Send(buf, count, dt, dest, tag, comm)
     })
 }
@@ -699,9 +726,15 @@ pub unsafe extern "C" fn MPI_Ssend(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Ssend(buf, count, dt, dest, tag, comm));
-    s.send(flags::SYNCHRONOUS, count, dt, dest, tag, comm, || unsafe {
-        PMPI_Ssend(buf, count, dt, dest, tag, comm)
-    })
+    s.send(
+        flags::SYNCHRONOUS,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        || unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -714,9 +747,15 @@ pub unsafe extern "C" fn MPI_Bsend(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Bsend(buf, count, dt, dest, tag, comm));
-    s.send(flags::BUFFERED, count, dt, dest, tag, comm, || unsafe {
-        PMPI_Bsend(buf, count, dt, dest, tag, comm)
-    })
+    s.send(
+        flags::BUFFERED,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        || unsafe { PMPI_Bsend(buf, count, dt, dest, tag, comm) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -729,9 +768,57 @@ pub unsafe extern "C" fn MPI_Rsend(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Rsend(buf, count, dt, dest, tag, comm));
-    s.send(flags::READY, count, dt, dest, tag, comm, || unsafe {
+    s.send(flags::READY, count.into(), dt, dest, tag, comm, || unsafe {
         PMPI_Rsend(buf, count, dt, dest, tag, comm)
     })
+}
+
+impl Shim {
+    /// Records a blocking receive around `real`, which gets the status to fill.
+    #[allow(clippy::too_many_arguments)]
+    fn recv(
+        &self,
+        count: i64,
+        dt: H,
+        src: c_int,
+        tag: c_int,
+        comm: H,
+        status: P,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let c = cnt(count);
+            self.begin_p2p(
+                comm,
+                Op::Recv,
+                src,
+                tag,
+                c * self.type_size(dt),
+                c,
+                self.dt(dt),
+                0,
+                Dir::Recv,
+            )
+        });
+        let mut own = [0u8; STATUS_MAX];
+        let st: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(st);
+        if let Some(mut b) = b {
+            shielded(self, || {
+                let later = b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+                if rc == 0 {
+                    // SAFETY: MPI filled `st`.
+                    unsafe { self.complete_recv(&mut b.call, st as *const u8, later, dt) };
+                }
+                self.finish(b.call, b.slot, rc)
+            });
+        }
+        rc
+    }
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -745,39 +832,10 @@ pub unsafe extern "C" fn MPI_Recv(
     status: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Recv(buf, count, dt, src, tag, comm, status));
-    let b = shielded(s, || {
-        let c = cnt(count);
-        s.begin_p2p(
-            comm,
-            Op::Recv,
-            src,
-            tag,
-            c * s.type_size(dt),
-            c,
-            s.dt(dt),
-            0,
-            Dir::Recv,
-        )
-    });
-    let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) {
-        own.as_mut_ptr().cast()
-    } else {
-        status
-    };
     // SAFETY: pass-through, with our own status buffer when the application ignores it.
-    let rc = unsafe { PMPI_Recv(buf, count, dt, src, tag, comm, st) };
-    if let Some(mut b) = b {
-        shielded(s, || {
-            let later = b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
-            if rc == 0 {
-                // SAFETY: MPI filled `st`.
-                unsafe { s.complete_recv(&mut b.call, st as *const u8, later, dt) };
-            }
-            s.finish(b.call, b.slot, rc)
-        });
-    }
-    rc
+    s.recv(count.into(), dt, src, tag, comm, status, |st| unsafe {
+        PMPI_Recv(buf, count, dt, src, tag, comm, st)
+    })
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -791,9 +849,17 @@ pub unsafe extern "C" fn MPI_Isend(
     req: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Isend(buf, count, dt, dest, tag, comm, req));
-    s.ip2p(Op::Send, 0, count, dt, dest, tag, comm, req, || unsafe {
-        PMPI_Isend(buf, count, dt, dest, tag, comm, req)
-    })
+    s.ip2p(
+        Op::Send,
+        0,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Isend(buf, count, dt, dest, tag, comm, req) },
+    )
 }
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -810,7 +876,7 @@ pub unsafe extern "C" fn MPI_Issend(
     s.ip2p(
         Op::Send,
         flags::SYNCHRONOUS,
-        count,
+        count.into(),
         dt,
         dest,
         tag,
@@ -831,9 +897,17 @@ pub unsafe extern "C" fn MPI_Irecv(
     req: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Irecv(buf, count, dt, src, tag, comm, req));
-    s.ip2p(Op::Recv, 0, count, dt, src, tag, comm, req, || unsafe {
-        PMPI_Irecv(buf, count, dt, src, tag, comm, req)
-    })
+    s.ip2p(
+        Op::Recv,
+        0,
+        count.into(),
+        dt,
+        src,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Irecv(buf, count, dt, src, tag, comm, req) },
+    )
 }
 
 impl Shim {
@@ -841,7 +915,7 @@ impl Shim {
     #[allow(clippy::too_many_arguments)]
     fn sendrecv(
         &self,
-        scount: c_int,
+        scount: i64,
         st: H,
         dest: c_int,
         stag: c_int,
@@ -928,7 +1002,7 @@ pub unsafe extern "C" fn MPI_Sendrecv(
     ));
     // SAFETY: pass-through, with a real status buffer.
     s.sendrecv(
-        scount,
+        scount.into(),
         st,
         dest,
         stag,
@@ -961,7 +1035,7 @@ pub unsafe extern "C" fn MPI_Sendrecv_replace(
     ));
     // SAFETY: pass-through, with a real status buffer.
     s.sendrecv(
-        count,
+        count.into(),
         dt,
         dest,
         stag,
@@ -982,7 +1056,7 @@ impl Shim {
         &self,
         op: Op,
         fl: u16,
-        count: c_int,
+        count: i64,
         dt: H,
         peer: c_int,
         tag: c_int,
@@ -1069,10 +1143,13 @@ impl Shim {
 
 macro_rules! persistent_init {
     ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
+        persistent_init!($name, $real, $op, $fl, $buf, c_int);
+    };
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty, $count:ty) => {
         #[cfg_attr(not(test), unsafe(no_mangle))]
         pub unsafe extern "C" fn $name(
             buf: $buf,
-            count: c_int,
+            count: $count,
             dt: H,
             peer: c_int,
             tag: c_int,
@@ -1081,9 +1158,17 @@ macro_rules! persistent_init {
         ) -> c_int {
             let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
             // SAFETY: pass-through of the application's arguments.
-            s.persistent_init($op, $fl, count, dt, peer, tag, comm, req, || unsafe {
-                $real(buf, count, dt, peer, tag, comm, req)
-            })
+            s.persistent_init(
+                $op,
+                $fl,
+                count.into(),
+                dt,
+                peer,
+                tag,
+                comm,
+                req,
+                || unsafe { $real(buf, count, dt, peer, tag, comm, req) },
+            )
         }
     };
 }
@@ -1785,3 +1870,240 @@ pub unsafe extern "C" fn MPI_Comm_set_name(comm: H, name: *const c_char) -> c_in
     }
     rc
 }
+
+// ----- MPI-4 large-count variants -----------------------------------------------------------------
+//
+// `MPI_Count` counts and `MPI_Aint` displacements; recorded under the same names as the `int`
+// calls. Only libraries that have them (MPICH 4) ever call these.
+
+/// `MPI_Count`.
+type C = i64;
+/// An array of `MPI_Count`.
+type CA = *const i64;
+/// An array of `MPI_Aint` displacements.
+type AA = *const isize;
+
+pmpi! {
+    fn PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H) -> c_int;
+    fn PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Send_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Ssend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Bsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Rsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Recv_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Isend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Issend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Irecv_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Sendrecv_c(sbuf: CP, scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Send_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Recv_init_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+}
+
+collective!(MPI_Bcast_c => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+collective!(MPI_Reduce_c => PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+collective!(MPI_Allreduce_c => PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Scan_c => PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Exscan_c => PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Allgather_c => PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Alltoall_c => PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Allgatherv_c => PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H), comm, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+collective!(MPI_Gather_c => PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatter_c => PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Gatherv_c => PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatterv_c => PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Reduce_scatter_c => PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+collective!(MPI_Reduce_scatter_block_c => PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+collective!(MPI_Alltoallv_c => PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+collective!(MPI_Alltoallw_c => PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
+icollective!(MPI_Ibcast_c => PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+icollective!(MPI_Ireduce_c => PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+icollective!(MPI_Iallreduce_c => PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iallgather_c => PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ialltoall_c => PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+
+/// Defines a blocking large-count send wrapper.
+macro_rules! send_c {
+    ($name:ident, $real:ident, $fl:expr) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: CP,
+            count: C,
+            dt: H,
+            dest: c_int,
+            tag: c_int,
+            comm: H,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, dest, tag, comm));
+            // SAFETY: pass-through of the application's arguments.
+            s.send($fl, count, dt, dest, tag, comm, || unsafe {
+                $real(buf, count, dt, dest, tag, comm)
+            })
+        }
+    };
+}
+
+send_c!(MPI_Send_c, PMPI_Send_c, 0);
+send_c!(MPI_Ssend_c, PMPI_Ssend_c, flags::SYNCHRONOUS);
+send_c!(MPI_Bsend_c, PMPI_Bsend_c, flags::BUFFERED);
+send_c!(MPI_Rsend_c, PMPI_Rsend_c, flags::READY);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Recv_c(
+    buf: P,
+    count: C,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Recv_c(buf, count, dt, src, tag, comm, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.recv(count, dt, src, tag, comm, status, |st| unsafe {
+        PMPI_Recv_c(buf, count, dt, src, tag, comm, st)
+    })
+}
+
+/// Defines a nonblocking large-count send or receive wrapper.
+macro_rules! ip2p_c {
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: $buf,
+            count: C,
+            dt: H,
+            peer: c_int,
+            tag: c_int,
+            comm: H,
+            req: P,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
+            // SAFETY: pass-through of the application's arguments.
+            s.ip2p($op, $fl, count, dt, peer, tag, comm, req, || unsafe {
+                $real(buf, count, dt, peer, tag, comm, req)
+            })
+        }
+    };
+}
+
+ip2p_c!(MPI_Isend_c, PMPI_Isend_c, Op::Send, 0, CP);
+ip2p_c!(
+    MPI_Issend_c,
+    PMPI_Issend_c,
+    Op::Send,
+    flags::SYNCHRONOUS,
+    CP
+);
+ip2p_c!(MPI_Irecv_c, PMPI_Irecv_c, Op::Recv, 0, P);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_c(
+    sbuf: CP,
+    scount: C,
+    st: H,
+    dest: c_int,
+    stag: c_int,
+    rbuf: P,
+    rcount: C,
+    rt: H,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_c(
+        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        scount,
+        st,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe {
+            PMPI_Sendrecv_c(
+                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
+            )
+        },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_replace_c(
+    buf: P,
+    count: C,
+    dt: H,
+    dest: c_int,
+    stag: c_int,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_replace_c(
+        buf, count, dt, dest, stag, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        count,
+        dt,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe { PMPI_Sendrecv_replace_c(buf, count, dt, dest, stag, src, rtag, comm, stp) },
+    )
+}
+
+persistent_init!(MPI_Send_init_c, PMPI_Send_init_c, Op::Send, 0, CP, C);
+persistent_init!(MPI_Recv_init_c, PMPI_Recv_init_c, Op::Recv, 0, P, C);
