@@ -331,7 +331,7 @@ impl Nodes {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         for line in out.unwrap_or_default().lines() {
             let name = line.split_whitespace().next().unwrap_or("");
-            if let Some(tag) = name.strip_prefix("cs").and_then(|r| r.split('-').next())
+            if let Some(tag) = tag_of(name)
                 && !alive(tag)
             {
                 let _ = Command::new("ip").args(["netns", "del", name]).output();
@@ -340,22 +340,28 @@ impl Nodes {
                     .output();
             }
         }
-        if let Ok(hosts) = std::fs::read_to_string("/etc/hosts") {
-            let kept: String = hosts
-                .lines()
-                .filter(|l| {
-                    !(l.ends_with("# commscope-test")
-                        && l.split_whitespace()
-                            .nth(1)
-                            .and_then(|n| n.strip_prefix("cs"))
-                            .and_then(|r| r.split('-').next())
-                            .is_some_and(|t| !alive(t)))
-                })
-                .map(|l| format!("{l}\n"))
-                .collect();
-            let _ = std::fs::write("/etc/hosts", kept);
-        }
+        remove_host_lines(|host| tag_of(host).is_some_and(|t| !alive(t)));
     }
+}
+
+/// The pid tag of a node name (`cs<pid>-<i>`).
+fn tag_of(name: &str) -> Option<&str> {
+    name.strip_prefix("cs").and_then(|r| r.split('-').next())
+}
+
+/// Removes the fixture's `/etc/hosts` lines whose host name `gone` selects.
+fn remove_host_lines(gone: impl Fn(&str) -> bool) {
+    let Ok(hosts) = std::fs::read_to_string("/etc/hosts") else {
+        return;
+    };
+    let kept: String = hosts
+        .lines()
+        .filter(|l| {
+            !(l.ends_with("# commscope-test") && l.split_whitespace().nth(1).is_some_and(&gone))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let _ = std::fs::write("/etc/hosts", kept);
 }
 
 impl Drop for Nodes {
@@ -366,16 +372,6 @@ impl Drop for Nodes {
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .output();
-        if let Ok(hosts) = std::fs::read_to_string("/etc/hosts") {
-            let kept: String = hosts
-                .lines()
-                .filter(|l| {
-                    !(l.ends_with("# commscope-test")
-                        && self.names.iter().any(|n| l.contains(n.as_str())))
-                })
-                .map(|l| format!("{l}\n"))
-                .collect();
-            let _ = std::fs::write("/etc/hosts", kept);
-        }
+        remove_host_lines(|host| self.names.iter().any(|n| n == host));
     }
 }

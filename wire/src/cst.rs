@@ -137,31 +137,73 @@ pub fn sanitize(s: &str) -> String {
     }
 }
 
+/// A block being built: records are appended in place and [`Block::finish`] completes the
+/// header (count and checksum), so a record is copied once on its way to the file.
+#[derive(Clone, Debug, Default)]
+pub struct Block {
+    buf: Vec<u8>,
+}
+
+impl Block {
+    /// An empty block with room for `records` records.
+    pub fn with_capacity(records: usize) -> Block {
+        Block {
+            buf: Vec::with_capacity(BLOCK_HEADER + records * RECORD_SIZE),
+        }
+    }
+
+    /// Appends a record.
+    pub fn push(&mut self, r: &RawRecord) {
+        if self.buf.is_empty() {
+            self.buf.resize(BLOCK_HEADER, 0);
+        }
+        self.buf.extend_from_slice(r);
+    }
+
+    /// Records in the block.
+    pub fn len(&self) -> usize {
+        self.buf.len().saturating_sub(BLOCK_HEADER) / RECORD_SIZE
+    }
+
+    /// Whether the block holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Empties the block, keeping its allocation.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+    }
+
+    /// Completes the header and returns the encoded block.
+    pub fn finish(&mut self) -> &[u8] {
+        if self.buf.is_empty() {
+            return &[];
+        }
+        let count = self.len() as u32;
+        let crc = crc32c(&self.buf[BLOCK_HEADER..]);
+        self.buf[0..4].copy_from_slice(&BLOCK_MAGIC);
+        self.buf[4..8].copy_from_slice(&count.to_le_bytes());
+        self.buf[8..12].copy_from_slice(&crc.to_le_bytes());
+        self.buf[12..16].fill(0);
+        &self.buf
+    }
+}
+
 /// Encodes one block of records.
 pub fn encode_block(records: &[RawRecord]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(BLOCK_HEADER + records.len() * RECORD_SIZE);
-    encode_block_into(&mut out, records);
-    out
-}
-
-/// Encodes one block of records into `out` (cleared first).
-pub fn encode_block_into(out: &mut Vec<u8>, records: &[RawRecord]) {
-    out.clear();
-    out.extend_from_slice(&BLOCK_MAGIC);
-    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
-    out.extend_from_slice(&[0; 8]);
+    let mut b = Block::with_capacity(records.len());
     for r in records {
-        out.extend_from_slice(r);
+        b.push(r);
     }
-    let crc = crc32c(&out[BLOCK_HEADER..]);
-    out[8..12].copy_from_slice(&crc.to_le_bytes());
+    b.finish().to_vec()
 }
 
-/// Appends records to a trace file. Each [`Writer::append`] is one `write` of one block.
+/// Appends records to a trace file. Each block is written with one `write`.
 #[derive(Debug)]
 pub struct Writer<W: Write> {
     out: W,
-    scratch: Vec<u8>,
+    scratch: Block,
 }
 
 impl<W: Write> Writer<W> {
@@ -171,17 +213,28 @@ impl<W: Write> Writer<W> {
         out.flush()?;
         Ok(Writer {
             out,
-            scratch: Vec::new(),
+            scratch: Block::default(),
         })
     }
 
     /// Appends one block holding `records` (nothing for an empty slice).
     pub fn append(&mut self, records: &[RawRecord]) -> io::Result<()> {
-        if records.is_empty() {
+        let mut block = std::mem::take(&mut self.scratch);
+        for r in records {
+            block.push(r);
+        }
+        let result = self.write_block(&mut block);
+        self.scratch = block;
+        result
+    }
+
+    /// Writes a block built by the caller and empties it (nothing for an empty block).
+    pub fn write_block(&mut self, block: &mut Block) -> io::Result<()> {
+        if block.is_empty() {
             return Ok(());
         }
-        encode_block_into(&mut self.scratch, records);
-        self.out.write_all(&self.scratch)?;
+        self.out.write_all(block.finish())?;
+        block.clear();
         self.out.flush()
     }
 

@@ -760,6 +760,13 @@ impl Shm {
         None
     }
 
+    /// Number of calls in flight now.
+    pub fn in_flight_count(&self) -> usize {
+        (0..self.geometry.in_flight_slots as usize)
+            .filter(|&i| self.in_flight_read(i).is_some())
+            .count()
+    }
+
     /// Snapshots every occupied slot.
     pub fn in_flight(&self) -> Vec<(usize, InFlight)> {
         (0..self.geometry.in_flight_slots as usize)

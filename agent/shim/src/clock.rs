@@ -25,18 +25,24 @@ const RESET_NS: u64 = 1_000_000;
 /// Shortest interval the first calibration uses.
 const FIRST_CALIBRATION_NS: u64 = 50_000_000;
 
-/// `CLOCK_MONOTONIC` read from the kernel.
+/// A kernel clock in nanoseconds (vDSO: no system call).
 #[inline]
-pub fn mono_raw() -> u64 {
+pub fn read(id: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(id, &mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
+}
+
+/// `CLOCK_MONOTONIC` read from the kernel.
+#[inline]
+pub fn mono_raw() -> u64 {
+    read(libc::CLOCK_MONOTONIC)
 }
 
 #[inline]

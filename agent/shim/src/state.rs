@@ -458,7 +458,7 @@ impl Shim {
 
     /// Appends a heartbeat.
     pub fn push_heartbeat(&self, now: u64, last: bool) {
-        let in_flight = self.shm.in_flight().len() as u32;
+        let in_flight = self.shm.in_flight_count() as u32;
         self.push(&Record::Heartbeat(Heartbeat {
             rec_seq: 0,
             flags: if last { flags::FINAL } else { 0 },

@@ -11,20 +11,7 @@ pub fn now_mono() -> u64 {
 /// `CLOCK_REALTIME` in nanoseconds since the epoch.
 #[inline]
 pub fn now_real() -> u64 {
-    clock(libc::CLOCK_REALTIME)
-}
-
-#[inline]
-fn clock(id: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
+    crate::clock::read(libc::CLOCK_REALTIME)
 }
 
 /// The kernel thread id of the caller, cached per thread.

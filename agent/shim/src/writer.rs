@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use commscope_wire::cst;
-use commscope_wire::record::{Call, RECORD_SIZE, RawRecord, Record};
+use commscope_wire::record::{Call, Record};
 use commscope_wire::shm::{Consumer, Counter};
 
 use crate::state::Shim;
@@ -28,7 +28,7 @@ const BLOCK_RECORDS: usize = 512;
 pub struct LocalTrace {
     writer: cst::Writer<File>,
     path: PathBuf,
-    batch: Vec<RawRecord>,
+    block: cst::Block,
 }
 
 impl LocalTrace {
@@ -58,7 +58,7 @@ impl LocalTrace {
         Ok(LocalTrace {
             writer: cst::Writer::new(file, &header)?,
             path,
-            batch: Vec::with_capacity(BLOCK_RECORDS),
+            block: cst::Block::with_capacity(BLOCK_RECORDS),
         })
     }
 }
@@ -185,25 +185,20 @@ pub fn drain_local(shim: &Shim) {
     let mut guard = shim.local.lock().unwrap_or_else(|p| p.into_inner());
     let Some(t) = guard.as_mut() else { return };
     loop {
-        t.batch.clear();
         let from = shim.shm.cursor(Consumer::Local);
-        let end = shim.shm.read_from(from, BLOCK_RECORDS, |r| {
-            let mut raw = [0u8; RECORD_SIZE];
-            raw.copy_from_slice(r);
-            t.batch.push(raw);
-        });
-        if t.batch.is_empty() {
+        let end = shim.shm.read_from(from, BLOCK_RECORDS, |r| t.block.push(r));
+        let records = t.block.len();
+        if records == 0 {
             if end != from {
                 shim.shm.advance(Consumer::Local, end);
             }
             return;
         }
-        if let Err(e) = t.writer.append(&t.batch) {
+        if let Err(e) = t.writer.write_block(&mut t.block) {
             shim.shm.count(Counter::TraceWriteErrors, 1);
             util::warn(format_args!(
-                "failed to write {}: {e}; local tracing stopped ({} records not written)",
+                "failed to write {}: {e}; local tracing stopped ({records} records not written)",
                 t.path.display(),
-                t.batch.len()
             ));
             shim.shm.advance(Consumer::Local, end);
             shim.shm.detach_consumer(Consumer::Local);
@@ -211,7 +206,7 @@ pub fn drain_local(shim: &Shim) {
             return;
         }
         shim.shm.advance(Consumer::Local, end);
-        if t.batch.len() < BLOCK_RECORDS {
+        if records < BLOCK_RECORDS {
             return;
         }
     }
