@@ -30,6 +30,8 @@ mod tests {
                 first_rec_seq: 10,
                 record_size: crate::record::RECORD_SIZE as u32,
                 records: vec![0; 256],
+                clock_offset_ns: Some(-42),
+                ..Default::default()
             })),
         };
         let bytes = req.encode_to_vec();

@@ -6,7 +6,7 @@
 //! - [`hash`]: the identity hash behind communicator ids.
 //! - [`shm`]: the shared-memory region (ring + in-flight table) a traced process shares with
 //!   its node agent; [`registration`]: the handshake that hands it over.
-//! - [`cst`]: the shim's append-only trace files.
+//! - [`cst`]: the shim's append-only trace files; [`wal`]: the collector's write-ahead log.
 //! - `parquet` (feature `parquet`): the job trace as Parquet.
 //! - `grpc` (feature `grpc`): the agent ⇄ collector protocol.
 //!
@@ -22,6 +22,7 @@ pub mod op;
 pub mod record;
 pub mod registration;
 pub mod shm;
+pub mod wal;
 
 #[cfg(feature = "parquet")]
 pub mod parquet;

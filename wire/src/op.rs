@@ -259,6 +259,13 @@ pub mod flags {
 
     /// Heartbeat: the last heartbeat of a process that shut down cleanly.
     pub const FINAL: u16 = 1 << 0;
+    /// Heartbeat: written by the node agent after the process ended, from the counters in its
+    /// shared memory (so drops after the process's own last heartbeat are counted too).
+    pub const AGENT_BEAT: u16 = 1 << 1;
+
+    /// Process: written by the node agent, which saw the process end (its `exit_status` and
+    /// `signal` come from the kernel).
+    pub const OBSERVED: u16 = 1 << 0;
 }
 
 /// The clock a record's timestamps are on.

@@ -9,7 +9,7 @@ use arrow_array::builder::{
     Int32Builder, Int64Builder, StringBuilder, UInt32Builder, UInt64Builder,
 };
 use arrow_array::{
-    Array, ArrayRef, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    Array, ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
@@ -66,6 +66,16 @@ pub enum Error {
 pub struct ProcessTrace {
     pub header: Header,
     pub records: Vec<Record>,
+    /// How the process's host clock relates to the collector's, when a collector measured it.
+    pub clock: Option<ClockAlignment>,
+}
+
+/// The collector's estimate of a host's clock: `collector time = host CLOCK_REALTIME +
+/// offset_ns`, within `± error_ns`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockAlignment {
+    pub offset_ns: i64,
+    pub error_ns: u64,
 }
 
 fn u64f(name: &str, nullable: bool) -> Field {
@@ -133,6 +143,8 @@ pub fn schema() -> SchemaRef {
         u64f("dropped_other", true),
         u64f("produced", true),
         i32f("exit_status", true),
+        i32f("signal", true),
+        u64f("step", true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -188,11 +200,15 @@ struct Columns {
     dropped_other: UInt64Builder,
     produced: UInt64Builder,
     exit_status: Int32Builder,
+    signal: Int32Builder,
+    step: UInt64Builder,
     rows: usize,
+    /// The last communicator id and its printed form (rows of a process mostly repeat it).
+    comm_text: (u64, String),
 }
 
 impl Columns {
-    fn push(&mut self, h: &Header, r: &Record) {
+    fn push(&mut self, h: &Header, clock: Option<ClockAlignment>, r: &Record) {
         self.rows += 1;
         self.job.append_value(&h.job);
         self.node.append_value(&h.node);
@@ -228,14 +244,22 @@ impl Columns {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
             Record::Heartbeat(b) => b.flags,
-            Record::Process(_) => 0,
+            Record::Process(p) => p.flags,
         };
         self.flags.append_value(u32::from(flags));
         self.op.append_option(call.map(|c| c.op().name()));
         self.status.append_option(call.map(|c| c.status));
         let comm_id = call.map(|c| c.comm_id).or(comm.map(|c| c.comm_id));
         self.comm_id.append_option(comm_id);
-        self.comm.append_option(comm_id.map(format_comm_id));
+        match comm_id {
+            Some(id) => {
+                if self.comm_text.0 != id || self.comm_text.1.is_empty() {
+                    self.comm_text = (id, format_comm_id(id));
+                }
+                self.comm.append_value(&self.comm_text.1);
+            }
+            None => self.comm.append_null(),
+        }
         self.seq.append_option(call.map(|c| c.seq));
         self.op_seq.append_option(call.map(|c| c.op_seq));
         self.bytes.append_option(call.map(|c| c.bytes));
@@ -256,8 +280,8 @@ impl Columns {
         self.gpu_end
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_end));
         self.clock.append_option(call.map(|c| c.clock().name()));
-        self.offset.append_null();
-        self.error.append_null();
+        self.offset.append_option(clock.map(|c| c.offset_ns));
+        self.error.append_option(clock.map(|c| c.error_ns));
         self.comm_rank
             .append_option(call.map(|c| c.comm_rank).or(comm.map(|c| c.comm_rank)));
         self.comm_size
@@ -271,6 +295,7 @@ impl Columns {
             .or(pr.map(|p| match p.event {
                 ProcessEvent::Start => "start",
                 ProcessEvent::Exit => "exit",
+                ProcessEvent::Step => "step",
             })),
         );
         self.parent.append_option(comm.map(|c| c.parent));
@@ -296,6 +321,10 @@ impl Columns {
             pr.filter(|p| p.exit_status != crate::record::EXIT_STATUS_UNKNOWN)
                 .map(|p| p.exit_status),
         );
+        self.signal
+            .append_option(pr.filter(|p| p.signal != 0).map(|p| p.signal));
+        self.step
+            .append_option(pr.filter(|p| p.event == ProcessEvent::Step).map(|p| p.step));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -348,23 +377,57 @@ impl Columns {
             Arc::new(self.dropped_other.finish()),
             Arc::new(self.produced.finish()),
             Arc::new(self.exit_status.finish()),
+            Arc::new(self.signal.finish()),
+            Arc::new(self.step.finish()),
         ]
     }
 }
 
-/// Writes processes' records to a Parquet file (written to a temporary name, then renamed, so a
-/// reader never sees half a file).
+/// Writes processes' records to a Parquet file (written to a temporary name, synced, then
+/// renamed, so a reader never sees half a file). Returns the rows written.
 pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
+    write_with_metadata(path, processes, &[])
+}
+
+/// [`write`], adding key-value pairs to the file's metadata (keys should start `commscope.`).
+pub fn write_with_metadata(
+    path: &Path,
+    processes: &[ProcessTrace],
+    metadata: &[(String, String)],
+) -> Result<u64, Error> {
     let p = path.display().to_string();
     let tmp = path.with_extension("parquet.partial");
     let file = std::fs::File::create(&tmp).map_err(|source| Error::Io {
         path: tmp.display().to_string(),
         source,
     })?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+    let kv: Vec<parquet::file::metadata::KeyValue> = metadata
+        .iter()
+        .map(|(k, v)| parquet::file::metadata::KeyValue::new(k.clone(), v.clone()))
+        .collect();
+    // Dictionaries only for the repetitive text columns: for counters and timestamps they cost
+    // a hash lookup per value and save nothing.
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
         .set_max_row_group_row_count(Some(1 << 20))
-        .build();
+        .set_key_value_metadata((!kv.is_empty()).then_some(kv))
+        .set_dictionary_enabled(false);
+    for col in [
+        "job",
+        "node",
+        "flavour",
+        "kind",
+        "op",
+        "comm",
+        "dtype",
+        "clock",
+        "event",
+        "comm_name",
+    ] {
+        props = props
+            .set_column_dictionary_enabled(parquet::schema::types::ColumnPath::from(col), true);
+    }
+    let props = props.build();
     let schema = schema();
     let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| {
         Error::Parquet {
@@ -390,7 +453,7 @@ pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
     };
     for proc in processes {
         for r in &proc.records {
-            cols.push(&proc.header, r);
+            cols.push(&proc.header, proc.clock, r);
             rows += 1;
             if cols.rows >= BATCH_ROWS {
                 flush(&mut cols, &mut w)?;
@@ -398,15 +461,42 @@ pub fn write(path: &Path, processes: &[ProcessTrace]) -> Result<u64, Error> {
         }
     }
     flush(&mut cols, &mut w)?;
-    w.close().map_err(|source| Error::Parquet {
+    let file = w.into_inner().map_err(|source| Error::Parquet {
         path: p.clone(),
         source,
     })?;
+    file.sync_all().map_err(|source| Error::Io {
+        path: tmp.display().to_string(),
+        source,
+    })?;
+    drop(file);
     std::fs::rename(&tmp, path).map_err(|source| Error::Io {
         path: p.clone(),
         source,
     })?;
     Ok(rows)
+}
+
+/// The key-value metadata of a Parquet file (its footer only is read).
+pub fn read_metadata(path: &Path) -> Result<std::collections::HashMap<String, String>, Error> {
+    let p = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| Error::Io {
+        path: p.clone(),
+        source,
+    })?;
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(file)
+        .map_err(|source| Error::Parquet { path: p, source })?;
+    use parquet::file::reader::FileReader;
+    Ok(reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kv| {
+            kv.iter()
+                .filter_map(|e| Some((e.key.clone(), e.value.clone()?)))
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 /// Whether `bytes` start like a Parquet file.
@@ -535,6 +625,8 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let gpu_start = c.get::<UInt64Array>("gpu_start_ns", false)?;
         let gpu_end = c.get::<UInt64Array>("gpu_end_ns", false)?;
         let clock = c.get::<StringArray>("clock", false)?;
+        let offset = c.get::<Int64Array>("offset_ns", false)?;
+        let error = c.get::<UInt64Array>("error_ns", false)?;
         let comm_rank = c.get::<Int32Array>("comm_rank", false)?;
         let comm_size = c.get::<Int32Array>("comm_size", false)?;
         let event = c.get::<StringArray>("event", false)?;
@@ -549,6 +641,9 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let d_other = c.get::<UInt64Array>("dropped_other", false)?;
         let produced = c.get::<UInt64Array>("produced", false)?;
         let exit_status = c.get::<Int32Array>("exit_status", false)?;
+        let signal = c.get::<Int32Array>("signal", false)?;
+        // Written since the step marker exists; older files have no step events.
+        let step = c.get::<UInt64Array>("step", false)?;
 
         for i in 0..batch.num_rows() {
             let key = (
@@ -573,6 +668,10 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                         ..Default::default()
                     },
                     records: Vec::new(),
+                    clock: offset.filter(|a| !a.is_null(i)).map(|a| ClockAlignment {
+                        offset_ns: a.value(i),
+                        error_ns: opt_u64(error, i),
+                    }),
                 });
                 out.len() - 1
             });
@@ -647,10 +746,10 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                 }),
                 "process" => Record::Process(Process {
                     rec_seq: rec_seq.value(i),
-                    event: if opt_str(event, i) == "exit" {
-                        ProcessEvent::Exit
-                    } else {
-                        ProcessEvent::Start
+                    event: match opt_str(event, i) {
+                        "exit" => ProcessEvent::Exit,
+                        "step" => ProcessEvent::Step,
+                        _ => ProcessEvent::Start,
                     },
                     t_mono: opt_u64(t, i),
                     t_real: opt_u64(t_real, i),
@@ -659,6 +758,9 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     start_time: start.value(i),
                     rank: rank.value(i),
                     world_size: world.value(i),
+                    flags: fl,
+                    signal: opt_i32(signal, i, 0),
+                    step: opt_u64(step, i),
                 }),
                 _ => {
                     unknown += 1;
@@ -740,7 +842,39 @@ mod tests {
                 ..call
             }),
             Record::Heartbeat(hb),
+            Record::Process(Process {
+                rec_seq: 5,
+                event: ProcessEvent::Exit,
+                flags: flags::OBSERVED,
+                t_mono: 500,
+                t_real: 600,
+                pid: 7,
+                exit_status: crate::record::EXIT_STATUS_UNKNOWN,
+                start_time: 99,
+                rank: 2,
+                world_size: 4,
+                signal: 9,
+                step: 0,
+            }),
+            Record::Process(Process {
+                rec_seq: 6,
+                event: ProcessEvent::Step,
+                flags: 0,
+                t_mono: 450,
+                t_real: 550,
+                pid: 7,
+                exit_status: crate::record::EXIT_STATUS_UNKNOWN,
+                start_time: 99,
+                rank: 2,
+                world_size: 4,
+                signal: 0,
+                step: 41,
+            }),
         ];
+        let clock = Some(ClockAlignment {
+            offset_ns: -1234,
+            error_ns: 56,
+        });
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         let n = write(
@@ -748,16 +882,18 @@ mod tests {
             &[ProcessTrace {
                 header: header.clone(),
                 records: recs.clone(),
+                clock,
             }],
         )
         .expect("write");
-        assert_eq!(n, 4);
+        assert_eq!(n, 6);
         let (back, unknown) = read(&path).expect("read");
         assert_eq!(unknown, 0);
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].header.job, "j");
         assert_eq!(back[0].header.rank, 2);
         assert_eq!(back[0].records, recs);
+        assert_eq!(back[0].clock, clock);
     }
 
     #[test]

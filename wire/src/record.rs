@@ -42,6 +42,8 @@ pub enum ProcessEvent {
     Start = 1,
     /// The process finalized or exited.
     Exit = 2,
+    /// The application marked the start of a training step (`commscope_step(n)`); `step` is n.
+    Step = 3,
 }
 
 /// Exit status value meaning "not known".
@@ -232,6 +234,8 @@ pub struct Heartbeat {
 pub struct Process {
     pub rec_seq: u64,
     pub event: ProcessEvent,
+    /// [`crate::op::flags::OBSERVED`] when the node agent wrote it after seeing the process end.
+    pub flags: u16,
     pub t_mono: u64,
     pub t_real: u64,
     pub pid: u32,
@@ -241,6 +245,10 @@ pub struct Process {
     pub start_time: u64,
     pub rank: i32,
     pub world_size: i32,
+    /// The signal that ended the process, 0 when none or unknown.
+    pub signal: i32,
+    /// `step` events: the application's step number; 0 otherwise.
+    pub step: u64,
 }
 
 /// Any decoded record.
@@ -325,7 +333,7 @@ impl Record {
                 b[72..128].fill(0);
             }
             Record::Process(p) => {
-                header(b, kind::PROCESS, p.event as u8, 0, 0);
+                header(b, kind::PROCESS, p.event as u8, p.flags, 0);
                 put_u64(b, 16, p.t_mono);
                 put_u64(b, 24, p.t_real);
                 put_u32(b, 32, p.pid);
@@ -333,7 +341,10 @@ impl Record {
                 put_u64(b, 40, p.start_time);
                 put_i32(b, 48, p.rank);
                 put_i32(b, 52, p.world_size);
-                b[56..128].fill(0);
+                put_i32(b, 56, p.signal);
+                b[60..64].fill(0);
+                put_u64(b, 64, p.step);
+                b[72..128].fill(0);
             }
         }
     }
@@ -392,11 +403,13 @@ impl Record {
                 let event = match b[9] {
                     1 => ProcessEvent::Start,
                     2 => ProcessEvent::Exit,
+                    3 => ProcessEvent::Step,
                     _ => return Err(DecodeError::BadField("process event")),
                 };
                 Ok(Record::Process(Process {
                     rec_seq,
                     event,
+                    flags,
                     t_mono: get_u64(b, 16),
                     t_real: get_u64(b, 24),
                     pid: get_u32(b, 32),
@@ -404,6 +417,8 @@ impl Record {
                     start_time: get_u64(b, 40),
                     rank: get_i32(b, 48),
                     world_size: get_i32(b, 52),
+                    signal: get_i32(b, 56),
+                    step: get_u64(b, 64),
                 }))
             }
             other => Err(DecodeError::UnknownKind(other)),
@@ -580,6 +595,23 @@ mod tests {
                 start_time: 99,
                 rank: 0,
                 world_size: 8,
+                flags: flags::OBSERVED,
+                signal: 9,
+                step: 0,
+            }),
+            Record::Process(Process {
+                rec_seq: 47,
+                event: ProcessEvent::Step,
+                t_mono: 5,
+                t_real: 6,
+                pid: 1234,
+                exit_status: EXIT_STATUS_UNKNOWN,
+                start_time: 99,
+                rank: 0,
+                world_size: 8,
+                flags: 0,
+                signal: 0,
+                step: 12_345,
             }),
         ];
         for r in records {
@@ -613,6 +645,9 @@ mod tests {
             start_time: 0,
             rank: 0,
             world_size: 1,
+            flags: 0,
+            signal: 0,
+            step: 0,
         })
         .encode();
         b[9] = 7;

@@ -17,6 +17,8 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const REQUEST_SIZE: usize = 256;
 /// Size of a reply on the wire.
 pub const REPLY_SIZE: usize = 32;
+/// Where the node agent listens unless told otherwise (`COMMSCOPE_AGENT_SOCKET`, `--socket`).
+pub const DEFAULT_SOCKET: &str = "/run/commscope/agent.sock";
 
 /// A registration request.
 #[derive(Clone, Debug, PartialEq, Eq)]

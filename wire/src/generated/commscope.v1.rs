@@ -44,6 +44,16 @@ pub struct RecordBatch {
     /// The records, concatenated.
     #[prost(bytes = "vec", tag = "4")]
     pub records: ::prost::alloc::vec::Vec<u8>,
+    /// The agent's current estimate of (collector clock - agent host clock), CLOCK_REALTIME, and
+    /// its error bound (ns), from the acknowledgement timestamps (NTP-style). Unset until the
+    /// first acknowledgement arrived.
+    #[prost(int64, optional, tag = "5")]
+    pub clock_offset_ns: ::core::option::Option<i64>,
+    #[prost(uint64, tag = "6")]
+    pub clock_error_ns: u64,
+    /// Records the agent found overwritten in the ring before it could read them (so far).
+    #[prost(uint64, tag = "7")]
+    pub dropped_overrun: u64,
 }
 /// One call in progress.
 #[allow(clippy::all)]
@@ -90,6 +100,16 @@ pub struct InFlightSnapshot {
     /// Host monotonic time of the process's last heartbeat.
     #[prost(uint64, tag = "5")]
     pub last_beat_ns: u64,
+    /// The process as the kernel sees it at the snapshot (/proc/<pid>/stat and wchan): its state
+    /// letter ("R" running, "S" sleeping, "D" uninterruptible, "T" stopped, "Z" zombie; empty when
+    /// unknown), wait channel (kernel function it sleeps in, empty when running or unknown), and CPU
+    /// time used so far (user + system, ns). Snapshots come at least once a second.
+    #[prost(string, tag = "6")]
+    pub proc_state: ::prost::alloc::string::String,
+    #[prost(string, tag = "7")]
+    pub wchan: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "8")]
+    pub cpu_ns: u64,
 }
 /// A traced process ended.
 #[allow(clippy::all)]
@@ -107,6 +127,33 @@ pub struct ProcessExit {
     /// Terminating signal, 0 if none.
     #[prost(int32, tag = "5")]
     pub signal: i32,
+}
+/// What the agent found out about a process on the collector's request (a hang's culprit).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProcessProbe {
+    #[prost(message, optional, tag = "1")]
+    pub process: ::core::option::Option<ProcessId>,
+    /// Every thread's native stack (eu-stack, else gdb); empty when it could not be taken.
+    #[prost(string, tag = "2")]
+    pub native_stack: ::prost::alloc::string::String,
+    /// The Python stack (py-spy dump) when the process is CPython and py-spy is installed.
+    #[prost(string, tag = "3")]
+    pub python_stack: ::prost::alloc::string::String,
+    /// Why a stack is missing.
+    #[prost(string, tag = "4")]
+    pub error: ::prost::alloc::string::String,
+}
+/// The collector asks the agent to probe one of its processes.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProbeRequest {
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "2")]
+    pub pid: u32,
+    #[prost(uint64, tag = "3")]
+    pub start_time: u64,
 }
 /// First message on a stream.
 #[allow(clippy::all)]
@@ -129,7 +176,7 @@ pub struct IngestRequest {
     /// Agent's CLOCK_REALTIME when it sent this message (ns), for clock alignment.
     #[prost(uint64, tag = "2")]
     pub agent_send_ns: u64,
-    #[prost(oneof = "ingest_request::Payload", tags = "3, 4, 5, 6")]
+    #[prost(oneof = "ingest_request::Payload", tags = "3, 4, 5, 6, 7")]
     pub payload: ::core::option::Option<ingest_request::Payload>,
 }
 /// Nested message and enum types in `IngestRequest`.
@@ -145,10 +192,12 @@ pub mod ingest_request {
         InFlight(super::InFlightSnapshot),
         #[prost(message, tag = "6")]
         Exit(super::ProcessExit),
+        #[prost(message, tag = "7")]
+        Probe(super::ProcessProbe),
     }
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct IngestAck {
     #[prost(uint64, tag = "1")]
     pub batch_id: u64,
@@ -166,10 +215,157 @@ pub struct IngestAck {
     /// (0 or 1: keep everything).
     #[prost(uint32, tag = "5")]
     pub sample_modulus: u32,
-    /// Non-empty when the batch was refused (malformed, over limits); the agent logs it and drops
-    /// the batch with a counted reason.
+    /// Non-empty when the batch was refused. With retry_after_ms = 0 the refusal is final
+    /// (malformed): the agent logs it and drops the batch with a counted reason. Otherwise it is
+    /// transient (rate limit, storage failing): the agent keeps the batch and sends it again after
+    /// that many milliseconds.
     #[prost(string, tag = "6")]
     pub error: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "7")]
+    pub retry_after_ms: u32,
+    /// Processes of this agent to probe (stacks of a hang's culprits), at most once each.
+    #[prost(message, repeated, tag = "8")]
+    pub probes: ::prost::alloc::vec::Vec<ProbeRequest>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListJobsRequest {
+    /// Include jobs that ended and are still retained.
+    #[prost(bool, tag = "1")]
+    pub include_ended: bool,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct JobSummary {
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+    /// "running" or "ended".
+    #[prost(string, tag = "2")]
+    pub state: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "3")]
+    pub ranks: u32,
+    #[prost(uint32, tag = "4")]
+    pub world_size: u32,
+    #[prost(string, repeated, tag = "5")]
+    pub nodes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(uint64, tag = "6")]
+    pub records: u64,
+    /// Collector CLOCK_REALTIME of the first and latest record (ns since the epoch).
+    #[prost(uint64, tag = "7")]
+    pub first_seen_ns: u64,
+    #[prost(uint64, tag = "8")]
+    pub last_seen_ns: u64,
+    #[prost(uint32, tag = "9")]
+    pub in_flight: u32,
+    #[prost(uint64, tag = "10")]
+    pub dropped: u64,
+    #[prost(string, tag = "11")]
+    pub flavour: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct JobList {
+    #[prost(message, repeated, tag = "1")]
+    pub jobs: ::prost::alloc::vec::Vec<JobSummary>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetJobRequest {
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RankState {
+    #[prost(int32, tag = "1")]
+    pub rank: i32,
+    #[prost(string, tag = "2")]
+    pub node: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "3")]
+    pub pid: u32,
+    /// "running", "finalized", "exited", "killed" or "lost".
+    #[prost(string, tag = "4")]
+    pub state: ::prost::alloc::string::String,
+    /// Exit status or terminating signal when known.
+    #[prost(int32, optional, tag = "5")]
+    pub exit_status: ::core::option::Option<i32>,
+    #[prost(int32, optional, tag = "6")]
+    pub signal: ::core::option::Option<i32>,
+    #[prost(uint64, tag = "7")]
+    pub records: u64,
+    #[prost(uint64, tag = "8")]
+    pub calls: u64,
+    /// Collector time of this rank's last record or heartbeat (ns since the epoch).
+    #[prost(uint64, tag = "9")]
+    pub last_seen_ns: u64,
+    #[prost(uint64, tag = "10")]
+    pub dropped: u64,
+    /// Clock alignment of the rank's node (collector - host), with its error bound.
+    #[prost(int64, optional, tag = "11")]
+    pub clock_offset_ns: ::core::option::Option<i64>,
+    #[prost(uint64, tag = "12")]
+    pub clock_error_ns: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CommState {
+    #[prost(uint64, tag = "1")]
+    pub comm_id: u64,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "3")]
+    pub size: u32,
+    /// Global ranks of the members seen so far.
+    #[prost(int32, repeated, tag = "4")]
+    pub members: ::prost::alloc::vec::Vec<i32>,
+    /// Collectives each member completed, in order (highest completed seq + 1; parallel to members).
+    #[prost(uint64, repeated, tag = "5")]
+    pub progress: ::prost::alloc::vec::Vec<u64>,
+    #[prost(uint64, tag = "6")]
+    pub calls: u64,
+    #[prost(uint64, tag = "7")]
+    pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct InFlightCall {
+    #[prost(int32, tag = "1")]
+    pub rank: i32,
+    #[prost(uint64, tag = "2")]
+    pub comm_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub seq: u64,
+    #[prost(string, tag = "4")]
+    pub op: ::prost::alloc::string::String,
+    /// How long it has been in flight (ns) at the job's latest snapshot.
+    #[prost(uint64, tag = "5")]
+    pub age_ns: u64,
+    #[prost(uint64, tag = "6")]
+    pub bytes: u64,
+    #[prost(int32, tag = "7")]
+    pub peer: i32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct JobDetail {
+    #[prost(message, optional, tag = "1")]
+    pub summary: ::core::option::Option<JobSummary>,
+    #[prost(message, repeated, tag = "2")]
+    pub ranks: ::prost::alloc::vec::Vec<RankState>,
+    #[prost(message, repeated, tag = "3")]
+    pub comms: ::prost::alloc::vec::Vec<CommState>,
+    #[prost(message, repeated, tag = "4")]
+    pub in_flight: ::prost::alloc::vec::Vec<InFlightCall>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchRequest {
+    /// Empty: every job.
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+    /// Minimum time between updates (ms); 0 means the collector's default (1000).
+    #[prost(uint32, tag = "2")]
+    pub interval_ms: u32,
 }
 /// Generated client implementations.
 pub mod ingest_client {
@@ -473,6 +669,443 @@ pub mod ingest_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "commscope.v1.Ingest";
     impl<T> tonic::server::NamedService for IngestServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod query_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    #[derive(Debug, Clone)]
+    pub struct QueryClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl QueryClient<tonic::transport::Channel> {
+        /// Attempt to create a new client by connecting to a given endpoint.
+        pub async fn connect<D>(dst: D) -> Result<Self, tonic::transport::Error>
+        where
+            D: TryInto<tonic::transport::Endpoint>,
+            D::Error: Into<StdError>,
+        {
+            let conn = tonic::transport::Endpoint::new(dst)?.connect().await?;
+            Ok(Self::new(conn))
+        }
+    }
+    impl<T> QueryClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> QueryClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            QueryClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        pub async fn list_jobs(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ListJobsRequest>,
+        ) -> std::result::Result<tonic::Response<super::JobList>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/commscope.v1.Query/ListJobs",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("commscope.v1.Query", "ListJobs"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn get_job(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetJobRequest>,
+        ) -> std::result::Result<tonic::Response<super::JobDetail>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/commscope.v1.Query/GetJob",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("commscope.v1.Query", "GetJob"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A JobDetail per watched job at every interval while it changes, and once when it ends.
+        pub async fn watch(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WatchRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::JobDetail>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/commscope.v1.Query/Watch");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("commscope.v1.Query", "Watch"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod query_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with QueryServer.
+    #[async_trait]
+    pub trait Query: std::marker::Send + std::marker::Sync + 'static {
+        async fn list_jobs(
+            &self,
+            request: tonic::Request<super::ListJobsRequest>,
+        ) -> std::result::Result<tonic::Response<super::JobList>, tonic::Status>;
+        async fn get_job(
+            &self,
+            request: tonic::Request<super::GetJobRequest>,
+        ) -> std::result::Result<tonic::Response<super::JobDetail>, tonic::Status>;
+        /// Server streaming response type for the Watch method.
+        type WatchStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::JobDetail, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// A JobDetail per watched job at every interval while it changes, and once when it ends.
+        async fn watch(
+            &self,
+            request: tonic::Request<super::WatchRequest>,
+        ) -> std::result::Result<tonic::Response<Self::WatchStream>, tonic::Status>;
+    }
+    #[derive(Debug)]
+    pub struct QueryServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> QueryServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for QueryServer<T>
+    where
+        T: Query,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/commscope.v1.Query/ListJobs" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListJobsSvc<T: Query>(pub Arc<T>);
+                    impl<T: Query> tonic::server::UnaryService<super::ListJobsRequest>
+                    for ListJobsSvc<T> {
+                        type Response = super::JobList;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ListJobsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Query>::list_jobs(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListJobsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/commscope.v1.Query/GetJob" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetJobSvc<T: Query>(pub Arc<T>);
+                    impl<T: Query> tonic::server::UnaryService<super::GetJobRequest>
+                    for GetJobSvc<T> {
+                        type Response = super::JobDetail;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetJobRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Query>::get_job(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetJobSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/commscope.v1.Query/Watch" => {
+                    #[allow(non_camel_case_types)]
+                    struct WatchSvc<T: Query>(pub Arc<T>);
+                    impl<
+                        T: Query,
+                    > tonic::server::ServerStreamingService<super::WatchRequest>
+                    for WatchSvc<T> {
+                        type Response = super::JobDetail;
+                        type ResponseStream = T::WatchStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WatchRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Query>::watch(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WatchSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for QueryServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "commscope.v1.Query";
+    impl<T> tonic::server::NamedService for QueryServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }
