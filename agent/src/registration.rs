@@ -37,7 +37,7 @@ impl std::fmt::Display for Error {
             }
             Error::Version { protocol, layout } => write!(
                 f,
-                "registration uses protocol {protocol} / layout {layout}; this agent speaks protocol {PROTOCOL_VERSION} / layout {LAYOUT_VERSION}"
+                "registration uses protocol {protocol} / layout {layout}; this agent speaks protocol {PROTOCOL_VERSION} / layout {LAYOUT_VERSION} (the shim and agent come from different commscope versions: deploy matching ones)"
             ),
             Error::Region(e) => write!(f, "{e}"),
         }
@@ -79,7 +79,8 @@ pub fn handle(stream: UnixStream) -> Result<Registered, Error> {
             return Err(Error::Malformed(e.to_string()));
         }
     };
-    if request.version > PROTOCOL_VERSION || u32::from(request.layout_version) > LAYOUT_VERSION {
+    // Only the current layout is mapped: an older or newer shim's region would be misread.
+    if request.version != PROTOCOL_VERSION || u32::from(request.layout_version) != LAYOUT_VERSION {
         refuse(&stream, Status::UnsupportedVersion);
         return Err(Error::Version {
             protocol: request.version,

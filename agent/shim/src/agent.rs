@@ -74,6 +74,16 @@ impl Link {
         }
     }
 
+    /// At shutdown: registers now if the agent's cursor is attached but no registration ever
+    /// succeeded (its records would otherwise be lost with the process).
+    pub fn last_chance(&mut self, shim: &Shim) {
+        if self.ever_registered || !shim.shm.is_attached(Consumer::Agent) {
+            return;
+        }
+        self.next_try = 0;
+        self.poll(shim);
+    }
+
     /// Closes the connection (the agent sees the process leave).
     pub fn close(&mut self) {
         self.stream = None;

@@ -118,6 +118,19 @@ pmpi! {
 
 // ----- lifecycle ---------------------------------------------------------------------------------
 
+/// `void commscope_step(unsigned long long step)`: the application marks the start of training
+/// step `step`. Recorded as a `process` record (event `step`), so the analyzer uses the real step
+/// period instead of inferring it. Programs declare it weak and call it only when it resolves:
+/// `extern void commscope_step(unsigned long long) __attribute__((weak));`
+/// `if (commscope_step) commscope_step(n);` — without the shim, nothing happens.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn commscope_step(step: u64) {
+    let Some((shim, _guard)) = active() else {
+        return;
+    };
+    shielded(shim, || shim.push_step(step));
+}
+
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
     // SAFETY: the application's arguments, passed through.

@@ -433,17 +433,7 @@ pub fn shutdown(clean: bool, exit_status: i32) {
     crate::writer::stop(shim);
     let now = now_mono();
     shim.push_heartbeat(now, clean);
-    shim.push(&Record::Process(Process {
-        rec_seq: 0,
-        event: ProcessEvent::Exit,
-        t_mono: now,
-        t_real: now_real(),
-        pid: shim.pid,
-        exit_status,
-        start_time: shim.start_time,
-        rank: shim.rank,
-        world_size: shim.world_size,
-    }));
+    shim.push(&shim.process_record(ProcessEvent::Exit, now, exit_status, 0));
     crate::writer::drain_local(shim);
     shim.shm.set_state(shm_state::FINALIZED);
 }
@@ -454,6 +444,35 @@ impl Shim {
         let mut raw = [0u8; RECORD_SIZE];
         r.encode_body(&mut raw);
         self.shm.push(&raw)
+    }
+
+    /// A `process` record of this process.
+    fn process_record(
+        &self,
+        event: ProcessEvent,
+        t_mono: u64,
+        exit_status: i32,
+        step: u64,
+    ) -> Record {
+        Record::Process(Process {
+            rec_seq: 0,
+            event,
+            t_mono,
+            t_real: now_real(),
+            pid: self.pid,
+            exit_status,
+            start_time: self.start_time,
+            rank: self.rank,
+            world_size: self.world_size,
+            flags: 0,
+            signal: 0,
+            step,
+        })
+    }
+
+    /// Appends a step marker (`commscope_step`).
+    pub fn push_step(&self, step: u64) {
+        self.push(&self.process_record(ProcessEvent::Step, now_mono(), EXIT_STATUS_UNKNOWN, step));
     }
 
     /// Appends a heartbeat.
@@ -479,17 +498,7 @@ impl Shim {
 
     /// The first records: process start and the predefined communicators.
     fn announce(&self) {
-        self.push(&Record::Process(Process {
-            rec_seq: 0,
-            event: ProcessEvent::Start,
-            t_mono: now_mono(),
-            t_real: now_real(),
-            pid: self.pid,
-            exit_status: EXIT_STATUS_UNKNOWN,
-            start_time: self.start_time,
-            rank: self.rank,
-            world_size: self.world_size,
-        }));
+        self.push(&self.process_record(ProcessEvent::Start, now_mono(), EXIT_STATUS_UNKNOWN, 0));
         for (h, name) in [
             (self.abi.comm_world, "MPI_COMM_WORLD"),
             (self.abi.comm_self, "MPI_COMM_SELF"),

@@ -116,7 +116,7 @@ pub struct Config {
 }
 
 /// The default agent socket.
-pub const DEFAULT_AGENT_SOCKET: &str = "/run/commscope/agent.sock";
+pub const DEFAULT_AGENT_SOCKET: &str = commscope_wire::registration::DEFAULT_SOCKET;
 
 impl Config {
     /// Reads the environment.

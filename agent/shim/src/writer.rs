@@ -130,6 +130,9 @@ fn run(shim: &'static Shim) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tick(shim, &mut l)));
         std::thread::park_timeout(period);
     }
+    // Shutting down without ever having reached the agent (it was slow, or the job short): one
+    // last attempt, so the agent still gets the ring and drains what is left in it.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.agent.last_chance(shim)));
     l.agent.close();
 }
 

@@ -1,0 +1,1294 @@
+//! `commscope agent`: the node daemon.
+//!
+//! - Accepts shim registrations on its Unix socket (checked by [`crate::registration`]) and maps
+//!   each process's region.
+//! - The pump drains every ring from the agent cursor, ships record batches to the collector
+//!   over one gRPC stream, and moves the cursor only once the collector has acknowledged them
+//!   as durable — or once they are synced in the spool while the collector is unreachable.
+//! - Sends in-flight snapshots, notices process exits (pidfd) and their status (process-events
+//!   connector), and appends an `OBSERVED` exit record after a process's last records.
+//! - Serves `/metrics` and `/healthz` on `--http`.
+//!
+//! Without a collector (`--trace-dir` only) the agent runs a collector inside itself that
+//! writes the job traces under that directory, so the two modes share one path.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use commscope_wire::grpc::ingest_client::IngestClient;
+use commscope_wire::grpc::ingest_request::Payload;
+use commscope_wire::grpc::{
+    AgentHello, InFlightEntry, InFlightSnapshot, IngestAck, IngestRequest, ProcessId, RecordBatch,
+};
+use commscope_wire::op::{Op, flags};
+use commscope_wire::record::{
+    EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record,
+};
+use commscope_wire::shm::{Consumer, Counter, InFlight, LAYOUT_VERSION};
+use tokio::sync::{mpsc, watch};
+
+use crate::clock::ClockEstimate;
+use crate::exits::{Ending, ExitWatcher};
+use crate::registration::{self, Registered};
+use crate::spool::Spool;
+
+/// Agent settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The registration socket.
+    pub socket: PathBuf,
+    /// The collector's gRPC address (`http://host:port`); None: local mode.
+    pub collector: Option<String>,
+    /// This node's name.
+    pub node: String,
+    /// Local mode: where the job traces go.
+    pub trace_dir: Option<PathBuf>,
+    /// `/metrics` address (None: not served).
+    pub http: Option<SocketAddr>,
+    /// The spool directory and its bound.
+    pub spool_dir: PathBuf,
+    pub spool_max_bytes: u64,
+    /// Records per batch at most.
+    pub batch_records: usize,
+    /// How often rings are drained.
+    pub poll: Duration,
+    /// How often in-flight tables are looked at.
+    pub snapshot_every: Duration,
+    /// Unreachable collector: after this long, batches go to the spool.
+    pub spool_after: Duration,
+    /// Batches sent and not yet acknowledged, at most.
+    pub max_unacked: usize,
+    /// One line per notable event on stderr.
+    pub log: bool,
+    /// Take a hang culprit's stacks (gdb, py-spy) when the collector asks.
+    pub stacks: bool,
+}
+
+impl Config {
+    /// Defaults for a node.
+    pub fn new(node: impl Into<String>) -> Config {
+        Config {
+            socket: PathBuf::from(commscope_wire::registration::DEFAULT_SOCKET),
+            collector: None,
+            node: node.into(),
+            trace_dir: None,
+            http: None,
+            spool_dir: PathBuf::from("/var/lib/commscope/spool"),
+            spool_max_bytes: 1 << 30,
+            batch_records: 4096,
+            poll: Duration::from_millis(20),
+            snapshot_every: Duration::from_millis(250),
+            spool_after: Duration::from_secs(2),
+            max_unacked: 64,
+            log: true,
+            stacks: true,
+        }
+    }
+}
+
+/// Counters the agent exports.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub records_read: AtomicU64,
+    pub records_acked: AtomicU64,
+    pub records_spooled: AtomicU64,
+    pub records_refused: AtomicU64,
+    pub batches_sent: AtomicU64,
+    pub batches_resent: AtomicU64,
+    pub registrations: AtomicU64,
+    pub registrations_refused: AtomicU64,
+    pub exits: AtomicU64,
+    pub spool_errors: AtomicU64,
+    pub connected: AtomicBool,
+    pub connects: AtomicU64,
+    /// Snapshot of per-process views for `/metrics`.
+    pub processes: Mutex<Vec<ProcessView>>,
+    pub spool_bytes: AtomicU64,
+    pub spool_batches: AtomicU64,
+    pub unacked: AtomicU64,
+    pub clock: Mutex<Option<(i64, u64)>>,
+    /// Drop counters of processes that are gone (so totals never go backwards).
+    pub gone_drops: Mutex<[u64; 4]>,
+}
+
+/// What `/metrics` shows per traced process.
+#[derive(Clone, Debug)]
+pub struct ProcessView {
+    pub job: String,
+    pub rank: i32,
+    pub pid: u32,
+    pub fill: f64,
+    pub in_flight: usize,
+    /// ring_full, in_flight_table, other (requests, p2p, comms, internal), overrun.
+    pub drops: [u64; 4],
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Running {
+    pub stats: Arc<Stats>,
+    pub http: Option<SocketAddr>,
+    pub socket: PathBuf,
+    /// The collector inside the agent (local mode).
+    pub local: Option<commscope_collector::Running>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops: drains what it can for a moment, then returns (the socket file is removed).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        if let Some(l) = self.local {
+            l.stop().await;
+        }
+    }
+}
+
+fn log(cfg: &Config, msg: std::fmt::Arguments<'_>) {
+    if cfg.log {
+        eprintln!("commscope agent: {msg}");
+    }
+}
+
+/// Starts the agent; returns once the socket is listening.
+pub async fn start(mut cfg: Config) -> Result<Running> {
+    let mut local = None;
+    if cfg.collector.is_none() {
+        let dir = cfg.trace_dir.clone().context(
+            "the agent needs --collector URL, or --trace-dir DIR to write traces itself",
+        )?;
+        let mut c = commscope_collector::Config::new(dir);
+        c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        c.http = SocketAddr::from(([127, 0, 0, 1], 0));
+        c.log = false;
+        c.segment_age = Duration::from_secs(30);
+        let running = commscope_collector::start(c).await?;
+        cfg.collector = Some(format!("http://{}", running.listen));
+        local = Some(running);
+    }
+    if let Some(dir) = cfg.socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    if cfg.socket.exists() {
+        // A stale socket of an agent that died (a live one would answer).
+        if std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok() {
+            anyhow::bail!(
+                "another agent is listening on {}; stop it first or use --socket",
+                cfg.socket.display()
+            );
+        }
+        let _ = std::fs::remove_file(&cfg.socket);
+    }
+    let listener = tokio::net::UnixListener::bind(&cfg.socket)
+        .with_context(|| format!("cannot listen on {}", cfg.socket.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666));
+    }
+    let (spool, warnings) = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes)
+        .with_context(|| format!("cannot open the spool {}", cfg.spool_dir.display()))?;
+    for w in warnings {
+        log(&cfg, format_args!("{w}"));
+    }
+    if !spool.is_empty() {
+        log(
+            &cfg,
+            format_args!(
+                "{} spooled batches ({} bytes) from an earlier run will be sent",
+                spool.len(),
+                spool.bytes()
+            ),
+        );
+    }
+    let (exits, warn) = ExitWatcher::start();
+    if let Some(w) = warn {
+        log(&cfg, format_args!("{w}"));
+    }
+    let stats = Arc::new(Stats::default());
+    let (stop, stop_rx) = watch::channel(false);
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>(1024);
+    let mut tasks = Vec::new();
+
+    // Registrations.
+    {
+        let ev = ev_tx.clone();
+        let mut stop_rx = stop_rx.clone();
+        let cfg2 = cfg.clone();
+        let stats = stats.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let conn = tokio::select! {
+                    c = listener.accept() => c,
+                    _ = stopped(&mut stop_rx) => break,
+                };
+                let Ok((stream, _)) = conn else { continue };
+                let ev = ev.clone();
+                let cfg = cfg2.clone();
+                let stats = stats.clone();
+                tokio::task::spawn_blocking(move || {
+                    let std_stream = match stream.into_std() {
+                        Ok(s) => s,
+                        Err(_) => return,
+                    };
+                    let _ = std_stream.set_nonblocking(false);
+                    match registration::handle(std_stream) {
+                        Ok(r) => {
+                            stats.registrations.fetch_add(1, Ordering::Relaxed);
+                            let _ = ev.blocking_send(Event::Registered(Box::new(r)));
+                        }
+                        Err(e) => {
+                            stats.registrations_refused.fetch_add(1, Ordering::Relaxed);
+                            log(&cfg, format_args!("refused a registration: {e}"));
+                        }
+                    }
+                });
+            }
+        }));
+    }
+
+    // The collector link.
+    let collector = cfg.collector.clone().unwrap_or_default();
+    tasks.push(tokio::spawn(uplink(
+        collector,
+        cfg.node.clone(),
+        ev_tx.clone(),
+        stop_rx.clone(),
+    )));
+
+    // `/metrics`.
+    let mut http = None;
+    if let Some(addr) = cfg.http {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {addr}"))?;
+        http = Some(l.local_addr()?);
+        let app = crate::metrics::router(stats.clone(), cfg.node.clone());
+        let mut stop_rx = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped(&mut stop_rx).await;
+                })
+                .await;
+        }));
+    }
+
+    // The pump.
+    let pump = Pump {
+        cfg: cfg.clone(),
+        sources: BTreeMap::new(),
+        next_source: 1,
+        queue: VecDeque::new(),
+        pending: BTreeMap::new(),
+        next_batch: 1,
+        next_order: 1,
+        link: None,
+        disconnected_since: Some(Instant::now()),
+        spool,
+        spool_loaded: Vec::new(),
+        spool_blocked_until: None,
+        clock: ClockEstimate::default(),
+        stats: stats.clone(),
+        exits,
+        events: ev_tx.clone(),
+    };
+    tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
+    log(
+        &cfg,
+        format_args!(
+            "node {}: registrations on {}, records to {}, metrics on {}{}",
+            cfg.node,
+            cfg.socket.display(),
+            cfg.collector.as_deref().unwrap_or("-"),
+            http.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+            match (&local, &cfg.trace_dir) {
+                (Some(_), Some(d)) => format!(" (local collector writing {})", d.display()),
+                _ => String::new(),
+            }
+        ),
+    );
+    Ok(Running {
+        stats,
+        http,
+        socket: cfg.socket.clone(),
+        local,
+        stop,
+        tasks,
+    })
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub async fn run(cfg: Config) -> Result<()> {
+    let running = start(cfg).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    running.stop().await;
+    Ok(())
+}
+
+enum Event {
+    Registered(Box<Registered>),
+    Connected(mpsc::Sender<IngestRequest>),
+    Ack(IngestAck, u64),
+    Disconnected(String),
+    /// A registered process ended (and how, when the kernel said).
+    /// A process ended: its source, how, and when it was seen (realtime, monotonic ns).
+    Exited(u64, Option<Ending>, (u64, u64)),
+}
+
+/// Keeps one stream to the collector open, reconnecting with backoff.
+async fn uplink(
+    url: String,
+    node: String,
+    events: mpsc::Sender<Event>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if stop_requested(&stop) {
+            return;
+        }
+        let attempt = async {
+            let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+                .map_err(|e| format!("bad collector address {url}: {e}"))?
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true);
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|e| format!("cannot reach the collector at {url}: {e}"))?;
+            let mut client = IngestClient::new(channel)
+                .max_decoding_message_size(16 << 20)
+                .max_encoding_message_size(64 << 20);
+            let (tx, rx) = mpsc::channel::<IngestRequest>(1024);
+            tx.send(IngestRequest {
+                batch_id: 0,
+                agent_send_ns: now_real(),
+                payload: Some(Payload::Hello(AgentHello {
+                    node: node.clone(),
+                    agent_version: env!("CARGO_PKG_VERSION").into(),
+                    layout_version: LAYOUT_VERSION,
+                })),
+            })
+            .await
+            .map_err(|_| "stream closed".to_string())?;
+            let resp = client
+                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .map_err(|e| format!("the collector refused the stream: {}", e.message()))?;
+            Ok::<_, String>((tx, resp.into_inner()))
+        };
+        let (tx, mut acks) = match attempt.await {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = events.send(Event::Disconnected(e)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stopped(&mut stop) => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        if events.send(Event::Connected(tx)).await.is_err() {
+            return;
+        }
+        let reason = loop {
+            tokio::select! {
+                m = acks.message() => match m {
+                    Ok(Some(a)) => {
+                        if events.send(Event::Ack(a, now_real())).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break "the collector closed the stream".to_string(),
+                    Err(e) => break format!("the collector stream failed: {}", e.message()),
+                },
+                _ = stopped(&mut stop) => return,
+            }
+        };
+        let _ = events.send(Event::Disconnected(reason)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Resolves once a stop is requested (the watch guard is never held across an await).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await.map(|_| ());
+}
+
+fn stop_requested(rx: &watch::Receiver<bool>) -> bool {
+    *rx.borrow()
+}
+
+/// Host wall clock (ns since the epoch).
+pub fn now_real() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn now_mono() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct Source {
+    reg: Registered,
+    process: ProcessId,
+    /// Next ring position to read.
+    read_pos: u64,
+    /// Batches read from the ring and not yet done, in ring order: (end position, done).
+    batches: VecDeque<(u64, bool)>,
+    exited: Option<Instant>,
+    /// When the exit was seen (realtime, monotonic ns): the exit record's time.
+    exited_at: (u64, u64),
+    /// How it ended (when the kernel said).
+    ending: Option<Ending>,
+    /// The agent's exit batch was acknowledged or spooled.
+    exit_done: bool,
+    /// The exit record was queued.
+    exit_queued: bool,
+    /// The exit was logged (an exit batch taken back and queued again is not logged twice).
+    exit_logged: bool,
+    last_snapshot: Option<(Vec<InFlight>, Instant)>,
+}
+
+enum Origin {
+    Ring {
+        source: u64,
+        end_pos: u64,
+    },
+    /// The agent's final heartbeat and exit record of a process.
+    Exit {
+        source: u64,
+    },
+    Spool(u64),
+}
+
+struct Outgoing {
+    /// Creation order: batches are sent, resent and spooled in this order.
+    order: u64,
+    batch: RecordBatch,
+    origin: Origin,
+    records: u64,
+    not_before: Option<Instant>,
+}
+
+struct Pump {
+    cfg: Config,
+    sources: BTreeMap<u64, Source>,
+    next_source: u64,
+    /// Batches waiting to be sent, in order.
+    queue: VecDeque<Outgoing>,
+    /// Sent and not yet acknowledged, by batch id (with the send time).
+    pending: BTreeMap<u64, (Outgoing, u64)>,
+    next_batch: u64,
+    next_order: u64,
+    link: Option<mpsc::Sender<IngestRequest>>,
+    disconnected_since: Option<Instant>,
+    spool: Spool,
+    /// Spool entries already loaded into the queue.
+    spool_loaded: Vec<u64>,
+    /// After a spool failure, reading rings pauses until then.
+    spool_blocked_until: Option<Instant>,
+    clock: ClockEstimate,
+    stats: Arc<Stats>,
+    exits: ExitWatcher,
+    events: mpsc::Sender<Event>,
+}
+
+impl Pump {
+    async fn run(mut self, mut ev: mpsc::Receiver<Event>, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.cfg.poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_snap = Instant::now();
+        loop {
+            tokio::select! {
+                e = ev.recv() => match e {
+                    Some(e) => self.event(e).await,
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    self.drain_rings();
+                    if last_snap.elapsed() >= self.cfg.snapshot_every {
+                        last_snap = Instant::now();
+                        self.snapshots();
+                    }
+                    self.flush();
+                    self.publish();
+                }
+                _ = stopped(&mut stop) => break,
+            }
+        }
+        // Leaving: whatever is not acknowledged stays in the rings (cursor not moved) or the
+        // spool, for the next agent.
+        self.link = None;
+    }
+
+    async fn event(&mut self, e: Event) {
+        match e {
+            Event::Registered(r) => self.register(*r),
+            Event::Connected(tx) => {
+                if let Some(since) = self.disconnected_since.take() {
+                    log(
+                        &self.cfg,
+                        format_args!(
+                            "connected to the collector (after {:.1} s without)",
+                            since.elapsed().as_secs_f64()
+                        ),
+                    );
+                }
+                self.stats.connected.store(true, Ordering::Relaxed);
+                self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.link = Some(tx);
+                self.flush();
+            }
+            Event::Disconnected(why) => {
+                if self.link.take().is_some() || self.disconnected_since.is_none() {
+                    log(&self.cfg, format_args!("{why}; retrying"));
+                }
+                self.stats.connected.store(false, Ordering::Relaxed);
+                self.disconnected_since.get_or_insert_with(Instant::now);
+                // Everything unacknowledged goes back into the queue, in order.
+                let pending = std::mem::take(&mut self.pending);
+                for (_, (o, _)) in pending {
+                    self.requeue(o);
+                }
+            }
+            Event::Ack(ack, t4) => self.ack(ack, t4),
+            Event::Exited(id, ending, seen) => {
+                if let Some(s) = self.sources.get_mut(&id) {
+                    self.stats.exits.fetch_add(1, Ordering::Relaxed);
+                    s.exited = Some(Instant::now());
+                    s.exited_at = seen;
+                    s.ending = ending;
+                }
+                // The exit batch follows once the ring is read to its end.
+                self.drain_rings();
+                self.flush();
+            }
+        }
+    }
+
+    fn register(&mut self, r: Registered) {
+        let req = &r.request;
+        let shm = r.region.shm();
+        // The same process registering again (its link restarted): replace the old view.
+        let old: Vec<u64> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| s.process.pid == req.pid && s.process.start_time == req.start_time)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in old {
+            self.sources.remove(&k);
+            self.queue
+                .retain(|o| !matches!(o.origin, Origin::Ring { source, .. } if source == k));
+        }
+        // The process's clocks are this host's: one simultaneous reading relates them.
+        let (mono, real) = (now_mono(), now_real());
+        let process = ProcessId {
+            job: req.job.clone(),
+            // The agent's node name wins: in a container the shim sees the pod's host name.
+            node: self.cfg.node.clone(),
+            pid: req.pid,
+            start_time: req.start_time,
+            rank: req.rank,
+            world_size: req.world_size,
+            flavour: req.flavour.clone(),
+            mono_anchor_ns: mono,
+            real_anchor_ns: real,
+            library: String::new(),
+        };
+        let read_pos = shm.cursor(Consumer::Agent);
+        let id = self.next_source;
+        self.next_source += 1;
+        match crate::exits::pidfd(req.pid) {
+            Ok(fd) => {
+                // The exit is awaited on the runtime; the task owns the fd.
+                let ev = self.events.clone();
+                // The exit status is awaited here, not in the pump, which goes on draining.
+                let exits = self.exits.clone();
+                let pid = req.pid;
+                tokio::spawn(async move {
+                    // SAFETY: `fd` is an open pidfd, owned by the AsyncFd for its whole life.
+                    let registered = unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            fd,
+                            tokio::io::Interest::READABLE,
+                        )
+                    };
+                    if let Ok(afd) = registered {
+                        let _ = afd.readable().await;
+                    }
+                    let seen = (now_real(), now_mono());
+                    let ending = exits.ending(pid, Duration::from_millis(200)).await;
+                    let _ = ev.send(Event::Exited(id, ending, seen)).await;
+                });
+            }
+            Err(e) => log(
+                &self.cfg,
+                format_args!("cannot watch pid {} for its exit: {e}", req.pid),
+            ),
+        }
+        log(
+            &self.cfg,
+            format_args!(
+                "registered rank {} of job {} (pid {}, {} ranks, {}), reading from record {}",
+                req.rank, req.job, req.pid, req.world_size, req.flavour, read_pos
+            ),
+        );
+        self.sources.insert(
+            id,
+            Source {
+                reg: r,
+                process,
+                read_pos,
+                batches: VecDeque::new(),
+                exited: None,
+                exited_at: (0, 0),
+                ending: None,
+                exit_done: false,
+                exit_queued: false,
+                exit_logged: false,
+                last_snapshot: None,
+            },
+        );
+    }
+
+    /// Whether batches should go to the spool instead of the collector now.
+    fn spooling(&self) -> bool {
+        self.link.is_none()
+            && self
+                .disconnected_since
+                .is_some_and(|t| t.elapsed() >= self.cfg.spool_after)
+    }
+
+    fn backlog(&self) -> usize {
+        self.queue.len() + self.pending.len()
+    }
+
+    /// Reads new records from every ring into batches.
+    fn drain_rings(&mut self) {
+        if self.spool_blocked_until.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        self.spool_blocked_until = None;
+        let spooling = self.spooling();
+        let limit = self.cfg.max_unacked * 4;
+        let ids: Vec<u64> = self.sources.keys().copied().collect();
+        for id in ids {
+            loop {
+                if !spooling && self.backlog() >= limit {
+                    return;
+                }
+                let Some(s) = self.sources.get_mut(&id) else {
+                    break;
+                };
+                let shm = s.reg.region.shm();
+                let mut bytes = Vec::with_capacity(self.cfg.batch_records.min(1024) * RECORD_SIZE);
+                let from = s.read_pos;
+                let end =
+                    shm.read_from(from, self.cfg.batch_records, |r| bytes.extend_from_slice(r));
+                if bytes.is_empty() {
+                    if end != from {
+                        // Skipped overwritten records (counted by the ring): nothing to send.
+                        s.read_pos = end;
+                        s.batches.push_back((end, true));
+                        advance(s);
+                    }
+                    break;
+                }
+                let n = (bytes.len() / RECORD_SIZE) as u64;
+                let first = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
+                s.read_pos = end;
+                s.batches.push_back((end, false));
+                let batch = RecordBatch {
+                    process: Some(s.process.clone()),
+                    first_rec_seq: first,
+                    record_size: RECORD_SIZE as u32,
+                    records: bytes,
+                    clock_offset_ns: None,
+                    clock_error_ns: 0,
+                    dropped_overrun: shm.counter(Counter::ConsumerOverrun),
+                };
+                self.stats.records_read.fetch_add(n, Ordering::Relaxed);
+                self.next_order += 1;
+                let out = Outgoing {
+                    order: self.next_order,
+                    batch,
+                    origin: Origin::Ring {
+                        source: id,
+                        end_pos: end,
+                    },
+                    records: n,
+                    not_before: None,
+                };
+                if spooling {
+                    if !self.spool_one(out) {
+                        return;
+                    }
+                } else {
+                    self.queue.push_back(out);
+                }
+                if (n as usize) < self.cfg.batch_records {
+                    break;
+                }
+            }
+        }
+        // A process that ended and whose ring is read to its end gets its exit batch.
+        let ready: Vec<u64> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| {
+                // A slot reserved but never published (the process died inside the push) would
+                // hold this back forever: after two seconds the exit goes regardless.
+                !s.exit_queued
+                    && s.exited.is_some_and(|t| {
+                        s.read_pos >= s.reg.region.shm().head()
+                            || t.elapsed() > Duration::from_secs(2)
+                    })
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for id in ready {
+            self.queue_exit(id);
+        }
+        // A source is done once its exit batch and every ring batch are acknowledged.
+        let done: Vec<u64> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| s.exit_done && s.batches.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            if let Some(s) = self.sources.remove(&k) {
+                let d = drops_of(&s);
+                let mut g = self
+                    .stats
+                    .gone_drops
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                for i in 0..4 {
+                    g[i] += d[i];
+                }
+            }
+        }
+    }
+
+    /// Writes a ring batch to the spool and releases its ring space. False when the spool
+    /// cannot take it (the batch is put back: its records are read again later).
+    fn spool_one(&mut self, out: Outgoing) -> bool {
+        match self.spool.push(&out.batch) {
+            Ok(_) => {
+                self.stats
+                    .records_spooled
+                    .fetch_add(out.records, Ordering::Relaxed);
+                self.complete_ring(&out.origin);
+                true
+            }
+            Err(e) => {
+                self.stats.spool_errors.fetch_add(1, Ordering::Relaxed);
+                if self.spool_blocked_until.is_none() {
+                    log(
+                        &self.cfg,
+                        format_args!(
+                            "{e}; rings are not drained until the collector is back or the spool has room (the processes count what their rings cannot hold)"
+                        ),
+                    );
+                }
+                self.spool_blocked_until = Some(Instant::now() + Duration::from_secs(1));
+                match out.origin {
+                    // Put the batch back: rewind the source to its start (the records are
+                    // still in the ring).
+                    Origin::Ring { source, end_pos } => {
+                        let start = end_pos - out.records;
+                        // What this source queued after the batch goes back too: its later ring
+                        // batches (read again from `start`) and its exit batch, which must not
+                        // reach the spool, and so the collector, before these records.
+                        let mut later = 0;
+                        let mut had_exit = false;
+                        self.queue.retain(|o| match o.origin {
+                            Origin::Ring {
+                                source: s,
+                                end_pos: e,
+                            } if s == source && e > start => {
+                                later += o.records;
+                                false
+                            }
+                            Origin::Exit { source: s } if s == source => {
+                                had_exit = true;
+                                false
+                            }
+                            _ => true,
+                        });
+                        if let Some(s) = self.sources.get_mut(&source) {
+                            s.batches.retain(|(e, _)| *e <= start);
+                            s.read_pos = s.read_pos.min(start);
+                            if had_exit {
+                                s.exit_queued = false;
+                            }
+                            self.stats
+                                .records_read
+                                .fetch_sub(out.records + later, Ordering::Relaxed);
+                        }
+                    }
+                    // Small and not in any ring: kept in memory until it can go.
+                    Origin::Exit { .. } => self.requeue(out),
+                    Origin::Spool(_) => {}
+                }
+                false
+            }
+        }
+    }
+
+    /// Marks a ring batch done and moves the cursor over every leading done batch (or marks
+    /// the exit batch done).
+    fn complete_ring(&mut self, origin: &Origin) {
+        match origin {
+            Origin::Ring { source, end_pos } => {
+                if let Some(s) = self.sources.get_mut(source) {
+                    if let Some(b) = s.batches.iter_mut().find(|(e, _)| e == end_pos) {
+                        b.1 = true;
+                    }
+                    advance(s);
+                }
+            }
+            Origin::Exit { source } => {
+                if let Some(s) = self.sources.get_mut(source) {
+                    s.exit_done = true;
+                }
+            }
+            Origin::Spool(_) => {}
+        }
+    }
+
+    /// Sends what the queue holds, as far as the window allows; spools it when the collector has
+    /// been away too long.
+    fn flush(&mut self) {
+        if self.spooling() {
+            while let Some(o) = self.queue.pop_front() {
+                match o.origin {
+                    Origin::Ring { .. } | Origin::Exit { .. } => {
+                        if !self.spool_one(o) {
+                            break;
+                        }
+                    }
+                    // Already on disk; it is read again when the collector is back.
+                    Origin::Spool(seq) => self.spool_loaded.retain(|s| *s != seq),
+                }
+            }
+            return;
+        }
+        let Some(link) = self.link.clone() else {
+            return;
+        };
+        // Spooled batches first (older), a few at a time.
+        if self.queue.len() < self.cfg.max_unacked {
+            for seq in self.spool.pending() {
+                if self.spool_loaded.contains(&seq) {
+                    continue;
+                }
+                if self.spool_loaded.len() >= self.cfg.max_unacked {
+                    break;
+                }
+                match self.spool.read(seq) {
+                    Ok(batch) => {
+                        let records = (batch.records.len() / RECORD_SIZE) as u64;
+                        self.spool_loaded.push(seq);
+                        // Spooled batches are older than anything in memory.
+                        self.requeue(Outgoing {
+                            order: 0,
+                            batch,
+                            origin: Origin::Spool(seq),
+                            records,
+                            not_before: None,
+                        });
+                    }
+                    Err(e) => {
+                        log(
+                            &self.cfg,
+                            format_args!("spooled batch {seq} unreadable ({e}); removed"),
+                        );
+                        self.spool.remove(seq);
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        while self.pending.len() < self.cfg.max_unacked {
+            let Some(mut o) = self.queue.pop_front() else {
+                break;
+            };
+            // Order is kept: nothing overtakes a batch the collector asked to wait.
+            if o.not_before.is_some_and(|t| now < t) {
+                self.queue.push_front(o);
+                break;
+            }
+            let id = self.next_batch;
+            self.next_batch += 1;
+            if let Some((off, err)) = self.clock.get() {
+                o.batch.clock_offset_ns = Some(off);
+                o.batch.clock_error_ns = err;
+            }
+            let t1 = now_real();
+            let req = IngestRequest {
+                batch_id: id,
+                agent_send_ns: t1,
+                payload: Some(Payload::Records(o.batch.clone())),
+            };
+            match link.try_send(req) {
+                Ok(()) => {
+                    self.stats.batches_sent.fetch_add(1, Ordering::Relaxed);
+                    self.pending.insert(id, (o, t1));
+                }
+                Err(_) => {
+                    self.queue.push_front(o);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn ack(&mut self, ack: IngestAck, t4: u64) {
+        if !ack.probes.is_empty() {
+            self.probe(&ack.probes);
+        }
+        let Some((out, t1)) = self.pending.remove(&ack.batch_id) else {
+            return;
+        };
+        self.clock
+            .sample(t1, ack.collector_recv_ns, ack.collector_send_ns, t4);
+        if ack.durable {
+            self.stats
+                .records_acked
+                .fetch_add(out.records, Ordering::Relaxed);
+            self.done(out);
+        } else if ack.retry_after_ms > 0 {
+            self.stats.batches_resent.fetch_add(1, Ordering::Relaxed);
+            let mut out = out;
+            out.not_before =
+                Some(Instant::now() + Duration::from_millis(u64::from(ack.retry_after_ms)));
+            self.requeue(out);
+        } else {
+            log(
+                &self.cfg,
+                format_args!(
+                    "the collector refused a batch of {} records: {}; they are counted as dropped",
+                    out.records, ack.error
+                ),
+            );
+            self.stats
+                .records_refused
+                .fetch_add(out.records, Ordering::Relaxed);
+            self.done(out);
+        }
+        self.flush();
+    }
+
+    /// Puts a batch back into the queue at its place in creation order.
+    fn requeue(&mut self, out: Outgoing) {
+        let at = self.queue.partition_point(|o| o.order <= out.order);
+        self.queue.insert(at, out);
+    }
+
+    fn done(&mut self, out: Outgoing) {
+        match out.origin {
+            Origin::Ring { .. } | Origin::Exit { .. } => self.complete_ring(&out.origin),
+            Origin::Spool(seq) => {
+                self.spool.remove(seq);
+                self.spool_loaded.retain(|s| *s != seq);
+            }
+        }
+    }
+
+    /// After a process's last records: the final counters and an exit record, written by the
+    /// agent for it.
+    fn queue_exit(&mut self, id: u64) {
+        let Some(s) = self.sources.get_mut(&id) else {
+            return;
+        };
+        if s.exit_queued {
+            return;
+        }
+        s.exit_queued = true;
+        let ending = s.ending;
+        let shm = s.reg.region.shm();
+        let head = shm.head();
+        // The final counters first (drops after the process's last heartbeat), then the exit.
+        let [ring_full, in_flight_table, other, _] = drops_of(s);
+        let beat = Record::Heartbeat(Heartbeat {
+            rec_seq: head + 1,
+            flags: flags::AGENT_BEAT,
+            t_mono: now_mono(),
+            t_real: now_real(),
+            in_flight: shm.in_flight_count() as u32,
+            rank: s.process.rank,
+            dropped_ring_full: ring_full,
+            dropped_in_flight: in_flight_table,
+            dropped_other: other,
+            produced: head,
+        });
+        let rec_seq = head + 2;
+        let (status, signal) = match ending {
+            Some(Ending::Exited(c)) => (c, 0),
+            Some(Ending::Signaled(sig)) => (EXIT_STATUS_UNKNOWN, sig),
+            None => (EXIT_STATUS_UNKNOWN, 0),
+        };
+        let rec = Record::Process(Process {
+            rec_seq,
+            event: ProcessEvent::Exit,
+            flags: flags::OBSERVED,
+            t_mono: if s.exited_at.1 > 0 {
+                s.exited_at.1
+            } else {
+                now_mono()
+            },
+            t_real: if s.exited_at.0 > 0 {
+                s.exited_at.0
+            } else {
+                now_real()
+            },
+            pid: s.process.pid,
+            exit_status: status,
+            start_time: s.process.start_time,
+            rank: s.process.rank,
+            world_size: s.process.world_size,
+            signal,
+            step: 0,
+        });
+        let how = match ending {
+            Some(Ending::Exited(c)) => format!("exited with status {c}"),
+            Some(Ending::Signaled(sig)) => format!("was killed by signal {sig}"),
+            None => "ended (status unknown)".into(),
+        };
+        let finalized = shm.state() == commscope_wire::shm::state::FINALIZED;
+        if !s.exit_logged {
+            s.exit_logged = true;
+            log(
+                &self.cfg,
+                format_args!(
+                    "rank {} of job {} (pid {}) {how}{}",
+                    s.process.rank,
+                    s.process.job,
+                    s.process.pid,
+                    if finalized { " after finalizing" } else { "" }
+                ),
+            );
+        }
+        self.next_order += 1;
+        let out = Outgoing {
+            order: self.next_order,
+            batch: RecordBatch {
+                process: Some(s.process.clone()),
+                first_rec_seq: head + 1,
+                record_size: RECORD_SIZE as u32,
+                records: [beat.encode(), rec.encode()].concat(),
+                clock_offset_ns: None,
+                clock_error_ns: 0,
+                dropped_overrun: shm.counter(Counter::ConsumerOverrun),
+            },
+            origin: Origin::Exit { source: id },
+            records: 2,
+            not_before: None,
+        };
+        // In ring order: behind the process's last batches (the queue is flushed, or spooled,
+        // in order).
+        self.queue.push_back(out);
+    }
+
+    /// Takes the stacks of processes the collector asked about (a hang's culprits), on a blocking
+    /// thread, and sends them back.
+    fn probe(&mut self, probes: &[commscope_wire::grpc::ProbeRequest]) {
+        let Some(link) = self.link.clone() else {
+            return;
+        };
+        for pr in probes {
+            let Some(s) = self.sources.values().find(|s| {
+                s.process.pid == pr.pid
+                    && s.process.start_time == pr.start_time
+                    && s.process.job == pr.job
+            }) else {
+                continue;
+            };
+            let process = s.process.clone();
+            let enabled = self.cfg.stacks;
+            let link = link.clone();
+            log(
+                &self.cfg,
+                format_args!(
+                    "the collector asks for the stacks of rank {} of job {} (pid {}){}",
+                    process.rank,
+                    process.job,
+                    process.pid,
+                    if enabled { "" } else { ": off (--no-stacks)" }
+                ),
+            );
+            tokio::task::spawn_blocking(move || {
+                let (native, python, error) = if enabled {
+                    crate::procstate::stacks(process.pid, 16 << 10, Duration::from_secs(30))
+                } else {
+                    (
+                        String::new(),
+                        String::new(),
+                        "stacks are off on this agent (--no-stacks)".into(),
+                    )
+                };
+                let req = IngestRequest {
+                    batch_id: 0,
+                    agent_send_ns: now_real(),
+                    payload: Some(Payload::Probe(commscope_wire::grpc::ProcessProbe {
+                        process: Some(process),
+                        native_stack: native,
+                        python_stack: python,
+                        error,
+                    })),
+                };
+                let _ = link.blocking_send(req);
+            });
+        }
+    }
+
+    /// Sends each live process's in-flight table when it changed, and at least once a second
+    /// with the process's state.
+    fn snapshots(&mut self) {
+        let Some(link) = self.link.clone() else {
+            return;
+        };
+        let now = Instant::now();
+        for s in self.sources.values_mut() {
+            if s.exited.is_some() {
+                continue;
+            }
+            let shm = s.reg.region.shm();
+            let entries: Vec<InFlight> = shm.in_flight().into_iter().map(|(_, e)| e).collect();
+            // At least once a second: the process's state and CPU time go with it.
+            let unchanged = s.last_snapshot.as_ref().is_some_and(|(prev, at)| {
+                *prev == entries && at.elapsed() < Duration::from_secs(1)
+            });
+            if unchanged {
+                continue;
+            }
+            let snap = InFlightSnapshot {
+                process: Some(s.process.clone()),
+                t_mono_ns: now_mono(),
+                entries: entries
+                    .iter()
+                    .map(|e| InFlightEntry {
+                        comm_id: e.comm_id,
+                        seq: e.seq,
+                        op: Op::from_code(e.op).name().into(),
+                        t_enter_ns: e.t_enter,
+                        bytes: e.bytes,
+                        peer: e.peer,
+                        tag: e.tag,
+                        comm_rank: e.comm_rank,
+                        status: u32::from(e.status),
+                        tid: e.tid,
+                    })
+                    .collect(),
+                dropped_ring_full: shm.counter(Counter::DroppedRingFull),
+                last_beat_ns: shm.last_beat(),
+                ..Default::default()
+            };
+            let mut snap = snap;
+            if let Some(p) = crate::procstate::sample(s.process.pid) {
+                snap.proc_state = p.state;
+                snap.wchan = p.wchan;
+                snap.cpu_ns = p.cpu_ns;
+            }
+            let req = IngestRequest {
+                batch_id: 0,
+                agent_send_ns: now_real(),
+                payload: Some(Payload::InFlight(snap)),
+            };
+            if link.try_send(req).is_ok() {
+                s.last_snapshot = Some((entries, now));
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let views = self
+            .sources
+            .values()
+            .map(|s| {
+                let shm = s.reg.region.shm();
+                let cap = shm.geometry().ring_capacity.max(1);
+                ProcessView {
+                    job: s.process.job.clone(),
+                    rank: s.process.rank,
+                    pid: s.process.pid,
+                    fill: shm.head().saturating_sub(shm.cursor(Consumer::Agent)) as f64
+                        / cap as f64,
+                    in_flight: shm.in_flight_count(),
+                    drops: drops_of(s),
+                }
+            })
+            .collect();
+        *self
+            .stats
+            .processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = views;
+        self.stats
+            .spool_bytes
+            .store(self.spool.bytes(), Ordering::Relaxed);
+        self.stats
+            .spool_batches
+            .store(self.spool.len() as u64, Ordering::Relaxed);
+        self.stats
+            .unacked
+            .store(self.pending.len() as u64, Ordering::Relaxed);
+        *self.stats.clock.lock().unwrap_or_else(|p| p.into_inner()) = self.clock.get();
+    }
+}
+
+fn drops_of(s: &Source) -> [u64; 4] {
+    let shm = s.reg.region.shm();
+    [
+        shm.counter(Counter::DroppedRingFull),
+        shm.counter(Counter::DroppedInFlight),
+        shm.counter(Counter::DroppedRequests)
+            + shm.counter(Counter::DroppedP2pSeq)
+            + shm.counter(Counter::DroppedComms)
+            + shm.counter(Counter::DroppedInternal),
+        shm.counter(Counter::ConsumerOverrun),
+    ]
+}
+
+/// Moves the ring cursor over every leading batch that is done.
+fn advance(s: &mut Source) {
+    let mut to = None;
+    while let Some(&(end, true)) = s.batches.front() {
+        to = Some(end);
+        s.batches.pop_front();
+    }
+    if let Some(end) = to {
+        s.reg.region.shm().advance(Consumer::Agent, end);
+    }
+}

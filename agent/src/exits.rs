@@ -1,0 +1,250 @@
+//! Process exits: a pidfd per traced process says *that* it ended (any process, no parent
+//! relation needed); the kernel's process-events connector (netlink, needs CAP_NET_ADMIN) says
+//! *how* — the exit status or the terminating signal.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// `exit(code)`.
+    Exited(i32),
+    /// Killed by a signal.
+    Signaled(i32),
+}
+
+/// Opens a pidfd for `pid` (readable once the process has exited).
+pub fn pidfd(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Exit statuses reported by the kernel, by pid, kept for a minute.
+#[derive(Clone, Debug, Default)]
+pub struct ExitWatcher {
+    seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>,
+    /// Whether the connector is listening (else statuses are unknown).
+    pub active: bool,
+}
+
+const NETLINK_CONNECTOR: i32 = 11;
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+const NLMSG_HDR: usize = 16;
+const CN_MSG_HDR: usize = 20;
+
+impl ExitWatcher {
+    /// Starts listening; without the privilege (or the connector) it stays inactive, and every
+    /// status is unknown — a warning says so.
+    pub fn start() -> (ExitWatcher, Option<String>) {
+        let mut w = ExitWatcher::default();
+        match open_connector() {
+            Ok(fd) => {
+                w.active = true;
+                let seen = w.seen.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("exit-events".into())
+                    .spawn(move || listen(fd, seen));
+                if let Err(e) = spawned {
+                    w.active = false;
+                    return (w, Some(format!("cannot start the exit-event thread: {e}")));
+                }
+                (w, None)
+            }
+            Err(e) => (
+                w,
+                Some(format!(
+                    "process exit statuses are unavailable (the kernel's process-events connector refused: {e}); exits are still detected"
+                )),
+            ),
+        }
+    }
+
+    /// How `pid` ended, if the kernel said so (waits up to `wait` for the event to arrive).
+    pub async fn ending(&self, pid: u32, wait: Duration) -> Option<Ending> {
+        if !self.active {
+            return None;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some((_, e)) = self
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&pid)
+            {
+                return Some(*e);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn open_connector() -> std::io::Result<OwnedFd> {
+    // SAFETY: creating a netlink socket.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_CONNECTOR,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero sockaddr_nl is valid before we fill it.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_groups = CN_IDX_PROC;
+    addr.nl_pid = 0;
+    // SAFETY: binding a netlink socket to a valid address of the stated size.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Subscribe: nlmsghdr + cn_msg + op.
+    let total = NLMSG_HDR + CN_MSG_HDR + 4;
+    let mut msg = vec![0u8; total];
+    msg[0..4].copy_from_slice(&(total as u32).to_ne_bytes());
+    msg[4..6].copy_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    msg[12..16].copy_from_slice(&me.to_ne_bytes());
+    let cn = NLMSG_HDR;
+    msg[cn..cn + 4].copy_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    msg[cn + 4..cn + 8].copy_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    msg[cn + 16..cn + 18].copy_from_slice(&4u16.to_ne_bytes());
+    msg[cn + 20..cn + 24].copy_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    // SAFETY: sending a buffer of `total` bytes on a bound socket.
+    let n = unsafe { libc::send(fd, msg.as_ptr().cast(), total, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(owned)
+}
+
+fn listen(fd: OwnedFd, seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>) {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 8192];
+    let mut last_prune = Instant::now();
+    loop {
+        // SAFETY: receiving into a buffer we own.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::ENOBUFS) => continue,
+                _ => return,
+            }
+        }
+        let n = n as usize;
+        let mut at = 0;
+        while at + NLMSG_HDR <= n {
+            let len = u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap_or_default()) as usize;
+            if len < NLMSG_HDR || at + len > n {
+                break;
+            }
+            if let Some((pid, ending)) = parse_exit(&buf[at + NLMSG_HDR..at + len]) {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(pid, (Instant::now(), ending));
+            }
+            at += (len + 3) & !3;
+        }
+        if last_prune.elapsed() > Duration::from_secs(10) {
+            last_prune = Instant::now();
+            seen.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|_, (t, _)| t.elapsed() < Duration::from_secs(60));
+        }
+    }
+}
+
+/// Parses a connector message; an exit of a thread-group leader gives its pid and ending.
+fn parse_exit(cn: &[u8]) -> Option<(u32, Ending)> {
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(cn.get(at..at + 4)?.try_into().ok()?))
+    };
+    if word(0)? != CN_IDX_PROC || word(4)? != CN_VAL_PROC {
+        return None;
+    }
+    let ev = CN_MSG_HDR;
+    if word(ev)? != PROC_EVENT_EXIT {
+        return None;
+    }
+    // proc_event: what, cpu, timestamp (8), then exit_proc_event: pid, tgid, code, signal.
+    let data = ev + 16;
+    let (pid, tgid, code) = (word(data)?, word(data + 4)?, word(data + 8)?);
+    if pid != tgid {
+        return None;
+    }
+    // `code` is a wait status.
+    let sig = code & 0x7f;
+    Some((
+        pid,
+        if sig == 0 {
+            Ending::Exited(((code >> 8) & 0xff) as i32)
+        } else {
+            Ending::Signaled(sig as i32)
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_kernel_reports_exit_codes_and_signals() {
+        let (w, warn) = ExitWatcher::start();
+        if !w.active {
+            eprintln!("skipping: {warn:?}");
+            return;
+        }
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(7));
+        assert_eq!(
+            w.ending(pid, Duration::from_secs(2)).await,
+            Some(Ending::Exited(7))
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        let fd = pidfd(pid).expect("pidfd");
+        child.kill().expect("kill");
+        let _ = child.wait();
+        drop(fd);
+        assert_eq!(
+            w.ending(pid, Duration::from_secs(2)).await,
+            Some(Ending::Signaled(9))
+        );
+    }
+}
