@@ -1,5 +1,381 @@
-//! The commscope collector: ingests record batches from node agents, keeps per-job state, runs
-//! the analyzer continuously and serves findings, metrics and the query API.
+//! The commscope collector: ingests record batches from node agents over gRPC, stores them
+//! durably (write-ahead log, then Parquet segments per job), keeps bounded live state per job,
+//! and serves it: the JSON API and `/metrics` over HTTP, the query service over gRPC.
 //!
-//! Nothing is implemented yet; the `commscope collector` command does not exist until it is.
-#![forbid(unsafe_code)]
+//! - [`store`]: durability, dedup, segments, retention.
+//! - [`state`]: live per-job state.
+//! - [`ingest`]: the agent stream.
+//! - [`query`]: the gRPC query service (the TUI's view).
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`, `/api/v1/...`.
+//! - [`findings`]: the live findings engine.
+
+pub mod findings;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod query;
+pub mod state;
+pub mod store;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use commscope_wire::parquet::ClockAlignment;
+
+pub use state::Limits;
+
+/// Collector settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// gRPC address (agent ingest and the query service).
+    pub listen: SocketAddr,
+    /// HTTP address (JSON API, `/metrics`, health).
+    pub http: SocketAddr,
+    /// Where traces live: `<dir>/<job>/seg-*.parquet` and the write-ahead logs.
+    pub trace_dir: PathBuf,
+    /// A job's log rolls into a Parquet segment at this size ...
+    pub segment_bytes: u64,
+    /// ... or this age.
+    pub segment_age: Duration,
+    /// Segments older than this are deleted.
+    pub retention: Option<Duration>,
+    /// Oldest segments are deleted while all together exceed this.
+    pub retention_bytes: Option<u64>,
+    /// Largest gRPC message accepted (bytes).
+    pub max_message_bytes: usize,
+    /// Records per second one agent stream may send; more is refused with a retry delay.
+    pub max_agent_rate: u64,
+    /// Live-state bounds.
+    pub limits: Limits,
+    /// Print one line per notable event on stderr.
+    pub log: bool,
+    /// A collective in flight this long while members have not entered it is a hang.
+    pub hang_floor: Duration,
+}
+
+impl Config {
+    /// Defaults: loopback ports 4317 (gRPC) and 9464 (HTTP), traces under `dir`.
+    pub fn new(trace_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_GRPC_PORT)),
+            http: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            trace_dir: trace_dir.into(),
+            segment_bytes: 64 << 20,
+            segment_age: Duration::from_secs(60),
+            retention: None,
+            retention_bytes: None,
+            max_message_bytes: 16 << 20,
+            max_agent_rate: 2_000_000,
+            limits: Limits::default(),
+            log: true,
+            hang_floor: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Default gRPC port.
+pub const DEFAULT_GRPC_PORT: u16 = 4650;
+/// Default HTTP port.
+pub const DEFAULT_HTTP_PORT: u16 = 4651;
+
+/// Ingest counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub records_in: AtomicU64,
+    pub streams_open: AtomicU64,
+    pub streams_total: AtomicU64,
+    pub bad_messages: AtomicU64,
+    pub rate_limited: AtomicU64,
+    pub refusals: Mutex<HashMap<&'static str, u64>>,
+}
+
+impl Metrics {
+    /// Counts a refused request by reason.
+    pub fn refused(&self, reason: &'static str) {
+        *self
+            .refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_insert(0) += 1;
+    }
+}
+
+/// What every service shares.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: Config,
+    pub store: store::Store,
+    pub state: Mutex<state::State>,
+    pub metrics: Metrics,
+    /// Per node: the latest clock alignment its agent reported.
+    pub clocks: Mutex<HashMap<String, ClockAlignment>>,
+    pub ready: AtomicBool,
+    pub started: std::time::Instant,
+    /// Open and recently resolved findings.
+    pub findings: Mutex<findings::Engine>,
+    /// Per node: processes its agent is asked to probe (stacks of hang culprits), and every
+    /// process asked about so far (each at most once).
+    pub probes: Mutex<HashMap<String, Vec<commscope_wire::grpc::ProbeRequest>>>,
+    pub probed: Mutex<std::collections::HashSet<(String, u32, u64)>>,
+}
+
+impl Shared {
+    /// Asks the agents of these ranks of `job` for their processes' stacks (once per process).
+    pub fn ask_for_stacks(&self, job: &str, ranks: &[i32]) {
+        let wanted: Vec<(String, commscope_wire::grpc::ProbeRequest)> = {
+            let st = self.lock_state();
+            let Some(j) = st.jobs.get(job) else { return };
+            j.ranks
+                .values()
+                .filter(|r| ranks.contains(&r.rank) && r.status == state::RankStatus::Running)
+                .map(|r| {
+                    (
+                        r.node.clone(),
+                        commscope_wire::grpc::ProbeRequest {
+                            job: job.to_owned(),
+                            pid: r.pid,
+                            start_time: r.start_time,
+                        },
+                    )
+                })
+                .collect()
+        };
+        let mut probed = self.probed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, req) in wanted {
+            if probed.len() > 100_000 {
+                probed.clear();
+            }
+            if probed.insert((req.job.clone(), req.pid, req.start_time)) {
+                self.log(format_args!(
+                    "asking the agent of {node} for the stacks of pid {} (job {})",
+                    req.pid, req.job
+                ));
+                probes.entry(node).or_default().push(req);
+            }
+        }
+    }
+
+    /// Probe requests waiting for a node's agent.
+    pub fn take_probes(&self, node: &str) -> Vec<commscope_wire::grpc::ProbeRequest> {
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        probes.remove(node).unwrap_or_default()
+    }
+
+    /// The live state.
+    pub fn lock_state(&self) -> MutexGuard<'_, state::State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One log line.
+    pub fn log(&self, msg: std::fmt::Arguments<'_>) {
+        if self.config.log {
+            eprintln!("commscope collector: {msg}");
+        }
+    }
+
+    fn set_node_clock(&self, node: &str, c: ClockAlignment) {
+        self.clocks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_owned(), c);
+    }
+
+    /// A job ended: its log becomes a segment now.
+    async fn job_ended(&self, job: &str) {
+        let (ranks, records) = self
+            .lock_state()
+            .jobs
+            .get(job)
+            .map(|j| (j.rank_count(), j.records))
+            .unwrap_or_default();
+        self.log(format_args!(
+            "job {job} ended: {ranks} ranks, {records} records; writing its trace segment"
+        ));
+        self.store.roll(job).await;
+    }
+}
+
+/// A running collector.
+#[derive(Debug)]
+pub struct Running {
+    pub shared: Arc<Shared>,
+    /// The bound addresses (useful with port 0).
+    pub listen: SocketAddr,
+    pub http: SocketAddr,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops serving, writes every open log out as a segment, and returns.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.shared.store.flush().await;
+    }
+}
+
+/// Opens the store (recovering what a previous run left) and starts serving. Returns once both
+/// listeners are bound.
+pub async fn start(config: Config) -> Result<Running> {
+    let mut scfg = store::Config::new(&config.trace_dir);
+    scfg.roll_bytes = config.segment_bytes;
+    scfg.roll_age = config.segment_age;
+    scfg.retention = config.retention;
+    scfg.retention_bytes = config.retention_bytes;
+    let (store, recovered) = store::Store::open(scfg).map_err(anyhow::Error::msg)?;
+    let mut st = state::State::new(config.limits.clone());
+    for (h, recs) in &recovered.pending {
+        st.apply(h, None, recs);
+    }
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        store,
+        state: Mutex::new(st),
+        metrics: Metrics::default(),
+        clocks: Mutex::new(HashMap::new()),
+        ready: AtomicBool::new(false),
+        started: std::time::Instant::now(),
+        findings: Mutex::new(findings::Engine::new(config.hang_floor)),
+        probes: Mutex::new(HashMap::new()),
+        probed: Mutex::new(std::collections::HashSet::new()),
+    });
+    for w in &recovered.warnings {
+        shared.log(format_args!("recovery: {w}"));
+    }
+    shared.log(format_args!(
+        "traces under {}: {} segments, {} processes' marks, {} pending log entries recovered",
+        config.trace_dir.display(),
+        recovered.segments,
+        recovered.high_water.len(),
+        recovered.pending.len()
+    ));
+
+    let (shutdown, rx) = tokio::sync::watch::channel(false);
+    let grpc = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", config.listen))?;
+    let http_l = tokio::net::TcpListener::bind(config.http)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", config.http))?;
+    let listen = grpc.local_addr()?;
+    let http_addr = http_l.local_addr()?;
+
+    let mut tasks = Vec::new();
+    let ingest = commscope_wire::grpc::ingest_server::IngestServer::new(ingest::IngestService {
+        shared: shared.clone(),
+    })
+    .max_decoding_message_size(config.max_message_bytes);
+    let query = commscope_wire::grpc::query_server::QueryServer::new(query::QueryService {
+        shared: shared.clone(),
+    });
+    let mut r1 = rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        let _ = tonic::transport::Server::builder()
+            .add_service(ingest)
+            .add_service(query)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = r1.wait_for(|s| *s).await;
+            })
+            .await;
+    }));
+    let app = http::router(shared.clone());
+    let mut r2 = rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let _ = axum::serve(http_l, app)
+            .with_graceful_shutdown(async move {
+                let _ = r2.wait_for(|s| *s).await;
+            })
+            .await;
+    }));
+    // Housekeeping: release ended jobs after their linger time; end jobs whose processes all
+    // went silent is the agents' business (they report exits).
+    let sh = shared.clone();
+    let mut r3 = rx.clone();
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = r3.wait_for(|s| *s) => break,
+            }
+            let quiet = sh.lock_state().end_quiet(Duration::from_secs(5));
+            for j in quiet {
+                sh.job_ended(&j).await;
+            }
+            let changes = {
+                let mut st = sh.lock_state();
+                sh.findings
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .tick(&mut st)
+            };
+            for c in changes {
+                match c {
+                    findings::Change::Opened(f) => {
+                        if f.kind == commscope_analyzer::Kind::Hang {
+                            sh.ask_for_stacks(&f.job, &f.ranks);
+                        }
+                        sh.log(format_args!(
+                            "finding {} opened: {} {}: {}",
+                            f.id,
+                            f.job,
+                            f.kind.name(),
+                            f.summary
+                        ))
+                    }
+                    findings::Change::Resolved(f) => sh.log(format_args!(
+                        "finding {} resolved: {} {} of {}",
+                        f.id,
+                        f.job,
+                        f.kind.name(),
+                        ranks_list(&f.ranks)
+                    )),
+                }
+            }
+            let gone = sh.lock_state().release_ended();
+            for g in gone {
+                sh.log(format_args!("job {g} released from memory"));
+            }
+        }
+    }));
+    shared.ready.store(true, Ordering::Release);
+    shared.log(format_args!(
+        "listening: gRPC on {listen}, HTTP on {http_addr}"
+    ));
+    Ok(Running {
+        shared,
+        listen,
+        http: http_addr,
+        shutdown,
+        tasks,
+    })
+}
+
+fn ranks_list(r: &[i32]) -> String {
+    commscope_analyzer::finding::ranks_phrase(r)
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub async fn run(config: Config) -> Result<()> {
+    let running = start(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    running.shared.log(format_args!(
+        "shutting down: writing open logs out as segments"
+    ));
+    running.stop().await;
+    Ok(())
+}

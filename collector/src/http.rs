@@ -1,0 +1,247 @@
+//! The collector's HTTP side: `/healthz`, `/readyz`, `/metrics`, `/api/v1/jobs`,
+//! `/api/v1/jobs/{job}`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use commscope_wire::hash::format_comm_id;
+use commscope_wire::op::Op;
+use serde::Serialize;
+
+use crate::Shared;
+use crate::state::{InFlightCall, JobState};
+
+/// The routes.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/jobs", get(jobs))
+        .route("/api/v1/jobs/{job}", get(job))
+        .route("/api/v1/findings", get(findings))
+        .with_state(shared)
+}
+
+async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+    if s.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    }
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&s),
+    )
+        .into_response()
+}
+
+/// A job in the list.
+#[derive(Debug, Serialize)]
+pub struct JobLine {
+    pub job: String,
+    pub state: &'static str,
+    pub flavour: String,
+    pub ranks: usize,
+    pub world_size: i32,
+    pub nodes: Vec<String>,
+    pub records: u64,
+    pub in_flight: usize,
+    pub dropped: u64,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+}
+
+/// Summary line of a job.
+pub fn job_line(j: &JobState) -> JobLine {
+    JobLine {
+        job: j.job.clone(),
+        state: j.state_name(),
+        flavour: j.flavour.clone(),
+        ranks: j.rank_count(),
+        world_size: j.world_size,
+        nodes: j.nodes(),
+        records: j.records,
+        in_flight: j.in_flight().len(),
+        dropped: j.dropped(),
+        first_seen_ns: j.first_seen_ns,
+        last_seen_ns: j.last_seen_ns,
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct JobsQuery {
+    state: Option<String>,
+}
+
+async fn jobs(State(s): State<Arc<Shared>>, Query(q): Query<JobsQuery>) -> Response {
+    let st = s.lock_state();
+    let mut v: Vec<JobLine> = st
+        .jobs
+        .values()
+        .filter(|j| q.state.as_deref().is_none_or(|want| want == j.state_name()))
+        .map(job_line)
+        .collect();
+    v.sort_by(|a, b| a.job.cmp(&b.job));
+    axum::Json(serde_json::json!({ "jobs": v })).into_response()
+}
+
+/// One communicator in a job's detail.
+#[derive(Debug, Serialize)]
+pub struct CommDetail {
+    pub comm_id: String,
+    pub size: i32,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Global ranks seen on it.
+    pub ranks: Vec<i32>,
+    /// Calls per op, one per rank per call (like `trace summary`).
+    pub ops: BTreeMap<String, u64>,
+    pub bytes: BTreeMap<String, u64>,
+    /// Per global rank: collectives completed (highest completed `seq` + 1).
+    pub progress: BTreeMap<i32, u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub local_id: bool,
+}
+
+/// One process in a job's detail.
+#[derive(Debug, Serialize)]
+pub struct ProcessDetail {
+    pub rank: i32,
+    pub node: String,
+    pub pid: u32,
+    pub state: &'static str,
+    /// It shut down cleanly (MPI_Finalize) before it ended.
+    pub finalized: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub records: u64,
+    pub calls: u64,
+    pub last_seen_ns: u64,
+    pub dropped: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ns: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock_error_ns: Option<u64>,
+}
+
+/// A job's detail (`GET /api/v1/jobs/{job}`).
+#[derive(Debug, Serialize)]
+pub struct JobDetail {
+    #[serde(flatten)]
+    pub line: JobLine,
+    pub comms: Vec<CommDetail>,
+    pub p2p: BTreeMap<&'static str, u64>,
+    pub in_flight: Vec<InFlightCall>,
+    pub processes: Vec<ProcessDetail>,
+    /// Communicators seen but not kept (over the per-job limit).
+    pub comms_not_kept: u64,
+}
+
+/// The detail of a job.
+pub fn job_detail(j: &JobState) -> JobDetail {
+    let mut comms: Vec<CommDetail> = j
+        .comms
+        .iter()
+        .map(|(id, c)| {
+            let mut ops = BTreeMap::new();
+            let mut bytes = BTreeMap::new();
+            for (op, s) in &c.ops {
+                let name = Op::from_code(*op).name().to_owned();
+                *ops.entry(name.clone()).or_insert(0) += s.calls;
+                *bytes.entry(name).or_insert(0) += s.bytes;
+            }
+            CommDetail {
+                comm_id: format_comm_id(*id),
+                size: c.size,
+                name: c.name.clone(),
+                ranks: c.progress.keys().copied().collect(),
+                ops,
+                bytes,
+                progress: c.progress.clone(),
+                local_id: c.local_id,
+            }
+        })
+        .collect();
+    comms.sort_by(|a, b| (b.size, &a.comm_id).cmp(&(a.size, &b.comm_id)));
+    let mut p2p = BTreeMap::new();
+    p2p.insert("send", j.comms.values().map(|c| c.p2p_sends).sum());
+    p2p.insert("recv", j.comms.values().map(|c| c.p2p_recvs).sum());
+    let mut processes: Vec<ProcessDetail> = j
+        .ranks
+        .values()
+        .map(|r| ProcessDetail {
+            rank: r.rank,
+            node: r.node.clone(),
+            pid: r.pid,
+            state: r.status.name(),
+            finalized: r.finalized,
+            exit_status: r.exit_status,
+            signal: r.signal,
+            records: r.records,
+            calls: r.calls,
+            last_seen_ns: r.last_seen_ns,
+            dropped: r.dropped(),
+            clock_offset_ns: r.clock.map(|c| c.offset_ns),
+            clock_error_ns: r.clock.map(|c| c.error_ns),
+        })
+        .collect();
+    processes.sort_by_key(|p| (p.rank, p.pid));
+    JobDetail {
+        line: job_line(j),
+        comms,
+        p2p,
+        in_flight: j.in_flight(),
+        processes,
+        comms_not_kept: j.comms_dropped,
+    }
+}
+
+async fn job(State(s): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    let st = s.lock_state();
+    match st.jobs.get(&name) {
+        Some(j) => axum::Json(job_detail(j)).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({
+                "error": format!("no job {name:?} is known to this collector (it may have ended and been released)")
+            })),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct FindingsQuery {
+    job: Option<String>,
+    state: Option<String>,
+}
+
+/// `GET /api/v1/findings[?job=&state=open|resolved]`.
+async fn findings(State(s): State<Arc<Shared>>, Query(q): Query<FindingsQuery>) -> Response {
+    let e = s.findings.lock().unwrap_or_else(|p| p.into_inner());
+    let want = |state: &str| q.state.as_deref().is_none_or(|w| w == state);
+    let mut v: Vec<&commscope_analyzer::Finding> = Vec::new();
+    if want("open") {
+        v.extend(e.tracker.open.values());
+    }
+    if want("resolved") {
+        v.extend(e.tracker.resolved.iter());
+    }
+    v.retain(|f| q.job.as_deref().is_none_or(|j| j == f.job));
+    axum::Json(serde_json::json!({ "findings": v })).into_response()
+}

@@ -1,0 +1,420 @@
+//! The agent ingest service (`commscope.v1.Ingest/Stream`): one bidirectional stream per agent.
+//!
+//! Each request is checked, its records handed to the store, and answered in order; record
+//! batches are answered only once durable. A stream's batches are pipelined (the next is queued
+//! while the previous one is being synced), so one agent can fill a group commit by itself.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use commscope_wire::cst::{self, Header};
+use commscope_wire::grpc::ingest_request::Payload;
+use commscope_wire::grpc::ingest_server::Ingest;
+use commscope_wire::grpc::{IngestAck, IngestRequest, ProcessId};
+use commscope_wire::op::Op;
+use commscope_wire::parquet::ClockAlignment;
+use commscope_wire::record::{RECORD_SIZE, RawRecord};
+use commscope_wire::shm::LAYOUT_VERSION;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::Shared;
+use crate::state::{InFlightCall, now_ns};
+use crate::store::Batch;
+
+/// Records one batch may carry at most.
+pub const MAX_BATCH_RECORDS: usize = 1 << 16;
+
+type AckFuture = Pin<Box<dyn Future<Output = IngestAck> + Send>>;
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct IngestService {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Per-stream bookkeeping: who is on the other end and how fast it sends.
+struct Peer {
+    node: Option<String>,
+    addr: String,
+    /// Token bucket for the per-agent record rate.
+    tokens: f64,
+    last: Instant,
+    /// After a refusal, every batch is refused until then, so none overtakes the refused one.
+    blocked_until: Option<Instant>,
+}
+
+impl Peer {
+    /// Takes `n` records from the bucket (it may go into debt: a batch larger than a second's
+    /// worth passes when the bucket is full); on refusal, how long until it would pass (ms).
+    fn take(&mut self, n: usize, rate: f64) -> Result<(), u32> {
+        let rate = rate.max(1.0);
+        let now = Instant::now();
+        if let Some(t) = self.blocked_until {
+            if now < t {
+                return Err((t - now).as_millis().max(1) as u32);
+            }
+            self.blocked_until = None;
+        }
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate);
+        self.last = now;
+        let need = (n as f64).min(rate);
+        if self.tokens >= need {
+            self.tokens -= n as f64;
+            Ok(())
+        } else {
+            let wait = ((need - self.tokens) / rate * 1000.0).ceil().max(1.0) as u32;
+            self.blocked_until = Some(now + std::time::Duration::from_millis(u64::from(wait)));
+            Err(wait)
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    type StreamStream = ReceiverStream<Result<IngestAck, Status>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<IngestRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let addr = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let mut inbound = request.into_inner();
+        let shared = self.shared.clone();
+        let (ack_tx, ack_rx) = mpsc::channel::<Result<IngestAck, Status>>(256);
+        let (q_tx, mut q_rx) = mpsc::channel::<AckFuture>(256);
+        shared.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.streams_total.fetch_add(1, Ordering::Relaxed);
+
+        // Acknowledger: answers in order, each when its work is done. Work already handed to
+        // the store is always finished (and applied to the live state), even when the agent has
+        // gone and its acknowledgement cannot be delivered.
+        let acks = ack_tx.clone();
+        let node: Arc<std::sync::OnceLock<String>> = Arc::default();
+        let ack_node = node.clone();
+        let ack_shared = shared.clone();
+        tokio::spawn(async move {
+            let mut open = true;
+            while let Some(f) = q_rx.recv().await {
+                let mut ack = f.await;
+                ack.collector_send_ns = now_ns();
+                if let Some(n) = ack_node.get() {
+                    ack.probes = ack_shared.take_probes(n);
+                }
+                if open && acks.send(Ok(ack)).await.is_err() {
+                    open = false;
+                }
+            }
+        });
+
+        // Reader: checks each request and queues its work.
+        tokio::spawn(async move {
+            let mut peer = Peer {
+                node: None,
+                addr,
+                tokens: shared.config.max_agent_rate as f64,
+                last: Instant::now(),
+                blocked_until: None,
+            };
+            loop {
+                let msg = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(status) => {
+                        shared.metrics.bad_messages.fetch_add(1, Ordering::Relaxed);
+                        shared.log(format_args!(
+                            "agent stream from {} ({}) ended with an error: {}",
+                            peer.addr,
+                            peer.node.as_deref().unwrap_or("no hello"),
+                            status.message()
+                        ));
+                        break;
+                    }
+                };
+                let recv_ns = now_ns();
+                let work = match handle(&shared, &mut peer, msg, recv_ns) {
+                    Ok(w) => w,
+                    Err(status) => {
+                        let _ = ack_tx.send(Err(status)).await;
+                        break;
+                    }
+                };
+                if let Some(n) = &peer.node {
+                    let _ = node.set(n.clone());
+                }
+                if q_tx.send(work).await.is_err() {
+                    break;
+                }
+            }
+            shared.metrics.streams_open.fetch_sub(1, Ordering::Relaxed);
+        });
+        Ok(Response::new(ReceiverStream::new(ack_rx)))
+    }
+}
+
+fn ack(batch_id: u64, recv_ns: u64) -> IngestAck {
+    IngestAck {
+        batch_id,
+        durable: true,
+        collector_recv_ns: recv_ns,
+        ..Default::default()
+    }
+}
+
+fn refused(batch_id: u64, recv_ns: u64, error: String, retry_after_ms: u32) -> IngestAck {
+    IngestAck {
+        batch_id,
+        durable: false,
+        collector_recv_ns: recv_ns,
+        error,
+        retry_after_ms,
+        ..Default::default()
+    }
+}
+
+fn ready(a: IngestAck) -> AckFuture {
+    Box::pin(std::future::ready(a))
+}
+
+/// The process identity of a request as a trace header.
+pub fn header_of(p: &ProcessId) -> Header {
+    Header {
+        version: cst::FORMAT_VERSION,
+        job: p.job.clone(),
+        node: p.node.clone(),
+        pid: p.pid,
+        rank: p.rank,
+        world_size: p.world_size,
+        start_time: p.start_time,
+        mono_anchor: p.mono_anchor_ns,
+        real_anchor: p.real_anchor_ns,
+        library: p.library.clone(),
+        flavour: p.flavour.clone(),
+        writer_version: String::new(),
+    }
+}
+
+/// Checks one request; returns the work whose result is its acknowledgement, or a status that
+/// ends the stream (a protocol violation).
+fn handle(
+    shared: &Arc<Shared>,
+    peer: &mut Peer,
+    msg: IngestRequest,
+    recv_ns: u64,
+) -> Result<AckFuture, Status> {
+    let id = msg.batch_id;
+    let m = &shared.metrics;
+    let Some(payload) = msg.payload else {
+        m.refused("empty");
+        return Ok(ready(refused(
+            id,
+            recv_ns,
+            "a request without a payload".into(),
+            0,
+        )));
+    };
+    if peer.node.is_none() && !matches!(payload, Payload::Hello(_)) {
+        m.refused("no-hello");
+        return Err(Status::failed_precondition(
+            "the first message on an ingest stream must be a hello",
+        ));
+    }
+    match payload {
+        Payload::Hello(h) => {
+            if h.layout_version != LAYOUT_VERSION {
+                m.refused("layout-version");
+                shared.log(format_args!(
+                    "refused agent {} at {}: record layout version {}, this collector reads {}",
+                    h.node, peer.addr, h.layout_version, LAYOUT_VERSION
+                ));
+                return Err(Status::failed_precondition(format!(
+                    "record layout version {} is not supported (this collector reads version {LAYOUT_VERSION}); run matching commscope versions",
+                    h.layout_version
+                )));
+            }
+            if h.node.is_empty() {
+                m.refused("hello");
+                return Err(Status::invalid_argument("hello without a node name"));
+            }
+            shared.log(format_args!(
+                "agent {} connected from {} (commscope {})",
+                h.node, peer.addr, h.agent_version
+            ));
+            peer.node = Some(h.node);
+            Ok(ready(ack(id, recv_ns)))
+        }
+        Payload::Records(b) => {
+            let Some(process) = b.process.as_ref() else {
+                m.refused("malformed");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    "a record batch without its process".into(),
+                    0,
+                )));
+            };
+            if process.job.is_empty() || process.node.is_empty() {
+                m.refused("malformed");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    "a record batch without job or node".into(),
+                    0,
+                )));
+            }
+            if b.record_size as usize != RECORD_SIZE {
+                m.refused("layout-version");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    format!(
+                        "records of {} bytes are not supported (layout version {LAYOUT_VERSION} has {RECORD_SIZE})",
+                        b.record_size
+                    ),
+                    0,
+                )));
+            }
+            if b.records.is_empty() || b.records.len() % RECORD_SIZE != 0 {
+                m.refused("malformed");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    format!("{} bytes of records are not whole records", b.records.len()),
+                    0,
+                )));
+            }
+            let n = b.records.len() / RECORD_SIZE;
+            if n > MAX_BATCH_RECORDS {
+                m.refused("oversized");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    format!("{n} records in one batch; at most {MAX_BATCH_RECORDS}"),
+                    0,
+                )));
+            }
+            if let Err(wait) = peer.take(n, shared.config.max_agent_rate as f64) {
+                m.refused("rate-limit");
+                m.rate_limited.fetch_add(1, Ordering::Relaxed);
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    format!(
+                        "over the per-agent limit of {} records/s",
+                        shared.config.max_agent_rate
+                    ),
+                    wait,
+                )));
+            }
+            let records: Vec<RawRecord> = b
+                .records
+                .chunks_exact(RECORD_SIZE)
+                .map(|c| {
+                    let mut r = [0u8; RECORD_SIZE];
+                    r.copy_from_slice(c);
+                    r
+                })
+                .collect();
+            let header = header_of(process);
+            let clock = b.clock_offset_ns.map(|offset_ns| ClockAlignment {
+                offset_ns,
+                error_ns: b.clock_error_ns,
+            });
+            if let Some(c) = clock {
+                shared.set_node_clock(&header.node, c);
+            }
+            let overrun = b.dropped_overrun;
+            m.records_in.fetch_add(n as u64, Ordering::Relaxed);
+            let commit = shared.store.submit(Batch {
+                header: header.clone(),
+                clock,
+                records,
+            });
+            let shared = shared.clone();
+            Ok(Box::pin(async move {
+                match commit.await {
+                    Ok(c) => {
+                        let ended = {
+                            let mut st = shared.lock_state();
+                            if overrun > 0 {
+                                st.set_overrun(&header, overrun);
+                            }
+                            st.apply(&header, clock, &c.accepted)
+                        };
+                        if ended {
+                            shared.job_ended(&header.job).await;
+                        }
+                        ack(id, recv_ns)
+                    }
+                    Err(e) => {
+                        shared.metrics.refused("storage");
+                        refused(id, recv_ns, format!("not stored: {e}"), 1000)
+                    }
+                }
+            }))
+        }
+        Payload::InFlight(s) => {
+            let Some(process) = s.process.as_ref() else {
+                m.refused("malformed");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    "a snapshot without its process".into(),
+                    0,
+                )));
+            };
+            let header = header_of(process);
+            let calls = s
+                .entries
+                .iter()
+                .map(|e| InFlightCall {
+                    rank: process.rank,
+                    comm_id: e.comm_id,
+                    seq: e.seq,
+                    op: if Op::from_name(&e.op).is_some() {
+                        e.op.clone()
+                    } else {
+                        "unknown".into()
+                    },
+                    t_enter: e.t_enter_ns,
+                    bytes: e.bytes,
+                    peer: e.peer,
+                    for_s: s.t_mono_ns.saturating_sub(e.t_enter_ns) as f64 / 1e9,
+                })
+                .collect();
+            let proc = (!s.proc_state.is_empty()).then(|| crate::state::ProcSample {
+                state: s.proc_state.chars().take(4).collect(),
+                wchan: s.wchan.chars().take(64).collect(),
+                cpu_ns: s.cpu_ns,
+            });
+            shared
+                .lock_state()
+                .snapshot(&header, s.t_mono_ns, calls, proc);
+            Ok(ready(ack(id, recv_ns)))
+        }
+        Payload::Exit(_) => Ok(ready(ack(id, recv_ns))),
+        Payload::Probe(p) => {
+            if let Some(process) = p.process.as_ref() {
+                let header = header_of(process);
+                let cap = |s: String| s.chars().take(32 << 10).collect::<String>();
+                shared.lock_state().set_stacks(
+                    &header,
+                    crate::state::Stacks {
+                        native: cap(p.native_stack),
+                        python: cap(p.python_stack),
+                        error: cap(p.error),
+                        at_ns: recv_ns,
+                    },
+                );
+            }
+            Ok(ready(ack(id, recv_ns)))
+        }
+    }
+}

@@ -1,0 +1,682 @@
+//! Live per-job state: jobs, nodes, ranks, communicators with their members and progress,
+//! calls in flight, per-(comm, op) statistics. Bounded: at most [`Limits::max_jobs`] jobs
+//! (ended jobs are released first, then the least recently seen), at most
+//! [`Limits::max_comms_per_job`] communicators per job (further ones are counted, not kept).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use commscope_analyzer::stream::{Detectors, Tuning};
+use commscope_wire::cst::Header;
+use commscope_wire::hash::format_comm_id;
+use commscope_wire::op::{Op, flags};
+use commscope_wire::parquet::ClockAlignment;
+use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN, ProcessEvent, Record};
+use serde::Serialize;
+
+use crate::store::ProcessKey;
+
+/// Bounds on what is kept.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_jobs: usize,
+    pub max_comms_per_job: usize,
+    /// How long an ended job stays visible before its state is released.
+    pub linger: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_jobs: 256,
+            max_comms_per_job: 4096,
+            linger: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the duration histogram buckets.
+pub const BUCKETS: [f64; 14] = [
+    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0,
+];
+
+/// Per (communicator, op) statistics.
+#[derive(Clone, Debug, Default)]
+pub struct OpStats {
+    pub calls: u64,
+    pub bytes: u64,
+    pub duration_sum_s: f64,
+    /// Cumulative counts per bucket of [`BUCKETS`] (plus +Inf = `calls`).
+    pub buckets: [u64; BUCKETS.len()],
+}
+
+/// How a rank's process stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RankStatus {
+    Running,
+    Finalized,
+    Exited,
+    Killed,
+}
+
+impl RankStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            RankStatus::Running => "running",
+            RankStatus::Finalized => "finalized",
+            RankStatus::Exited => "exited",
+            RankStatus::Killed => "killed",
+        }
+    }
+    fn terminal(self) -> bool {
+        self != RankStatus::Running
+    }
+}
+
+/// One traced process.
+#[derive(Clone, Debug)]
+pub struct RankInfo {
+    pub rank: i32,
+    pub node: String,
+    pub pid: u32,
+    pub start_time: u64,
+    pub status: RankStatus,
+    /// It shut down cleanly (final heartbeat or its own exit record) before it ended.
+    pub finalized: bool,
+    pub exit_status: Option<i32>,
+    pub signal: Option<i32>,
+    /// When the agent saw the process end (its realtime clock, ns), and whether it was inside
+    /// a communication call then.
+    pub ended_at_ns: Option<u64>,
+    pub died_in_call: bool,
+    /// When its exit arrived here.
+    pub exit_arrived: Option<Instant>,
+    /// Its stacks, when its agent took them (a hang's culprit).
+    pub stacks: Option<Stacks>,
+    /// The process as its agent last saw it, and when its CPU time last grew.
+    pub proc: Option<ProcSample>,
+    pub cpu_advanced_at: Option<Instant>,
+    pub records: u64,
+    pub calls: u64,
+    /// Collector time (ns since the epoch) of the last record or snapshot.
+    pub last_seen_ns: u64,
+    pub dropped_ring_full: u64,
+    pub dropped_in_flight: u64,
+    pub dropped_other: u64,
+    /// Dropped by the agent (ring overrun), from its batches.
+    pub dropped_overrun: u64,
+    pub clock: Option<ClockAlignment>,
+    pub mono_anchor: u64,
+    pub real_anchor: u64,
+    /// Calls in flight at the latest snapshot, with the snapshot's host time.
+    pub in_flight: Vec<InFlightCall>,
+    pub snapshot_mono: u64,
+    /// When the latest snapshot arrived (ages grow from there).
+    pub snapshot_at: Option<Instant>,
+}
+
+impl RankInfo {
+    /// Records lost for this process, every reason together.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_ring_full + self.dropped_in_flight + self.dropped_other + self.dropped_overrun
+    }
+}
+
+/// A call in flight (from an agent's snapshot of the in-flight table).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct InFlightCall {
+    pub rank: i32,
+    #[serde(serialize_with = "ser_comm")]
+    pub comm_id: u64,
+    pub seq: u64,
+    pub op: String,
+    /// Host monotonic time the call entered.
+    #[serde(skip)]
+    pub t_enter: u64,
+    pub bytes: u64,
+    pub peer: i32,
+    /// Age at the snapshot, in seconds.
+    pub for_s: f64,
+}
+
+fn ser_comm<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_comm_id(*id))
+}
+
+/// A process's stacks as its agent took them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stacks {
+    pub native: String,
+    pub python: String,
+    /// Why a stack is missing.
+    pub error: String,
+    pub at_ns: u64,
+}
+
+/// A process's kernel state (from its agent's snapshots).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProcSample {
+    /// "R", "S", "D", …
+    pub state: String,
+    pub wchan: String,
+    pub cpu_ns: u64,
+}
+
+impl RankInfo {
+    /// The process's state for evidence: state letter, wait channel, whether its CPU time grew
+    /// in the last 2 s.
+    pub fn proc_evidence(&self) -> serde_json::Value {
+        match &self.proc {
+            None => serde_json::Value::Null,
+            Some(p) => serde_json::json!({
+                "state": p.state,
+                "state_name": state_name(&p.state),
+                "wchan": p.wchan,
+                "cpu_s": p.cpu_ns as f64 / 1e9,
+                "cpu_advancing": self.cpu_advanced_at.is_some_and(|t| t.elapsed() < Duration::from_secs(2)),
+            }),
+        }
+    }
+}
+
+/// "S" → "sleeping".
+pub fn state_name(s: &str) -> &'static str {
+    match s {
+        "R" => "running",
+        "S" => "sleeping",
+        "D" => "in uninterruptible wait",
+        "T" | "t" => "stopped",
+        "Z" => "a zombie",
+        "X" => "dead",
+        "I" => "idle",
+        _ => "in an unknown state",
+    }
+}
+
+/// One communicator.
+#[derive(Clone, Debug, Default)]
+pub struct CommInfo {
+    pub name: String,
+    pub size: i32,
+    /// Global rank → collectives completed in order (highest completed `seq` + 1).
+    pub progress: BTreeMap<i32, u64>,
+    /// Rank in the communicator → global rank.
+    pub members: BTreeMap<i32, i32>,
+    /// Longest completed blocking call on it (seconds): the hang threshold adapts to it.
+    pub max_duration_s: f64,
+    pub ops: HashMap<u8, OpStats>,
+    pub p2p_sends: u64,
+    pub p2p_recvs: u64,
+    pub local_id: bool,
+}
+
+/// One job.
+#[derive(Debug)]
+pub struct JobState {
+    pub job: String,
+    pub flavour: String,
+    pub world_size: i32,
+    pub ranks: BTreeMap<ProcessKey, RankInfo>,
+    pub comms: HashMap<u64, CommInfo>,
+    pub comms_dropped: u64,
+    pub records: u64,
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    pub ended: Option<Instant>,
+    last_touch: Instant,
+    /// The instance detectors (slow-rank, degraded-collective, mismatch, comm-error).
+    pub detectors: Detectors,
+}
+
+impl JobState {
+    fn new(job: &str, now_ns: u64) -> JobState {
+        JobState {
+            job: job.to_owned(),
+            flavour: String::new(),
+            world_size: 0,
+            ranks: BTreeMap::new(),
+            comms: HashMap::new(),
+            comms_dropped: 0,
+            records: 0,
+            first_seen_ns: now_ns,
+            last_seen_ns: now_ns,
+            ended: None,
+            last_touch: Instant::now(),
+            detectors: Detectors::new(job, Tuning::default()),
+        }
+    }
+
+    /// Whether ranks are ending right now (an exit arrived within the last second): who died
+    /// first, and who only followed, is not known yet.
+    pub fn in_flux(&self) -> bool {
+        self.ranks.values().any(|r| {
+            r.exit_arrived
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        })
+    }
+
+    /// The instance detectors' findings now; calls in flight join the mismatch check.
+    pub fn instance_findings(&mut self, now: u64) -> Vec<commscope_analyzer::Finding> {
+        self.detectors.advance(now);
+        let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
+            .ranks
+            .values()
+            .filter(|r| r.status == RankStatus::Running)
+            .flat_map(|r| r.in_flight.iter())
+            .filter_map(|c| {
+                let op = Op::from_name(&c.op)?;
+                (!op.is_p2p()).then(|| {
+                    (
+                        c.rank,
+                        c.comm_id,
+                        c.seq,
+                        Detectors::in_flight_shape(op, c.bytes),
+                    )
+                })
+            })
+            .collect();
+        self.detectors.in_flight_shapes(calls);
+        self.detectors.findings()
+    }
+
+    /// "running" or "ended".
+    pub fn state_name(&self) -> &'static str {
+        if self.ended.is_some() {
+            "ended"
+        } else {
+            "running"
+        }
+    }
+
+    /// Distinct global ranks seen.
+    pub fn rank_count(&self) -> usize {
+        let mut r: Vec<i32> = self.ranks.values().map(|r| r.rank).collect();
+        r.sort_unstable();
+        r.dedup();
+        r.len()
+    }
+
+    /// Node names, sorted.
+    pub fn nodes(&self) -> Vec<String> {
+        let mut n: Vec<String> = self.ranks.values().map(|r| r.node.clone()).collect();
+        n.sort();
+        n.dedup();
+        n
+    }
+
+    /// Calls in flight across ranks (latest snapshots).
+    pub fn in_flight(&self) -> Vec<InFlightCall> {
+        let mut v: Vec<InFlightCall> = self
+            .ranks
+            .values()
+            .filter(|r| r.status == RankStatus::Running)
+            .flat_map(|r| r.in_flight.iter().cloned())
+            .collect();
+        v.sort_by_key(|c| (c.rank, c.comm_id, c.seq));
+        v
+    }
+
+    /// Records dropped, all reasons.
+    pub fn dropped(&self) -> u64 {
+        self.ranks.values().map(RankInfo::dropped).sum()
+    }
+
+    /// Every rank of the job is known and its process has ended (an agent saw it go).
+    fn all_exited(&self) -> bool {
+        self.complete()
+            && self
+                .ranks
+                .values()
+                .all(|r| matches!(r.status, RankStatus::Exited | RankStatus::Killed))
+    }
+
+    /// Every rank of the job is known and finalized or gone.
+    fn all_terminal(&self) -> bool {
+        self.complete() && self.ranks.values().all(|r| r.status.terminal())
+    }
+
+    fn complete(&self) -> bool {
+        !self.ranks.is_empty()
+            && (self.world_size <= 0 || self.rank_count() >= self.world_size as usize)
+    }
+}
+
+/// Everything the collector knows live.
+#[derive(Debug, Default)]
+pub struct State {
+    pub jobs: HashMap<String, JobState>,
+    pub limits: Limits,
+    /// Jobs released (ended and lingered, or evicted over the limit).
+    pub released: u64,
+    pub evicted: u64,
+}
+
+/// Wall clock in ns since the epoch.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl State {
+    pub fn new(limits: Limits) -> State {
+        State {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    fn job_mut(&mut self, job: &str) -> &mut JobState {
+        if !self.jobs.contains_key(job) && self.jobs.len() >= self.limits.max_jobs {
+            self.evict_one();
+        }
+        let now = now_ns();
+        self.jobs
+            .entry(job.to_owned())
+            .or_insert_with(|| JobState::new(job, now))
+    }
+
+    fn evict_one(&mut self) {
+        let victim = self
+            .jobs
+            .values()
+            .min_by_key(|j| (j.ended.is_none(), j.last_touch))
+            .map(|j| j.job.clone());
+        if let Some(v) = victim {
+            self.jobs.remove(&v);
+            self.evicted += 1;
+        }
+    }
+
+    /// Applies stored records of one process. Returns whether the job just ended.
+    pub fn apply(
+        &mut self,
+        header: &Header,
+        clock: Option<ClockAlignment>,
+        records: &[Record],
+    ) -> bool {
+        let max_comms = self.limits.max_comms_per_job;
+        let now = now_ns();
+        let job = self.job_mut(&header.job);
+        job.last_touch = Instant::now();
+        job.last_seen_ns = now;
+        if job.flavour.is_empty() {
+            job.flavour = header.flavour.clone();
+        }
+        job.world_size = job.world_size.max(header.world_size);
+        job.records += records.len() as u64;
+        let key = ProcessKey::of(header);
+        let rank = job.ranks.entry(key).or_insert_with(|| RankInfo {
+            rank: header.rank,
+            node: header.node.clone(),
+            pid: header.pid,
+            start_time: header.start_time,
+            status: RankStatus::Running,
+            finalized: false,
+            exit_status: None,
+            signal: None,
+            ended_at_ns: None,
+            died_in_call: false,
+            records: 0,
+            calls: 0,
+            last_seen_ns: now,
+            dropped_ring_full: 0,
+            dropped_in_flight: 0,
+            dropped_other: 0,
+            dropped_overrun: 0,
+            clock: None,
+            mono_anchor: header.mono_anchor,
+            real_anchor: header.real_anchor,
+            in_flight: Vec::new(),
+            snapshot_mono: 0,
+            snapshot_at: None,
+            proc: None,
+            cpu_advanced_at: None,
+            stacks: None,
+            exit_arrived: None,
+        });
+        rank.last_seen_ns = now;
+        rank.records += records.len() as u64;
+        if rank.records == records.len() as u64 {
+            job.detectors.rank_node(header.rank, &header.node);
+        }
+        if clock.is_some() {
+            rank.clock = clock;
+        }
+        let mut calls = 0u64;
+        let mut status = rank.status;
+        let mut exit = (rank.exit_status, rank.signal);
+        let mut finalized = rank.finalized;
+        let mut ended_at = None;
+        let mut drops = None;
+        for r in records {
+            match r {
+                Record::Call(c) => {
+                    calls += 1;
+                    job.detectors.call(c, now);
+                    if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
+                        job.comms_dropped += 1;
+                        continue;
+                    }
+                    let comm = job.comms.entry(c.comm_id).or_default();
+                    if c.comm_size > 0 {
+                        comm.size = c.comm_size;
+                    }
+                    let op = c.op();
+                    if op.is_p2p() {
+                        match op {
+                            Op::Send => comm.p2p_sends += 1,
+                            Op::Recv => comm.p2p_recvs += 1,
+                            _ => {
+                                comm.p2p_sends += 1;
+                                comm.p2p_recvs += 1;
+                            }
+                        }
+                    } else {
+                        let p = comm.progress.entry(c.rank).or_insert(0);
+                        *p = (*p).max(c.seq + 1);
+                    }
+                    let s = comm.ops.entry(c.op).or_default();
+                    s.calls += 1;
+                    s.bytes += c.bytes;
+                    let d = c.duration_ns() as f64 / 1e9;
+                    s.duration_sum_s += d;
+                    if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
+                        comm.max_duration_s = comm.max_duration_s.max(d);
+                    }
+                    for (i, b) in BUCKETS.iter().enumerate() {
+                        if d <= *b {
+                            s.buckets[i] += 1;
+                        }
+                    }
+                    if c.flags & flags::LOCAL_COMM_ID != 0 {
+                        comm.local_id = true;
+                    }
+                }
+                Record::Comm(c) => {
+                    if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
+                        job.comms_dropped += 1;
+                        continue;
+                    }
+                    let comm = job.comms.entry(c.comm_id).or_default();
+                    match c.event {
+                        CommEvent::Created => {
+                            comm.size = c.size;
+                            comm.progress.entry(c.rank).or_insert(0);
+                            comm.members.insert(c.comm_rank, c.rank);
+                        }
+                        CommEvent::Named | CommEvent::Freed => {}
+                    }
+                    if !c.name().is_empty() && c.event != CommEvent::Freed {
+                        comm.name = c.name().to_owned();
+                    }
+                    if c.flags & flags::LOCAL_COMM_ID != 0 {
+                        comm.local_id = true;
+                    }
+                }
+                Record::Heartbeat(h) => {
+                    drops = Some((h.dropped_ring_full, h.dropped_in_flight, h.dropped_other));
+                    if h.flags & flags::FINAL != 0 {
+                        finalized = true;
+                        if status == RankStatus::Running {
+                            status = RankStatus::Finalized;
+                        }
+                    }
+                }
+                Record::Process(p) if p.event == ProcessEvent::Exit => {
+                    if p.flags & flags::OBSERVED != 0 {
+                        // The agent saw the process end.
+                        ended_at = Some(if p.t_real > 0 { p.t_real } else { now });
+                        if p.signal != 0 {
+                            exit = (None, Some(p.signal));
+                            status = RankStatus::Killed;
+                        } else {
+                            if p.exit_status != EXIT_STATUS_UNKNOWN {
+                                exit.0 = Some(p.exit_status);
+                            }
+                            status = RankStatus::Exited;
+                        }
+                    } else {
+                        // The shim's own record: MPI_Finalize or exit.
+                        finalized = true;
+                        if status == RankStatus::Running {
+                            status = RankStatus::Finalized;
+                        }
+                    }
+                }
+                Record::Process(p) if p.event == ProcessEvent::Step => {
+                    job.detectors.step_marker(header.rank, p.step, now);
+                }
+                Record::Process(_) => {}
+                Record::Enter(_) => {}
+            }
+        }
+        let rank = job
+            .ranks
+            .get_mut(&ProcessKey::of(header))
+            .expect("inserted above");
+        rank.calls += calls;
+        rank.status = status;
+        rank.finalized = finalized;
+        (rank.exit_status, rank.signal) = exit;
+        // The counters only grow; a batch that arrives late (spooled, resent) carries older ones.
+        if let Some((a, b, c)) = drops {
+            rank.dropped_ring_full = rank.dropped_ring_full.max(a);
+            rank.dropped_in_flight = rank.dropped_in_flight.max(b);
+            rank.dropped_other = rank.dropped_other.max(c);
+        }
+        if let Some(t) = ended_at {
+            rank.ended_at_ns.get_or_insert(t);
+            rank.exit_arrived.get_or_insert_with(Instant::now);
+            // In a call when it died: its last snapshot showed one it had not completed since.
+            let progress = |comm: u64| {
+                job.comms
+                    .get(&comm)
+                    .and_then(|c| c.progress.get(&header.rank))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            rank.died_in_call = !rank.finalized
+                && rank.in_flight.iter().any(|c| {
+                    Op::from_name(&c.op).is_some_and(|op| op.is_p2p())
+                        || c.seq >= progress(c.comm_id)
+                });
+        }
+        if status.terminal() {
+            rank.in_flight.clear();
+        }
+        if job.ended.is_none() && job.all_exited() {
+            job.ended = Some(Instant::now());
+            return true;
+        }
+        false
+    }
+
+    /// Records what an agent counted as lost for a process (ring overrun).
+    pub fn set_overrun(&mut self, header: &Header, dropped: u64) {
+        if let Some(job) = self.jobs.get_mut(&header.job)
+            && let Some(r) = job.ranks.get_mut(&ProcessKey::of(header))
+        {
+            r.dropped_overrun = r.dropped_overrun.max(dropped);
+        }
+    }
+
+    /// Replaces a process's in-flight view with an agent's snapshot.
+    pub fn snapshot(
+        &mut self,
+        header: &Header,
+        t_mono: u64,
+        calls: Vec<InFlightCall>,
+        proc: Option<ProcSample>,
+    ) {
+        let now = now_ns();
+        let job = self.job_mut(&header.job);
+        job.last_touch = Instant::now();
+        let key = ProcessKey::of(header);
+        if let Some(r) = job.ranks.get_mut(&key) {
+            r.last_seen_ns = now;
+            if r.status == RankStatus::Running {
+                r.in_flight = calls;
+                r.snapshot_mono = t_mono;
+                r.snapshot_at = Some(Instant::now());
+                if let Some(p) = proc {
+                    if r.proc.as_ref().is_none_or(|old| p.cpu_ns > old.cpu_ns) {
+                        r.cpu_advanced_at = Some(Instant::now());
+                    }
+                    r.proc = Some(p);
+                }
+            }
+        }
+    }
+
+    /// Stores the stacks an agent took of a process.
+    pub fn set_stacks(&mut self, header: &Header, stacks: Stacks) {
+        if let Some(j) = self.jobs.get_mut(&header.job)
+            && let Some(r) = j.ranks.get_mut(&ProcessKey::of(header))
+        {
+            r.stacks = Some(stacks);
+        }
+    }
+
+    /// Ends jobs whose ranks all finalized (or exited) and that have been quiet for `quiet`
+    /// (no agent reported the processes' exits: e.g. they run on without MPI). Returns them.
+    pub fn end_quiet(&mut self, quiet: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        for j in self.jobs.values_mut() {
+            if j.ended.is_none() && j.all_terminal() && j.last_touch.elapsed() >= quiet {
+                j.ended = Some(Instant::now());
+                out.push(j.job.clone());
+            }
+        }
+        out
+    }
+
+    /// Releases jobs that ended more than the linger time ago. Returns their names.
+    pub fn release_ended(&mut self) -> Vec<String> {
+        let linger = self.limits.linger;
+        let gone: Vec<String> = self
+            .jobs
+            .values()
+            .filter(|j| j.ended.is_some_and(|t| t.elapsed() >= linger))
+            .map(|j| j.job.clone())
+            .collect();
+        for g in &gone {
+            self.jobs.remove(g);
+            self.released += 1;
+        }
+        gone
+    }
+
+    /// Marks a job ended now (e.g. every process gone although not all reported an exit).
+    pub fn end_job(&mut self, job: &str) -> bool {
+        match self.jobs.get_mut(job) {
+            Some(j) if j.ended.is_none() => {
+                j.ended = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
+}
