@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what commscope's build and tests need, skipping whatever is already there:
-# Debian packages (Open MPI, MPICH, protoc), rustup components (rustfmt, clippy), and the
+# Debian packages (Open MPI, MPICH, protoc, Prometheus, eu-stack and gdb for culprits' stacks), rustup components (rustfmt, clippy), and the
 # Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb).
 # Usage: scripts/setup.sh [--mpi-only]
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev protobuf-compiler iproute2 util-linux; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{demo, run, summary, traces};
+use crate::{daemons, demo, run, simulate, summary, traces};
 
 /// commscope — a communication profiler and fault-diagnosis tool for MPI and NCCL jobs.
 #[derive(Debug, Parser)]
@@ -36,8 +36,152 @@ pub enum Cmd {
     /// Read and convert trace files.
     #[command(subcommand)]
     Trace(TraceCmd),
-    /// Run a bundled 4-rank MPI example under the shim and summarize its trace.
+    /// Run a bundled 4-rank MPI example through a local agent and collector and show what was captured.
     Demo(DemoArgs),
+    /// The node agent: accepts shim registrations, drains their rings, streams to the collector.
+    Agent(AgentArgs),
+    /// The collector: ingests from agents, stores traces, serves metrics and the query API.
+    Collector(CollectorArgs),
+    /// A collector and an agent on this machine (default socket), until interrupted.
+    Up(UpArgs),
+    /// Diagnose jobs from their traces: slow ranks, hangs and who they wait for, dead ranks, mismatched collectives, degraded collectives, errors.
+    Analyze(SummaryArgs),
+    /// A synthetic data/tensor/pipeline-parallel job with injected faults, streamed to a collector as its nodes' agents would.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// The collector's gRPC address; without it a collector runs inside the command.
+    #[arg(long, value_name = "URL")]
+    pub collector: Option<String>,
+    /// The collector's HTTP address, to read its findings (with --collector).
+    #[arg(long, value_name = "ADDR")]
+    pub collector_http: Option<String>,
+    /// Ranks (a multiple of 8; 8 per node).
+    #[arg(long, default_value_t = 1024)]
+    pub ranks: usize,
+    /// A fault: straggler:R, slow-node:NODE, hang:R[:SEQ], mismatch:R[:SEQ], dead:R[:SEQ], degraded (SEQ: the world communicator's collective number, one per step). Repeatable.
+    #[arg(long, value_name = "SPEC")]
+    pub fault: Vec<String>,
+    /// Seconds to run (real time).
+    #[arg(long, default_value_t = 30.0)]
+    pub duration: f64,
+    /// Seed of the job's randomness.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The job id [default: sim-SEED-…].
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Step at which stragglers, slow nodes and degradation begin (and the default SEQ).
+    #[arg(long, default_value_t = 10)]
+    pub onset_step: u64,
+    /// Forward compute per microbatch, ms (a step is about 15× this with 4 pipeline stages).
+    #[arg(long, default_value_t = 10.0)]
+    pub compute_ms: f64,
+    /// Run in virtual time (no collector) and analyze the trace in-process.
+    #[arg(long = "virtual")]
+    pub virtual_time: bool,
+    /// Steps to simulate with --virtual.
+    #[arg(long, default_value_t = 40)]
+    pub steps: u64,
+    /// Exit with status 1 when an injected fault's expected finding was not named.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// The collector's gRPC address, e.g. http://collector:4650.
+    #[arg(long, value_name = "URL", env = "COMMSCOPE_COLLECTOR")]
+    pub collector: Option<String>,
+    /// The registration socket [default: /run/commscope/agent.sock].
+    #[arg(long, value_name = "PATH", env = "COMMSCOPE_AGENT_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// This node's name [default: $NODE_NAME, else the host name].
+    #[arg(long, value_name = "NAME", env = "COMMSCOPE_NODE")]
+    pub node: Option<String>,
+    /// Without a collector: write job traces (Parquet) under DIR.
+    #[arg(long, value_name = "DIR", env = "COMMSCOPE_AGENT_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+    /// Serve /metrics and /healthz on ADDR [default: 127.0.0.1:4652].
+    #[arg(long, value_name = "ADDR", env = "COMMSCOPE_AGENT_HTTP")]
+    pub http: Option<String>,
+    /// Where batches wait while the collector is unreachable [default: /var/lib/commscope/spool].
+    #[arg(long, value_name = "DIR", env = "COMMSCOPE_SPOOL_DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// The spool's size limit in bytes [default: 1 GiB].
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SPOOL_MAX_BYTES")]
+    pub spool_max_bytes: Option<u64>,
+    /// Unreachable collector: spool batches after this long [default: 2s].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SPOOL_AFTER")]
+    pub spool_after: Option<String>,
+    /// Never attach to a process to take its stacks (a hang's culprits, on the collector's
+    /// request; eu-stack or gdb pauses the process while it reads them).
+    #[arg(long)]
+    pub no_stacks: bool,
+    /// Settings file (TOML, table [agent]); flags and environment variables win over it.
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CollectorArgs {
+    /// gRPC address for agents and the TUI [default: 127.0.0.1:4650].
+    #[arg(long, value_name = "ADDR", env = "COMMSCOPE_LISTEN")]
+    pub listen: Option<String>,
+    /// HTTP address for the JSON API, /metrics and health [default: 127.0.0.1:4651].
+    #[arg(long, value_name = "ADDR", env = "COMMSCOPE_HTTP")]
+    pub http: Option<String>,
+    /// Where job traces are stored [default: /var/lib/commscope/traces].
+    #[arg(long, value_name = "DIR", env = "COMMSCOPE_COLLECTOR_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+    /// A job's write-ahead log becomes a Parquet segment at this size [default: 64 MiB].
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
+    /// ... or at this age [default: 60s].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SEGMENT_AGE")]
+    pub segment_age: Option<String>,
+    /// Delete segments older than this [default: keep].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_RETENTION")]
+    pub retention: Option<String>,
+    /// Delete the oldest segments while all together exceed this many bytes [default: no limit].
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_RETENTION_BYTES")]
+    pub retention_bytes: Option<u64>,
+    /// Largest gRPC message accepted [default: 16 MiB].
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Records per second one agent may send; more is refused with a retry delay [default: 2000000].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_AGENT_RATE")]
+    pub max_agent_rate: Option<u64>,
+    /// Jobs kept in memory at most [default: 256].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS")]
+    pub max_jobs: Option<usize>,
+    /// How long an ended job stays in memory (API, metrics) [default: 5m].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_JOB_LINGER")]
+    pub job_linger: Option<String>,
+    /// Settings file (TOML, table [collector]); flags and environment variables win over it.
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// State directory: traces in DIR/traces, the spool in DIR/spool [default: /var/lib/commscope].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// The registration socket [default: /run/commscope/agent.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The collector's gRPC address [default: 127.0.0.1:4650].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The collector's HTTP address [default: 127.0.0.1:4651].
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<String>,
+    /// The agent's HTTP address [default: 127.0.0.1:4652].
+    #[arg(long, value_name = "ADDR")]
+    pub agent_http: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -95,9 +239,12 @@ pub struct DemoArgs {
     /// Keep the trace here instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     pub trace_dir: Option<PathBuf>,
-    /// Ranks to start.
-    #[arg(long, default_value_t = 4)]
-    pub ranks: u32,
+    /// Ranks to start [default: 8; 4 with --capture].
+    #[arg(long)]
+    pub ranks: Option<u32>,
+    /// Instead of the diagnosis story: run the bundled 4-rank example and show what was captured.
+    #[arg(long)]
+    pub capture: bool,
 }
 
 /// Runs the command line; the process exit code.
@@ -191,6 +338,59 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             })
         }
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::Agent(a) => daemons::agent(a),
+        Cmd::Collector(a) => daemons::collector(a),
+        Cmd::Up(a) => daemons::up(a),
+        Cmd::Simulate(a) => simulate::run(&a),
+        Cmd::Analyze(a) => {
+            let loaded = traces::load(&a.paths)?;
+            for e in &loaded.errors {
+                eprintln!("commscope: {e}");
+            }
+            let th = commscope_analyzer::Thresholds::default();
+            let mut all = Vec::new();
+            for job in loaded.jobs.values() {
+                let found = commscope_analyzer::analyze(&job.job, &job.processes, &th);
+                if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
+                    for (r, share, late, ratio, blame) in
+                        commscope_analyzer::batch::slow_rank_view(&job.processes, &th.tuning)
+                            .iter()
+                            .take(8)
+                    {
+                        eprintln!(
+                            "job {}: rank {r}: others waited for it {:.1} % of the time (blame {blame:.3} s), late {late:.1} (decayed), late ratio {ratio:.2}",
+                            job.job,
+                            share * 100.0
+                        );
+                    }
+                }
+                if a.format == Format::Text {
+                    if found.is_empty() {
+                        println!(
+                            "job {}: no findings ({} ranks, {} records)",
+                            job.job,
+                            job.processes.len(),
+                            job.records()
+                        );
+                    }
+                    for f in &found {
+                        println!("job {}: {} — {}", job.job, f.kind.name(), f.summary);
+                    }
+                }
+                all.extend(found);
+            }
+            if a.format == Format::Json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "findings": all }))?
+                );
+            }
+            Ok(if loaded.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
     }
 }
 
@@ -224,7 +424,16 @@ mod tests {
         }
         assert!(seen >= 4, "flags with environment variables: {seen}");
         let help = cmd.render_long_help().to_string();
-        for sub in ["run", "trace", "demo"] {
+        for sub in [
+            "run",
+            "trace",
+            "demo",
+            "agent",
+            "collector",
+            "up",
+            "analyze",
+            "simulate",
+        ] {
             assert!(help.contains(sub), "{help}");
             assert!(
                 readme.contains(&format!("commscope {sub}"))

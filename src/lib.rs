@@ -5,10 +5,15 @@
 //! - [`traces`]: loading trace files of every supported format, grouped by job.
 //! - [`summary`]: `commscope trace summary`.
 //! - [`demo`]: `commscope demo`.
+//! - [`daemons`], [`config`]: `commscope agent`, `collector`, `up` and their settings.
+//! - [`simulate`]: `commscope simulate`, a synthetic job with injected faults.
 #![deny(unsafe_code)] // one exception: forwarding signals to the child in `run`
 
 pub mod cli;
+pub mod config;
+pub mod daemons;
 pub mod demo;
 pub mod run;
+pub mod simulate;
 pub mod summary;
 pub mod traces;

@@ -358,6 +358,7 @@ mod tests {
                 ..Default::default()
             },
             records,
+            clock: None,
         }
     }
 

@@ -6,8 +6,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use commscope_wire::cst;
 use commscope_wire::parquet::{self, ProcessTrace};
+use commscope_wire::record::Record;
+use commscope_wire::{cst, wal};
 
 /// All processes of one job found in the inputs.
 #[derive(Debug, Default)]
@@ -39,6 +40,8 @@ pub struct Loaded {
 pub enum Format {
     Cst,
     Parquet,
+    /// A collector's write-ahead log (records not yet in a Parquet segment).
+    Wal,
 }
 
 /// Recognises a file's format from its first bytes.
@@ -54,6 +57,8 @@ pub fn detect(path: &Path) -> Result<Option<Format>> {
         Some(Format::Cst)
     } else if parquet::sniff(head) {
         Some(Format::Parquet)
+    } else if wal::sniff(head) {
+        Some(Format::Wal)
     } else {
         None
     })
@@ -81,7 +86,7 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>, explicit: bool) -> Result<()> {
 fn is_candidate(path: &Path) -> bool {
     matches!(
         path.extension().and_then(|e| e.to_str()),
-        Some("cst" | "parquet")
+        Some("cst" | "parquet" | "cswal")
     )
 }
 
@@ -109,6 +114,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded> {
                     job.processes.push(ProcessTrace {
                         header: t.header,
                         records: t.records,
+                        clock: None,
                     });
                 }
                 Err(e) => loaded.errors.push(e.to_string()),
@@ -135,6 +141,41 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded> {
                 }
                 Err(e) => loaded.errors.push(e.to_string()),
             },
+            Ok(Some(Format::Wal)) => match std::fs::read(f) {
+                Ok(bytes) => match wal::parse(&bytes) {
+                    Ok(log) => {
+                        for e in log.entries {
+                            let job =
+                                loaded.jobs.entry(e.header.job.clone()).or_insert_with(|| {
+                                    JobTrace {
+                                        job: e.header.job.clone(),
+                                        ..Default::default()
+                                    }
+                                });
+                            job.processes.push(ProcessTrace {
+                                records: e
+                                    .records
+                                    .iter()
+                                    .filter_map(|r| Record::decode(r).ok())
+                                    .collect(),
+                                header: e.header,
+                                clock: e.clock.map(|(offset_ns, error_ns)| {
+                                    parquet::ClockAlignment {
+                                        offset_ns,
+                                        error_ns,
+                                    }
+                                }),
+                            });
+                        }
+                        // A torn tail is normal for a live log: never acknowledged, not lost.
+                        let _ = log.warnings;
+                    }
+                    Err(e) => loaded.errors.push(format!("{}: {e}", f.display())),
+                },
+                Err(e) => loaded
+                    .errors
+                    .push(format!("failed to read {}: {e}", f.display())),
+            },
             Ok(None) => loaded.errors.push(format!(
                 "{} is not a trace file commscope can read (unknown format)",
                 f.display()
@@ -153,8 +194,43 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded> {
         );
     }
     for job in loaded.jobs.values_mut() {
-        job.processes
-            .sort_by_key(|p| (p.header.rank, p.header.node.clone(), p.header.pid));
+        merge_processes(job);
     }
     Ok(loaded)
+}
+
+/// One entry per process: a collector's trace holds a process's records in several segments
+/// (and its log); they are joined in `rec_seq` order, each record once.
+fn merge_processes(job: &mut JobTrace) {
+    let mut by_key: BTreeMap<(i32, String, u32, u64), ProcessTrace> = BTreeMap::new();
+    for p in std::mem::take(&mut job.processes) {
+        let key = (
+            p.header.rank,
+            p.header.node.clone(),
+            p.header.pid,
+            p.header.start_time,
+        );
+        match by_key.get_mut(&key) {
+            Some(m) => {
+                m.records.extend(p.records);
+                if p.clock.is_some() {
+                    m.clock = p.clock;
+                }
+                if m.header.library.is_empty() {
+                    m.header.library = p.header.library;
+                }
+            }
+            None => {
+                by_key.insert(key, p);
+            }
+        }
+    }
+    job.processes = by_key
+        .into_values()
+        .map(|mut p| {
+            p.records.sort_by_key(Record::rec_seq);
+            p.records.dedup_by_key(|r| r.rec_seq());
+            p
+        })
+        .collect();
 }

@@ -5,6 +5,9 @@
 //! `libcommscope.so`), which `cargo build` at the workspace root produces; each test fails with a
 //! clear message when they are missing.
 
+pub mod coverage;
+pub mod services;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -374,4 +377,17 @@ impl Drop for Nodes {
             .output();
         remove_host_lines(|host| self.names.iter().any(|n| n == host));
     }
+}
+
+/// `commscope analyze DIR --format json`, parsed (the command must succeed).
+pub fn analyze_json(dir: &Path) -> serde_json::Value {
+    let o = commscope()
+        .arg("analyze")
+        .arg(dir)
+        .arg("--format")
+        .arg("json")
+        .output()
+        .expect("analyze");
+    assert_ok(&o, "commscope analyze");
+    serde_json::from_slice(&o.stdout).expect("findings JSON")
 }

@@ -66,7 +66,7 @@ fn damaged_foreign_and_newer_files_are_reported_and_the_rest_is_read() {
     );
     assert!(
         err.contains(
-            "trace format version 200, newer than the supported version 1; upgrade commscope"
+            "trace format version 200, newer than the supported version 2; upgrade commscope"
         ),
         "{err}"
     );

@@ -8,9 +8,11 @@
 //!    (writing its trace file), in interleaved pairs; reports the mean ratio with its 95 %
 //!    confidence interval.
 //!
-//! Run: `scripts/bench.sh [--ranks N] [--pairs P] [--scale K] [--only-many-ranks]` (defaults: 8
-//! ranks, 20 pairs; `--scale` multiplies the loop lengths; `--only-many-ranks` runs just the
-//! Open MPI many-rank loops). Nothing else should run on the machine meanwhile.
+//! Run: `scripts/bench.sh [--ranks N] [--pairs P] [--scale K] [--only PARTS] [--flavours F]`
+//! (defaults: 8 ranks, 20 pairs; `--scale` multiplies the loop lengths; `--only` takes a
+//! comma-separated subset of `self` (per-call cost), `two` (one rank per core), `many` (`--ranks`
+//! ranks, Open MPI); `--flavours` a subset of `openmpi,mpich`; `--only-many-ranks` is
+//! `--only many --flavours openmpi`). Nothing else should run on the machine meanwhile.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -142,6 +144,17 @@ fn arg(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+fn list_arg(name: &str, default: &str) -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, String::as_str)
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
 fn main() {
     let shim = release_dir().join("libcommscope.so");
     assert!(
@@ -162,12 +175,24 @@ fn main() {
 
     let scale = u64::from(arg("--scale", 1).max(1));
     let only_many = std::env::args().any(|a| a == "--only-many-ranks");
-    let flavours: &[Flavour] = if only_many {
-        &[Flavour::OpenMpi]
-    } else {
-        &[Flavour::OpenMpi, Flavour::Mpich]
-    };
-    for &flavour in flavours {
+    let parts = list_arg("--only", if only_many { "many" } else { "self,two,many" });
+    let part = |p: &str| parts.iter().any(|x| x == p);
+    let flavours: Vec<Flavour> = list_arg(
+        "--flavours",
+        if only_many {
+            "openmpi"
+        } else {
+            "openmpi,mpich"
+        },
+    )
+    .iter()
+    .map(|f| match f.as_str() {
+        "openmpi" => Flavour::OpenMpi,
+        "mpich" => Flavour::Mpich,
+        other => panic!("unknown MPI flavour {other:?} (openmpi, mpich)"),
+    })
+    .collect();
+    for flavour in flavours {
         let mpi = flavour.mpi();
         let dir = work.path().join(flavour.name());
         std::fs::create_dir_all(&dir).expect("mkdir");
@@ -177,7 +202,7 @@ fn main() {
         let trace = dir.join("trace");
 
         // 1. Per-call overhead, interleaved runs of 10 windows x 1M calls.
-        if !only_many {
+        if part("self") {
             let (mut with, mut without, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..6 {
                 let args = ["1000000".to_owned(), "10".to_owned()];
@@ -204,15 +229,12 @@ fn main() {
         // 2. Real all-reduce loops, interleaved pairs: one rank per core (stable timings), and
         // eight ranks on the cores (Open MPI, yielding while idle; MPICH's busy-polling ranks
         // cannot share cores usefully).
-        let mut configs = if only_many {
-            vec![]
+        let mut configs = if part("two") {
+            vec![(2u32, 8u64, 500_000u64), (2u32, 1 << 20, 1_000)]
         } else {
-            vec![
-                (2u32.min(ranks), 8u64, 500_000u64),
-                (2u32.min(ranks), 1 << 20, 1_000),
-            ]
+            vec![]
         };
-        if flavour == Flavour::OpenMpi {
+        if flavour == Flavour::OpenMpi && part("many") {
             configs.push((ranks, 8, 20_000));
             configs.push((ranks, 1 << 20, 300));
         }

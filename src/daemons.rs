@@ -1,0 +1,159 @@
+//! `commscope agent`, `commscope collector` and `commscope up`: settings resolved (see
+//! [`crate::config`]) and the services run on a tokio runtime until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::cli::{AgentArgs, CollectorArgs, UpArgs};
+use crate::config::{self, parse_addr, parse_duration, pick};
+
+/// Default agent HTTP address.
+pub const DEFAULT_AGENT_HTTP: &str = "127.0.0.1:4652";
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("commscope")
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// The agent's settings from its flags, environment and file.
+pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
+    let f = config::load(a.config.as_deref())?.agent;
+    let node = pick(a.node.clone(), f.node, config::default_node());
+    let mut c = commscope_agent::Config::new(node);
+    c.collector = a.collector.clone().or(f.collector);
+    if let Some(url) = &c.collector
+        && !url.contains("://")
+    {
+        c.collector = Some(format!("http://{url}"));
+    }
+    c.socket = pick(a.socket.clone(), f.socket, c.socket);
+    c.trace_dir = a.trace_dir.clone().or(f.trace_dir);
+    if c.collector.is_none() && c.trace_dir.is_none() {
+        anyhow::bail!(
+            "the agent needs a collector (--collector URL) or a directory to write traces itself (--trace-dir DIR)"
+        );
+    }
+    let http = pick(a.http.clone(), f.http, DEFAULT_AGENT_HTTP.into());
+    c.http = if http == "off" {
+        None
+    } else {
+        Some(parse_addr(&http)?)
+    };
+    c.spool_dir = pick(a.spool_dir.clone(), f.spool_dir, c.spool_dir);
+    c.spool_max_bytes = pick(a.spool_max_bytes, f.spool_max_bytes, c.spool_max_bytes);
+    if let Some(n) = f.batch_records {
+        c.batch_records = n.clamp(1, commscope_collector::ingest::MAX_BATCH_RECORDS);
+    }
+    if let Some(p) = f.poll {
+        c.poll = parse_duration(&p)?.max(Duration::from_millis(1));
+    }
+    if a.no_stacks {
+        c.stacks = false;
+    }
+    if let Some(s) = a.spool_after.clone().or(f.spool_after) {
+        c.spool_after = parse_duration(&s)?;
+    }
+    Ok(c)
+}
+
+/// The collector's settings from its flags, environment and file.
+pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config> {
+    let f = config::load(a.config.as_deref())?.collector;
+    let dir = pick(
+        a.trace_dir.clone(),
+        f.trace_dir,
+        PathBuf::from("/var/lib/commscope/traces"),
+    );
+    let mut c = commscope_collector::Config::new(dir);
+    if let Some(l) = a.listen.clone().or(f.listen) {
+        c.listen = parse_addr(&l)?;
+    }
+    if let Some(h) = a.http.clone().or(f.http) {
+        c.http = parse_addr(&h)?;
+    }
+    c.segment_bytes = pick(a.segment_bytes, f.segment_bytes, c.segment_bytes).max(4096);
+    if let Some(s) = a.segment_age.clone().or(f.segment_age) {
+        c.segment_age = parse_duration(&s)?.max(Duration::from_millis(100));
+    }
+    if let Some(s) = a.retention.clone().or(f.retention) {
+        c.retention = Some(parse_duration(&s)?);
+    }
+    c.retention_bytes = a.retention_bytes.or(f.retention_bytes);
+    c.max_message_bytes = pick(
+        a.max_message_bytes,
+        f.max_message_bytes,
+        c.max_message_bytes,
+    )
+    .max(64 << 10);
+    c.max_agent_rate = pick(a.max_agent_rate, f.max_agent_rate, c.max_agent_rate).max(1);
+    c.limits.max_jobs = pick(a.max_jobs, f.max_jobs, c.limits.max_jobs).max(1);
+    if let Some(s) = a.job_linger.clone().or(f.job_linger) {
+        c.limits.linger = parse_duration(&s)?;
+    }
+    Ok(c)
+}
+
+/// `commscope agent`.
+pub fn agent(a: AgentArgs) -> Result<ExitCode> {
+    let c = agent_config(&a)?;
+    runtime()?.block_on(commscope_agent::run(c))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `commscope collector`.
+pub fn collector(a: CollectorArgs) -> Result<ExitCode> {
+    let c = collector_config(&a)?;
+    runtime()?.block_on(commscope_collector::run(c))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `commscope up`.
+pub fn up(a: UpArgs) -> Result<ExitCode> {
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/var/lib/commscope"));
+    let mut cc = commscope_collector::Config::new(dir.join("traces"));
+    if let Some(l) = &a.listen {
+        cc.listen = parse_addr(l)?;
+    }
+    if let Some(h) = &a.http {
+        cc.http = parse_addr(h)?;
+    }
+    let mut ac = commscope_agent::Config::new(config::default_node());
+    if let Some(s) = &a.socket {
+        ac.socket = s.clone();
+    }
+    ac.spool_dir = dir.join("spool");
+    ac.http = Some(parse_addr(
+        a.agent_http.as_deref().unwrap_or(DEFAULT_AGENT_HTTP),
+    )?);
+    runtime()?.block_on(async move {
+        let collector = commscope_collector::start(cc).await?;
+        ac.collector = Some(format!("http://{}", collector.listen));
+        let agent = commscope_agent::start(ac).await?;
+        eprintln!(
+            "commscope up: collector on {} (HTTP http://{}), agent on {} (metrics http://{}/metrics); traces in {}. Ctrl-C stops.",
+            collector.listen,
+            collector.http,
+            agent.socket.display(),
+            agent.http.map(|h| h.to_string()).unwrap_or_default(),
+            dir.join("traces").display()
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        agent.stop().await;
+        collector.stop().await;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,583 @@
+//! `commscope simulate`: a synthetic job ([`commscope_sim`]) that streams to a collector over the
+//! real ingest protocol, one stream per simulated node as that node's agent would, in real time.
+//! It prints each finding as it opens and resolves and, for every injected fault, whether the
+//! expected finding was named and how long after the fault began.
+//!
+//! Without `--collector` a collector runs inside the command. `--virtual` runs the job in virtual
+//! time instead and analyzes its trace in-process (what the accuracy benchmark does).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use commscope_analyzer::finding::{Finding, Kind};
+use commscope_sim::{Expected, Fault, Sim, Spec, expected, run_virtual};
+use commscope_wire::cst::Header;
+use commscope_wire::grpc::ingest_client::IngestClient;
+use commscope_wire::grpc::ingest_request::Payload;
+use commscope_wire::grpc::{
+    AgentHello, InFlightEntry, InFlightSnapshot, IngestRequest, ProcessId, RecordBatch,
+};
+use commscope_wire::record::{RECORD_SIZE, Record};
+use commscope_wire::shm::LAYOUT_VERSION;
+use tokio::sync::mpsc;
+
+use crate::cli::SimulateArgs;
+
+fn now_real() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The spec the flags describe.
+pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
+    let faults = a
+        .fault
+        .iter()
+        .map(|f| Fault::parse(f).map_err(anyhow::Error::msg))
+        .collect::<Result<Vec<_>>>()?;
+    if a.ranks < 16 || a.ranks > 65_536 || !a.ranks.is_multiple_of(8) {
+        bail!(
+            "--ranks {}: use a multiple of 8 between 16 and 65536",
+            a.ranks
+        );
+    }
+    let spec = Spec {
+        job: a
+            .job_id
+            .clone()
+            .unwrap_or_else(|| format!("sim-{}-{}", a.seed, now_real() / 1_000_000 % 1_000_000)),
+        ranks: a.ranks,
+        seed: a.seed,
+        faults,
+        onset_step: a.onset_step,
+        compute_ms: a.compute_ms,
+        steps: u64::MAX,
+        ..Default::default()
+    };
+    for f in &spec.faults {
+        expected(f, spec.ranks, spec.per_node).map_err(anyhow::Error::msg)?;
+    }
+    Ok(spec)
+}
+
+/// `commscope simulate`.
+pub fn run(a: &SimulateArgs) -> Result<ExitCode> {
+    let spec = spec_of(a)?;
+    if a.virtual_time {
+        return run_in_virtual_time(a, spec);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(run_live(a, spec))
+}
+
+fn expectations(spec: &Spec) -> Vec<(Fault, Expected)> {
+    spec.faults
+        .iter()
+        .filter_map(|f| Some((f.clone(), expected(f, spec.ranks, spec.per_node).ok()?)))
+        .collect()
+}
+
+fn matches(e: &Expected, f: &Finding) -> bool {
+    f.kind == e.kind && f.ranks == e.ranks
+}
+
+fn run_in_virtual_time(a: &SimulateArgs, mut spec: Spec) -> Result<ExitCode> {
+    spec.steps = a.steps;
+    let t = Instant::now();
+    let job = spec.job.clone();
+    let want = expectations(&spec);
+    let traces = run_virtual(spec).map_err(anyhow::Error::msg)?;
+    let records: usize = traces.iter().map(|p| p.records.len()).sum();
+    let made = t.elapsed();
+    let found = commscope_analyzer::analyze(&job, &traces, &Default::default());
+    println!(
+        "simulated {} ranks for {} steps in virtual time: {records} records in {:.2} s, analyzed in {:.2} s",
+        traces.len(),
+        a.steps,
+        made.as_secs_f64(),
+        (t.elapsed() - made).as_secs_f64()
+    );
+    for f in &found {
+        println!("{} — {}", f.kind.name(), f.summary);
+    }
+    if found.is_empty() {
+        println!("no findings");
+    }
+    let mut ok = true;
+    for (fault, e) in &want {
+        let hit = found.iter().any(|f| matches(e, f));
+        ok &= hit;
+        println!(
+            "{}: expected {} of {:?}: {}",
+            fault.token(),
+            e.kind.name(),
+            e.ranks,
+            if hit { "found" } else { "NOT FOUND" }
+        );
+    }
+    Ok(if ok || !a.check {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Counters of one run.
+#[derive(Debug, Default)]
+struct Counts {
+    sent: AtomicU64,
+    acked: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// One simulated node's stream to the collector.
+struct Link {
+    tx: mpsc::Sender<IngestRequest>,
+}
+
+async fn connect(url: &str, node: &str, counts: Arc<Counts>) -> Result<Link> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .with_context(|| format!("bad collector address {url}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the collector at {url}"))?;
+    let mut client = IngestClient::new(channel)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::channel::<IngestRequest>(4096);
+    tx.send(IngestRequest {
+        batch_id: 0,
+        agent_send_ns: now_real(),
+        payload: Some(Payload::Hello(AgentHello {
+            node: node.to_owned(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            layout_version: LAYOUT_VERSION,
+        })),
+    })
+    .await
+    .ok()
+    .context("stream closed")?;
+    let mut acks = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|e| anyhow::anyhow!("the collector refused the stream: {}", e.message()))?
+        .into_inner();
+    let node = node.to_owned();
+    tokio::spawn(async move {
+        loop {
+            match acks.message().await {
+                Ok(Some(a)) if a.batch_id == 0 => {}
+                Ok(Some(a)) if a.error.is_empty() => {
+                    counts.acked.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(a)) => {
+                    if counts.refused.fetch_add(1, Ordering::Relaxed) < 5 {
+                        eprintln!("commscope simulate: {node}: batch refused: {}", a.error);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("commscope simulate: {node}: stream ended: {}", e.message());
+                    break;
+                }
+            }
+        }
+    });
+    Ok(Link { tx })
+}
+
+fn process_id(h: &Header) -> ProcessId {
+    ProcessId {
+        job: h.job.clone(),
+        node: h.node.clone(),
+        pid: h.pid,
+        start_time: h.start_time,
+        rank: h.rank,
+        world_size: h.world_size,
+        flavour: h.flavour.clone(),
+        mono_anchor_ns: h.mono_anchor,
+        real_anchor_ns: h.real_anchor,
+        library: h.library.clone(),
+    }
+}
+
+/// Where findings are read from.
+enum Findings {
+    Local(Arc<commscope_collector::Shared>),
+    Http(SocketAddr),
+    None,
+}
+
+impl Findings {
+    fn read(&self, job: &str) -> Vec<Finding> {
+        match self {
+            Findings::Local(sh) => job_findings(sh, job),
+            Findings::Http(addr) => http_findings(*addr, job).unwrap_or_default(),
+            Findings::None => Vec::new(),
+        }
+    }
+}
+
+/// Findings of one job in a collector running in this process: open ones and resolved ones.
+pub fn job_findings(shared: &commscope_collector::Shared, job: &str) -> Vec<Finding> {
+    let e = shared.findings.lock().unwrap_or_else(|p| p.into_inner());
+    e.tracker
+        .open
+        .values()
+        .chain(e.tracker.resolved.iter())
+        .filter(|f| f.job == job)
+        .cloned()
+        .collect()
+}
+
+/// `GET /api/v1/findings?job=` on a collector's HTTP address, as (id, kind, ranks, state, summary).
+fn http_findings(addr: SocketAddr, job: &str) -> Result<Vec<Finding>> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET /api/v1/findings?job={job} HTTP/1.0\r\nHost: {addr}\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    let json = body.split_once("\r\n\r\n").map_or("", |x| x.1);
+    let v: serde_json::Value = serde_json::from_str(json).context("findings JSON")?;
+    Ok(v["findings"]
+        .as_array()
+        .map(|a| a.iter().filter_map(finding_of_json).collect())
+        .unwrap_or_default())
+}
+
+fn finding_of_json(v: &serde_json::Value) -> Option<Finding> {
+    let kind = [
+        Kind::SlowRank,
+        Kind::Hang,
+        Kind::Mismatch,
+        Kind::DeadRank,
+        Kind::CommError,
+        Kind::DegradedCollective,
+        Kind::SlowLink,
+        Kind::LinkError,
+    ]
+    .into_iter()
+    .find(|k| v["kind"] == k.name())?;
+    Some(Finding {
+        id: v["id"].as_str()?.to_owned(),
+        kind,
+        class: commscope_analyzer::finding::Class::CommunicationHang,
+        state: if v["state"] == "open" {
+            commscope_analyzer::finding::State::Open
+        } else {
+            commscope_analyzer::finding::State::Resolved
+        },
+        job: v["job"].as_str()?.to_owned(),
+        comm: v["comm"].as_str().map(str::to_owned),
+        seq: v["seq"].as_u64(),
+        ranks: v["ranks"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| r.as_i64().map(|r| r as i32))
+            .collect(),
+        nodes: vec![],
+        link: None,
+        opened_at: v["opened_at"].as_u64().unwrap_or(0),
+        resolved_at: v["resolved_at"].as_u64(),
+        confidence: v["confidence"].as_f64().unwrap_or(0.0),
+        summary: v["summary"].as_str().unwrap_or_default().to_owned(),
+        evidence: serde_json::Value::Null,
+    })
+}
+
+async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
+    let start = Instant::now();
+    let epoch = now_real();
+    let mut local = None;
+    let (url, findings) = match &a.collector {
+        Some(u) => (
+            u.clone(),
+            match &a.collector_http {
+                Some(h) => Findings::Http(
+                    h.parse()
+                        .with_context(|| format!("--collector-http {h}: not an address"))?,
+                ),
+                None => Findings::None,
+            },
+        ),
+        None => {
+            let dir =
+                std::env::temp_dir().join(format!("commscope-simulate-{}", std::process::id()));
+            let mut c = commscope_collector::Config::new(&dir);
+            c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            c.http = SocketAddr::from(([127, 0, 0, 1], 0));
+            c.log = false;
+            c.max_agent_rate = 1_000_000_000;
+            let running = commscope_collector::start(c)
+                .await
+                .context("cannot start the collector")?;
+            let url = format!("http://{}", running.listen);
+            let sh = running.shared.clone();
+            local = Some((running, dir));
+            (url, Findings::Local(sh))
+        }
+    };
+    let want = expectations(&spec);
+    let job = spec.job.clone();
+    let mut sim = Sim::new(spec, epoch).map_err(anyhow::Error::msg)?;
+    let topo = sim.topo;
+    println!(
+        "simulating job {job}: {} ranks on {} nodes ({} pipeline stages × {} data-parallel replicas × {} tensor-parallel), streaming to {}{url} for {:.0} s{}",
+        topo.ranks(),
+        topo.nodes,
+        topo.stages,
+        topo.replicas,
+        topo.per_node,
+        if local.is_some() {
+            "a collector in this process at "
+        } else {
+            ""
+        },
+        a.duration,
+        if want.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; faults: {}",
+                want.iter()
+                    .map(|(f, _)| f.token())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    );
+    let counts = Arc::new(Counts::default());
+    let mut links = Vec::with_capacity(topo.nodes);
+    for n in 0..topo.nodes {
+        links.push(connect(&url, &topo.node_name(n), counts.clone()).await?);
+    }
+    let headers: Vec<ProcessId> = (0..topo.ranks())
+        .map(|r| process_id(&sim.header(r)))
+        .collect();
+    let mut batch_id = 0u64;
+    let mut seen: BTreeMap<String, (bool, f64)> = BTreeMap::new();
+    let mut named: Vec<Option<f64>> = vec![None; want.len()];
+    let mut onset: Vec<Option<f64>> = vec![None; want.len()];
+    let mut last_snap = Instant::now();
+    let mut last_poll = Instant::now();
+    let duration = Duration::from_secs_f64(a.duration);
+    let mut finished = false;
+    loop {
+        let el = start.elapsed();
+        if el >= duration && !finished {
+            finished = true;
+        }
+        // Run the job ahead to real time.
+        let g_now = el.as_nanos() as u64;
+        while !finished && !sim.stuck() && sim.now() <= g_now {
+            for (i, (f, _)) in want.iter().enumerate() {
+                let at = match f {
+                    Fault::Hang { seq, .. }
+                    | Fault::Mismatch { seq, .. }
+                    | Fault::Dead { seq, .. } => seq.unwrap_or(sim.spec.onset_step),
+                    _ => sim.spec.onset_step,
+                };
+                if onset[i].is_none() && sim.step == at {
+                    onset[i] = Some(sim.now() as f64 / 1e9);
+                }
+            }
+            sim.step();
+        }
+        if finished {
+            sim.finish(g_now);
+        } else {
+            sim.beat_all(g_now);
+        }
+        // Ship what is due: records up to now, per node.
+        for (n, link) in links.iter().enumerate() {
+            for r in topo.node_ranks(n) {
+                let recs = sim.take(r);
+                if recs.is_empty() {
+                    continue;
+                }
+                for chunk in recs.chunks(4096) {
+                    batch_id += 1;
+                    let first = rec_seq(&chunk[0]);
+                    let mut bytes = Vec::with_capacity(chunk.len() * RECORD_SIZE);
+                    for rec in chunk {
+                        bytes.extend_from_slice(&rec.encode());
+                    }
+                    counts.sent.fetch_add(1, Ordering::Relaxed);
+                    let req = IngestRequest {
+                        batch_id,
+                        agent_send_ns: now_real(),
+                        payload: Some(Payload::Records(RecordBatch {
+                            process: Some(headers[r].clone()),
+                            first_rec_seq: first,
+                            record_size: RECORD_SIZE as u32,
+                            records: bytes,
+                            clock_offset_ns: Some(0),
+                            clock_error_ns: 0,
+                            dropped_overrun: 0,
+                        })),
+                    };
+                    if link.tx.send(req).await.is_err() {
+                        bail!("the collector closed the stream of {}", topo.node_name(n));
+                    }
+                }
+            }
+        }
+        // In-flight snapshots of blocked ranks, every 250 ms.
+        if last_snap.elapsed() >= Duration::from_millis(250) && !finished {
+            last_snap = Instant::now();
+            for (r, header) in headers.iter().enumerate() {
+                let Some(c) = sim.in_flight(r) else { continue };
+                batch_id += 1;
+                let req = IngestRequest {
+                    batch_id,
+                    agent_send_ns: now_real(),
+                    payload: Some(Payload::InFlight(InFlightSnapshot {
+                        process: Some(header.clone()),
+                        t_mono_ns: sim.mono(r, g_now),
+                        entries: vec![InFlightEntry {
+                            comm_id: c.comm_id,
+                            seq: c.seq,
+                            op: c.op().name().into(),
+                            t_enter_ns: c.t_enter,
+                            bytes: c.bytes,
+                            peer: c.peer,
+                            tag: c.tag,
+                            comm_rank: c.comm_rank,
+                            status: 0,
+                            tid: 0,
+                        }],
+                        dropped_ring_full: 0,
+                        last_beat_ns: sim.epoch + g_now,
+                        ..Default::default()
+                    })),
+                };
+                let n = topo.node_of(r);
+                counts.sent.fetch_add(1, Ordering::Relaxed);
+                if links[n].tx.send(req).await.is_err() {
+                    bail!("the collector closed the stream of {}", topo.node_name(n));
+                }
+            }
+        }
+        // Findings as they open and resolve.
+        if last_poll.elapsed() >= Duration::from_millis(250) || finished {
+            last_poll = Instant::now();
+            let t = start.elapsed().as_secs_f64();
+            for f in findings.read(&job) {
+                let open = f.state == commscope_analyzer::finding::State::Open;
+                match seen.get(&f.id) {
+                    Some((was_open, _)) if *was_open == open => continue,
+                    _ => {}
+                }
+                seen.insert(f.id.clone(), (open, t));
+                if open {
+                    println!(
+                        "[{t:6.1} s] OPEN     {} {:?}: {}",
+                        f.kind.name(),
+                        f.ranks,
+                        f.summary
+                    );
+                    for (i, (_, e)) in want.iter().enumerate() {
+                        if named[i].is_none() && matches(e, &f) {
+                            named[i] = Some(t);
+                        }
+                    }
+                } else {
+                    println!("[{t:6.1} s] RESOLVED {} {:?}", f.kind.name(), f.ranks);
+                }
+            }
+        }
+        if finished {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the last batches be acknowledged.
+    let wait = Instant::now();
+    while counts.acked.load(Ordering::Relaxed) + counts.refused.load(Ordering::Relaxed)
+        < counts.sent.load(Ordering::Relaxed)
+        && wait.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(links);
+    println!(
+        "{} finding{} opened for this job",
+        seen.len(),
+        if seen.len() == 1 { "" } else { "s" }
+    );
+    println!(
+        "sent {} messages (record batches and in-flight snapshots; {} acknowledged, {} refused) for {} steps",
+        counts.sent.load(Ordering::Relaxed),
+        counts.acked.load(Ordering::Relaxed),
+        counts.refused.load(Ordering::Relaxed),
+        sim.step
+    );
+    let mut ok = true;
+    for (i, (f, e)) in want.iter().enumerate() {
+        match (named[i], onset[i]) {
+            (Some(t), Some(o)) => println!(
+                "{}: {} of {:?} named {:.1} s after the fault began (at {o:.1} s)",
+                f.token(),
+                e.kind.name(),
+                e.ranks,
+                t - o
+            ),
+            (Some(t), None) => println!(
+                "{}: {} of {:?} named at {t:.1} s",
+                f.token(),
+                e.kind.name(),
+                e.ranks
+            ),
+            (None, _) => {
+                ok = false;
+                println!(
+                    "{}: expected {} of {:?}: NOT FOUND{}",
+                    f.token(),
+                    e.kind.name(),
+                    e.ranks,
+                    if matches!(findings, Findings::None) {
+                        " (give --collector-http to read the collector's findings)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+    }
+    if let Some((running, dir)) = local {
+        running.stop().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    Ok(if ok || !a.check {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn rec_seq(r: &Record) -> u64 {
+    match r {
+        Record::Call(c) | Record::Enter(c) => c.rec_seq,
+        Record::Comm(c) => c.rec_seq,
+        Record::Heartbeat(h) => h.rec_seq,
+        Record::Process(p) => p.rec_seq,
+    }
+}

@@ -1,0 +1,173 @@
+//! Nothing lost: the collector or the agent killed with SIGKILL in the middle of a real 8-rank
+//! job and restarted; when the job ends, the collector's trace holds every record exactly once
+//! (or, for the agent, counted as dropped with a reason), and the job's results are unchanged.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use commscope_tests::services::{Services, http_get, raw_records, run_with_agent};
+use commscope_tests::{Flavour, assert_ok, build, launch};
+use commscope_wire::op::{Op, flags};
+use commscope_wire::record::Record;
+
+/// Starts the steady job in the background; returns its handle.
+fn start_job(
+    svc: &Services,
+    flavour: Flavour,
+    job: &str,
+    seconds: &str,
+) -> std::thread::JoinHandle<std::process::Output> {
+    let prog = build(flavour, "steady");
+    let cmd = launch(flavour, 8, &prog, &[seconds, "1000"]);
+    let socket = svc.socket.clone();
+    let job = job.to_owned();
+    std::thread::spawn(move || run_with_agent(&socket, &job, &cmd, &[]))
+}
+
+/// Waits until the collector holds at least `n` records of the job.
+fn wait_records(svc: &Services, job: &str, n: u64) {
+    let t = Instant::now();
+    loop {
+        if let Some(j) = svc.job(job)
+            && j["records"].as_u64().unwrap_or(0) >= n
+        {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "job {job} never reached {n} records"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The job's output: every rank ran the same number of steps, with correct results.
+fn steps_of(out: &std::process::Output) -> u64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut steps = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("rank ")) {
+        assert!(line.ends_with("checksum ok"), "wrong result: {line}");
+        let n: u64 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .expect("steps");
+        steps.push(n);
+    }
+    assert_eq!(steps.len(), 8, "{text}");
+    assert!(steps.iter().all(|s| *s == steps[0]), "{steps:?}");
+    steps[0]
+}
+
+/// Checks the stored trace: per process, each rec_seq once; gaps only where the process
+/// counted records as lost; every step's calls present. Returns the records stored.
+fn check_exactly_once(svc: &Services, job: &str, steps: u64, api: &serde_json::Value) -> u64 {
+    let raw = raw_records(&svc.trace_dir().join(job));
+    assert_eq!(raw.len(), 8, "one process per rank: {:?}", raw.keys());
+    let mut total = 0u64;
+    for ((node, pid, _), (seqs, recs)) in &raw {
+        assert_eq!(node, &svc.node);
+        let dups: Vec<_> = seqs.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(dups.is_empty(), "pid {pid}: records stored twice: {dups:?}");
+        let max = *seqs.keys().next_back().expect("records");
+        // Records lost on the way (a ring overrun) are counted for the process.
+        let counted = api["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == *pid)
+            .and_then(|p| p["dropped"].as_u64())
+            .expect("the process in the API");
+        let gaps = max - seqs.len() as u64;
+        assert!(
+            gaps <= counted,
+            "pid {pid}: {gaps} records missing from 1..={max}, {counted} counted as dropped"
+        );
+        let mut per_op: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in recs {
+            if let Record::Call(c) = r {
+                *per_op.entry(c.op().name()).or_default() += 1;
+            }
+        }
+        assert_eq!(per_op.get(Op::Allreduce.name()), Some(&steps), "pid {pid}");
+        assert_eq!(per_op.get(Op::Sendrecv.name()), Some(&steps), "pid {pid}");
+        let exit = recs.iter().any(|r| {
+            matches!(r, Record::Process(p) if p.flags & flags::OBSERVED != 0
+                && (p.exit_status == 0 || !svc.exit_statuses_known()))
+        });
+        assert!(
+            exit,
+            "pid {pid}: the agent's exit record; process records: {:?}",
+            recs.iter()
+                .filter(|r| matches!(r, Record::Process(_)))
+                .collect::<Vec<_>>()
+        );
+        total += seqs.len() as u64;
+    }
+    total
+}
+
+fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn collector_killed_and_restarted_20s_later_loses_nothing() {
+    let mut svc = Services::start("node-k1", &[], &["--spool-after", "1s"]);
+    let job = "collector-killed";
+    let handle = start_job(&svc, Flavour::OpenMpi, job, "35");
+    wait_records(&svc, job, 2000);
+    svc.collector().kill9();
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(20));
+    // Meanwhile the agent spooled what the rings produced.
+    let spooled = metric(svc.agent_http, "commscope_agent_records_spooled_total");
+    assert!(
+        spooled > 1000.0,
+        "records spooled while the collector was down: {spooled}"
+    );
+    svc.start_collector();
+    eprintln!("collector down for {:.1} s", down.elapsed().as_secs_f64());
+    let out = handle.join().expect("job thread");
+    assert_ok(&out, "steady job");
+    let steps = steps_of(&out);
+    let api = svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let stored = check_exactly_once(&svc, job, steps, &api);
+    // After its restart the collector rebuilt its marks and state from disk, so its view of the
+    // job covers everything too.
+    assert_eq!(api["records"], stored, "API records vs trace");
+    assert_eq!(metric(svc.agent_http, "commscope_agent_spool_batches"), 0.0);
+    let log = svc.collector().log();
+    assert!(log.contains("pending log entries recovered"), "{log}");
+}
+
+#[test]
+fn agent_killed_and_restarted_loses_nothing() {
+    let mut svc = Services::start("node-k2", &[], &[]);
+    let job = "agent-killed";
+    let handle = start_job(&svc, Flavour::Mpich, job, "20");
+    wait_records(&svc, job, 2000);
+    svc.agent().kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    svc.start_agent();
+    // Every rank registers again with the new agent.
+    svc.agent
+        .as_ref()
+        .expect("agent")
+        .wait_log("registered rank 7", Duration::from_secs(20));
+    let out = handle.join().expect("job thread");
+    assert_ok(&out, "steady job");
+    let steps = steps_of(&out);
+    let api = svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let stored = check_exactly_once(&svc, job, steps, &api);
+    assert_eq!(api["records"], stored);
+    for p in api["processes"].as_array().expect("processes") {
+        assert_eq!(p["state"], "exited", "{p}");
+    }
+}

@@ -1,0 +1,372 @@
+//! Bad input at the agent and the collector: garbage and malformed or oversized messages on the
+//! gRPC port, protocol violations, shims of another layout version, an agent over its rate
+//! limit, a full spool disk. Each gets a clear error; nothing crashes; nothing already accepted
+//! is lost.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use commscope_tests::services::{Services, http_get, raw_records, run_with_agent};
+use commscope_tests::{Flavour, assert_ok, build, launch};
+use commscope_wire::grpc::ingest_client::IngestClient;
+use commscope_wire::grpc::ingest_request::Payload;
+use commscope_wire::grpc::{AgentHello, IngestRequest, ProcessId, RecordBatch};
+use commscope_wire::op::Op;
+use commscope_wire::record::Record;
+use commscope_wire::registration::{Reply, Request, Status};
+use tonic::codegen::http::uri::PathAndQuery;
+
+fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sends raw bytes as gRPC messages (no protobuf encoding).
+#[derive(Clone, Copy, Debug, Default)]
+struct Raw;
+#[derive(Debug)]
+struct RawEnc;
+#[derive(Debug)]
+struct RawDec;
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawEnc;
+    type Decoder = RawDec;
+    fn encoder(&mut self) -> RawEnc {
+        RawEnc
+    }
+    fn decoder(&mut self) -> RawDec {
+        RawDec
+    }
+}
+impl tonic::codec::Encoder for RawEnc {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+impl tonic::codec::Decoder for RawDec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+async fn raw_stream(url: &str, messages: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let resp = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::iter(messages)),
+            PathAndQuery::from_static("/commscope.v1.Ingest/Stream"),
+            Raw,
+        )
+        .await?;
+    let mut s = resp.into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = s.message().await? {
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn hello(layout: u32) -> IngestRequest {
+    IngestRequest {
+        batch_id: 1,
+        agent_send_ns: 1,
+        payload: Some(Payload::Hello(AgentHello {
+            node: "tester".into(),
+            agent_version: "test".into(),
+            layout_version: layout,
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_refuses_garbage_and_malformed_messages_and_keeps_serving() {
+    let svc = Services::start("node-bad", &["--max-message-bytes", "1048576"], &[]);
+    let url = format!("http://{}", svc.grpc);
+
+    // Plain garbage on the port: the connection is dropped.
+    let mut s = std::net::TcpStream::connect(svc.grpc).expect("connect");
+    s.write_all(b"\x00\xffGET / HTTP/1.0\r\n\r\nthis is not HTTP/2 at all \x13\x37")
+        .expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut sink = Vec::new();
+    let _ = s.read_to_end(&mut sink);
+
+    // Bytes that are not a protobuf message, in a well-formed gRPC stream.
+    let before = metric(svc.http, "commscope_collector_bad_messages_total");
+    let _ = raw_stream(&url, vec![vec![0xff; 64]]).await;
+    // An oversized message (2 MiB, limit 1 MiB).
+    let mut big = hello(1);
+    big.payload = Some(Payload::Records(RecordBatch {
+        process: Some(ProcessId {
+            job: "j".into(),
+            node: "n".into(),
+            ..Default::default()
+        }),
+        record_size: 128,
+        records: vec![0; 2 << 20],
+        ..Default::default()
+    }));
+    let mut client = IngestClient::connect(url.clone()).await.expect("connect");
+    let r = client.stream(tokio_stream::iter(vec![hello(1), big])).await;
+    if let Ok(resp) = r {
+        let mut acks = resp.into_inner();
+        while let Ok(Some(_)) = acks.message().await {}
+    }
+    let t = Instant::now();
+    while metric(svc.http, "commscope_collector_bad_messages_total") < before + 2.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "bad messages counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Protocol violations get clear statuses.
+    let err = client
+        .stream(tokio_stream::iter(vec![IngestRequest {
+            batch_id: 1,
+            agent_send_ns: 1,
+            payload: Some(Payload::Records(RecordBatch::default())),
+        }]))
+        .await;
+    let status = match err {
+        Ok(resp) => resp.into_inner().message().await.expect_err("refused"),
+        Err(s) => s,
+    };
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status}");
+    assert!(status.message().contains("first message"), "{status}");
+
+    let newer = client.stream(tokio_stream::iter(vec![hello(2)])).await;
+    let status = match newer {
+        Ok(resp) => resp.into_inner().message().await.expect_err("refused"),
+        Err(s) => s,
+    };
+    assert!(status.message().contains("layout version 2"), "{status}");
+
+    // Records that are not whole records: refused for good, with a reason.
+    let bad = IngestRequest {
+        batch_id: 2,
+        agent_send_ns: 1,
+        payload: Some(Payload::Records(RecordBatch {
+            process: Some(ProcessId {
+                job: "j".into(),
+                node: "n".into(),
+                ..Default::default()
+            }),
+            record_size: 128,
+            records: vec![1; 200],
+            ..Default::default()
+        })),
+    };
+    let mut acks = client
+        .stream(tokio_stream::iter(vec![hello(1), bad]))
+        .await
+        .expect("stream")
+        .into_inner();
+    let a1 = acks.message().await.expect("ack").expect("hello ack");
+    assert!(a1.durable && a1.error.is_empty());
+    let a2 = acks.message().await.expect("ack").expect("batch ack");
+    assert!(!a2.durable);
+    assert_eq!(a2.retry_after_ms, 0, "a final refusal");
+    assert!(a2.error.contains("not whole records"), "{}", a2.error);
+
+    // Still healthy, and a real job still goes through completely.
+    assert_eq!(http_get(svc.http, "/healthz").0, 200);
+    let basic = build(Flavour::OpenMpi, "basic");
+    let out = run_with_agent(
+        &svc.socket,
+        "after-garbage",
+        &launch(Flavour::OpenMpi, 2, &basic, &["20"]),
+        &[],
+    );
+    assert_ok(&out, "job");
+    let j = svc.wait_job_ended("after-garbage", Duration::from_secs(60));
+    assert_eq!(j["comms"][0]["ops"]["allreduce"], 40);
+    let refused = metric(svc.http, "commscope_collector_refused_total");
+    assert!(refused >= 3.0, "refusals counted: {refused}");
+}
+
+#[test]
+fn shims_of_another_layout_version_are_refused_clearly() {
+    let mut svc = Services::start("node-ver", &[], &[]);
+    for layout in [0u16, 2] {
+        let s = std::os::unix::net::UnixStream::connect(&svc.socket).expect("connect");
+        let req = Request {
+            version: 1,
+            layout_version: layout,
+            pid: std::process::id(),
+            rank: 0,
+            world_size: 1,
+            start_time: 0,
+            shm_size: 0,
+            job: "old".into(),
+            node: "n".into(),
+            flavour: "mpich".into(),
+        };
+        (&s).write_all(&req.encode()).expect("write");
+        let mut reply = [0u8; commscope_wire::registration::REPLY_SIZE];
+        (&s).read_exact(&mut reply).expect("reply");
+        assert_eq!(
+            Reply::decode(&reply).map(|r| r.status),
+            Ok(Status::UnsupportedVersion)
+        );
+    }
+    let agent = svc.agent();
+    agent.wait_log("layout 2", Duration::from_secs(5));
+    let log = agent.log();
+    assert!(
+        log.contains("different commscope versions"),
+        "the agent says what to do: {log}"
+    );
+    assert_eq!(
+        metric(
+            svc.agent_http,
+            "commscope_agent_registrations_refused_total"
+        ),
+        2.0
+    );
+    assert_eq!(http_get(svc.agent_http, "/healthz").0, 200);
+}
+
+/// Per process: no record twice, gaps only where counted; returns (stored allreduce calls,
+/// dropped) per process.
+fn stored_calls(svc: &Services, job: &str, api: &serde_json::Value) -> Vec<(u64, u64)> {
+    let raw = raw_records(&svc.trace_dir().join(job));
+    let mut out = Vec::new();
+    for ((_, pid, _), (seqs, recs)) in &raw {
+        assert!(seqs.values().all(|n| *n == 1), "pid {pid}: a record twice");
+        let dropped = api["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == *pid)
+            .and_then(|p| p["dropped"].as_u64())
+            .expect("process");
+        let max = *seqs.keys().next_back().expect("records");
+        assert!(
+            max - seqs.len() as u64 <= dropped,
+            "pid {pid}: uncounted gap"
+        );
+        let calls = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Call(c) if c.op() == Op::Allreduce))
+            .count() as u64;
+        out.push((calls, dropped));
+    }
+    out
+}
+
+#[test]
+fn an_agent_over_its_rate_limit_is_slowed_down_and_loses_nothing() {
+    let svc = Services::start("node-rate", &["--max-agent-rate", "2000"], &[]);
+    let basic = build(Flavour::Mpich, "basic");
+    let out = run_with_agent(
+        &svc.socket,
+        "rate-job",
+        &launch(Flavour::Mpich, 2, &basic, &["3000"]),
+        &[],
+    );
+    assert_ok(&out, "job");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("cannot register"), "{err}");
+    let api = svc.wait_job_ended("rate-job", Duration::from_secs(90));
+    svc.wait_segments("rate-job", Duration::from_secs(30));
+    assert!(
+        metric(
+            svc.http,
+            "commscope_collector_refused_total{reason=\"rate-limit\"}"
+        ) > 0.0,
+        "the limit was hit: {}",
+        http_get(svc.http, "/metrics").1
+    );
+    assert!(metric(svc.agent_http, "commscope_agent_batches_retried_total") > 0.0);
+    for (calls, dropped) in stored_calls(&svc, "rate-job", &api) {
+        assert_eq!((calls, dropped), (3000, 0));
+    }
+}
+
+struct Unmount(std::path::PathBuf);
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_spool_disk_stops_draining_and_every_record_is_stored_or_counted() {
+    let mut svc = Services::start("node-full", &[], &["--spool-after", "500ms"]);
+    // The agent again, with its spool on a 256 KiB file system.
+    svc.agent().kill9();
+    let spool = svc.spool_dir();
+    std::fs::create_dir_all(&spool).expect("mkdir");
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&spool)
+        .status()
+        .expect("mount");
+    assert!(
+        st.success(),
+        "mounting a small tmpfs for the spool (needs root)"
+    );
+    let _unmount = Unmount(spool.clone());
+    svc.start_agent();
+    svc.collector().kill9();
+
+    let basic = build(Flavour::OpenMpi, "basic");
+    let out = run_with_agent(
+        &svc.socket,
+        "full-spool",
+        &launch(Flavour::OpenMpi, 4, &basic, &["3000"]),
+        &[("COMMSCOPE_RING_RECORDS", "1024")],
+    );
+    assert_ok(&out, "the job runs on, unaffected");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("3000 all-reduces").count(), 4, "{text}");
+    svc.agent()
+        .wait_log("No space left on device", Duration::from_secs(20));
+
+    svc.start_collector();
+    let api = svc.wait_job_ended("full-spool", Duration::from_secs(90));
+    svc.wait_segments("full-spool", Duration::from_secs(30));
+    let per = stored_calls(&svc, "full-spool", &api);
+    assert_eq!(per.len(), 4);
+    let mut lost = 0;
+    for (calls, dropped) in per {
+        assert!(calls <= 3000);
+        assert!(
+            calls + dropped >= 3000,
+            "{calls} all-reduces stored, {dropped} records counted as dropped, 3000 made"
+        );
+        lost += dropped;
+    }
+    assert!(lost > 0, "the full spool did cost records (counted)");
+    assert_eq!(metric(svc.agent_http, "commscope_agent_spool_batches"), 0.0);
+}

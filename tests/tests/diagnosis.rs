@@ -1,0 +1,364 @@
+//! The real fault suite: 8-rank MPI jobs (`tests/c/faults.c`) with one injected fault each, run
+//! under the shim through a real agent and collector. Each must give the right finding — kind,
+//! ranks, node — live (`/api/v1/findings`) and again from the stored trace (`commscope analyze`);
+//! a healthy run gives none. The jobs run one at a time (they share the two cores).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use commscope_tests::services::{Services, run_with_agent};
+use commscope_tests::{Flavour, analyze_json, assert_ok, build, launch};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn findings(svc: &Services, job: &str, state: &str) -> Vec<serde_json::Value> {
+    let (_, body) = svc.get(&format!("/api/v1/findings?job={job}&state={state}"));
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["findings"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn analyze(dir: &Path) -> Vec<serde_json::Value> {
+    analyze_json(dir)["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A cgroup with a CPU limit (v2 `cpu.max` or v1 `cpu.cfs_quota_us`), removed on drop.
+struct Throttle(PathBuf);
+
+impl Throttle {
+    fn new(name: &str, percent: u32) -> Option<Throttle> {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers");
+        if v2.exists() {
+            let d = Path::new("/sys/fs/cgroup").join(name);
+            std::fs::create_dir_all(&d).ok()?;
+            std::fs::write(d.join("cpu.max"), format!("{} 100000", percent * 1000)).ok()?;
+            return Some(Throttle(d));
+        }
+        let d = Path::new("/sys/fs/cgroup/cpu").join(name);
+        std::fs::create_dir_all(&d).ok()?;
+        std::fs::write(d.join("cpu.cfs_period_us"), "100000").ok()?;
+        std::fs::write(d.join("cpu.cfs_quota_us"), (percent * 1000).to_string()).ok()?;
+        Some(Throttle(d))
+    }
+
+    fn add(&self, pid: u32) -> bool {
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).is_ok()
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        // Move anything left back to the root, then remove the group.
+        let root = self.0.parent().map(|p| p.join("cgroup.procs"));
+        if let (Ok(procs), Some(root)) =
+            (std::fs::read_to_string(self.0.join("cgroup.procs")), root)
+        {
+            for p in procs.lines() {
+                let _ = std::fs::write(&root, p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+struct Case {
+    mode: &'static str,
+    rank: i32,
+    /// Expected (kind, class) — None: no finding at all.
+    expect: Option<(&'static str, &'static str)>,
+    /// The job does not end by itself.
+    hangs: bool,
+    steps: u32,
+    /// Compute per step (multiply-adds).
+    iters: u32,
+}
+
+impl Case {
+    fn kind_is_slow(&self) -> bool {
+        matches!(self.expect, Some(("slow-rank", _)))
+    }
+}
+
+fn run_case(flavour: Flavour, c: Case) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let node = format!("node-{}", c.mode);
+    let svc = Services::start(&node, &[], &[]);
+    let prog = build(flavour, "faults");
+    let job = format!("diag-{}-{}", c.mode, flavour.name());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pidfile = tmp.path().join("pid");
+    let throttle = (c.mode == "throttle").then(|| {
+        Throttle::new(&format!("commscope-test-{}", std::process::id()), 10)
+            .expect("a CPU cgroup (run the tests as root)")
+    });
+    let socket = svc.socket.clone();
+    let cmd = launch(
+        flavour,
+        8,
+        &prog,
+        &[
+            c.mode,
+            &c.rank.to_string(),
+            &c.steps.to_string(),
+            "60",
+            &c.iters.to_string(),
+        ],
+    );
+    let j = job.clone();
+    let pf = pidfile.to_string_lossy().into_owned();
+    let runner = std::thread::spawn(move || {
+        run_with_agent(&socket, &j, &cmd, &[("FAULTS_PIDFILE", pf.as_str())])
+    });
+    if let Some(t) = &throttle {
+        let pid: u32 = wait("the rank's pid", Duration::from_secs(60), || {
+            std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+        });
+        assert!(t.add(pid), "cannot move {pid} into the cgroup");
+    }
+    let began = Instant::now();
+    let live = match c.expect {
+        Some((kind, _)) => {
+            let f = wait(
+                &format!("live {kind} finding for {}", c.mode),
+                Duration::from_secs(90),
+                || {
+                    findings(&svc, &job, "open")
+                        .into_iter()
+                        .find(|f| f["kind"] == kind)
+                },
+            );
+            let latency = began.elapsed();
+            if c.kind_is_slow() {
+                // The program marks its steps: the impact is per real step.
+                assert_eq!(f["evidence"]["step_from"], "commscope_step", "{f:#}");
+            }
+            if c.mode == "stop" {
+                let f = &f;
+                // The agent takes its stacks on the collector's request: it sleeps in sleep().
+                let t = Instant::now();
+                let stacks = loop {
+                    let s = findings(&svc, &job, "open")
+                        .into_iter()
+                        .find(|g| g["id"] == f["id"])
+                        .map(|g| g["evidence"]["culprits"][0]["stacks"].clone())
+                        .filter(|s| !s.is_null());
+                    if let Some(s) = s {
+                        break s;
+                    }
+                    assert!(
+                        t.elapsed() < Duration::from_secs(60),
+                        "no stacks of the culprit within 60 s\n--- collector\n{}\n--- agent\n{}",
+                        svc.collector.as_ref().map(|c| c.log()).unwrap_or_default(),
+                        svc.agent.as_ref().map(|c| c.log()).unwrap_or_default()
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                };
+                let native = stacks["native"].as_str().unwrap_or_default();
+                assert!(
+                    native.contains("sleep") && native.contains("main"),
+                    "{stacks:#}"
+                );
+            }
+            Some((f, latency))
+        }
+        None => None,
+    };
+    if c.hangs {
+        // Let the live state settle a moment, then take the job down like an operator would.
+        std::thread::sleep(Duration::from_secs(1));
+        let _ = Command::new("pkill")
+            .args(["-9", "-f", prog.to_str().expect("utf-8")])
+            .status();
+    }
+    let out = runner.join().expect("runner");
+    if c.expect.is_none() {
+        assert_ok(&out, "healthy job");
+    }
+    drop(throttle);
+    svc.wait_job_ended(&job, Duration::from_secs(60));
+    // Findings the live engine had for this job, open or resolved.
+    let all_live: Vec<serde_json::Value> = findings(&svc, &job, "open")
+        .into_iter()
+        .chain(findings(&svc, &job, "resolved"))
+        .collect();
+    svc.wait_segments(&job, Duration::from_secs(60));
+    let batch = analyze(&svc.trace_dir().join(&job));
+    let show = |v: &[serde_json::Value]| {
+        v.iter()
+            .map(|f| format!("{} {} {}", f["kind"], f["ranks"], f["summary"]))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match c.expect {
+        None => {
+            assert!(all_live.is_empty(), "healthy, live:\n{}", show(&all_live));
+            assert!(batch.is_empty(), "healthy, analyze:\n{}", show(&batch));
+        }
+        Some((kind, class)) => {
+            let (f, latency) = live.expect("live finding");
+            eprintln!(
+                "{} ({}): live {kind} named {:.1} s after the job started: {}",
+                c.mode,
+                flavour.name(),
+                latency.as_secs_f64(),
+                f["summary"]
+            );
+            assert_eq!(f["ranks"], serde_json::json!([c.rank]), "{f:#}");
+            if c.mode == "stop" {
+                // The culprit sleeps outside the library: its agent says so.
+                let p = &f["evidence"]["culprits"][0]["process"];
+                assert_eq!(p["state"], "S", "{f:#}");
+                assert_eq!(p["cpu_advancing"], false, "{f:#}");
+                assert!(
+                    f["summary"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("its process is sleeping")),
+                    "{f:#}"
+                );
+            }
+            assert_eq!(f["nodes"], serde_json::json!([node]), "{f:#}");
+            assert_eq!(f["class"], class, "{f:#}");
+            assert!(
+                all_live
+                    .iter()
+                    .all(|g| g["ranks"] == serde_json::json!([c.rank])),
+                "only the culprit is named live:\n{}",
+                show(&all_live)
+            );
+            let same: Vec<&serde_json::Value> =
+                batch.iter().filter(|g| g["kind"] == kind).collect();
+            assert_eq!(same.len(), 1, "analyze:\n{}", show(&batch));
+            assert_eq!(same[0]["ranks"], serde_json::json!([c.rank]));
+            assert!(
+                batch
+                    .iter()
+                    .all(|g| g["ranks"] == serde_json::json!([c.rank])),
+                "only the culprit is named by analyze:\n{}",
+                show(&batch)
+            );
+        }
+    }
+}
+
+#[test]
+fn healthy_job_gives_no_finding() {
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "healthy",
+            rank: 3,
+            expect: None,
+            hangs: false,
+            steps: 300,
+            iters: 400_000,
+        },
+    );
+}
+
+#[test]
+fn extra_compute_is_a_slow_rank() {
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "compute",
+            rank: 5,
+            expect: Some(("slow-rank", "non-communication-slow")),
+            hangs: false,
+            steps: 300,
+            iters: 400_000,
+        },
+    );
+}
+
+#[test]
+fn a_cpu_throttled_rank_is_a_slow_rank() {
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "throttle",
+            rank: 2,
+            expect: Some(("slow-rank", "non-communication-slow")),
+            hangs: false,
+            // Compute-heavy steps: the CPU limit then shows as longer compute.
+            steps: 150,
+            iters: 4_000_000,
+        },
+    );
+}
+
+#[test]
+fn a_rank_that_stops_calling_is_a_hang() {
+    run_case(
+        Flavour::Mpich,
+        Case {
+            mode: "stop",
+            rank: 6,
+            expect: Some(("hang", "non-communication-hang")),
+            hangs: true,
+            steps: 100_000,
+            iters: 400_000,
+        },
+    );
+}
+
+#[test]
+fn bcast_against_allreduce_is_a_mismatch() {
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "bcast",
+            rank: 4,
+            expect: Some(("mismatch", "communication-hang")),
+            hangs: true,
+            steps: 100_000,
+            iters: 400_000,
+        },
+    );
+}
+
+#[test]
+fn an_unmatched_recv_is_a_hang_in_the_library() {
+    run_case(
+        Flavour::Mpich,
+        Case {
+            mode: "recv",
+            rank: 1,
+            expect: Some(("hang", "communication-hang")),
+            hangs: true,
+            steps: 100_000,
+            iters: 400_000,
+        },
+    );
+}
+
+#[test]
+fn a_killed_rank_is_a_dead_rank() {
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "kill",
+            rank: 7,
+            expect: Some(("dead-rank", "non-communication-hang")),
+            hangs: false,
+            steps: 100_000,
+            iters: 400_000,
+        },
+    );
+}
