@@ -88,6 +88,13 @@ pub struct SimulateArgs {
     /// Exit with status 1 when an injected fault's expected finding was not named.
     #[arg(long)]
     pub check: bool,
+    /// Consistent sampling: with --virtual, every communicator at 1 instance in K; live, the
+    /// collector started here forces K (a collector given with --collector decides itself).
+    #[arg(long, value_name = "K")]
+    pub sample_modulus: Option<u32>,
+    /// The collector started here: calls per second taken in full before sampling [default: 150000].
+    #[arg(long, value_name = "N")]
+    pub sample_budget: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -154,6 +161,13 @@ pub struct CollectorArgs {
     /// Records per second one agent may send; more is refused with a retry delay [default: 2000000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_AGENT_RATE")]
     pub max_agent_rate: Option<u64>,
+    /// Consistent sampling: calls per second (all jobs) taken in full; above it, busy
+    /// communicators are sampled (a power-of-two modulus each) [default: 150000].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_SAMPLE_BUDGET")]
+    pub sample_budget: Option<u64>,
+    /// Consistent sampling: keep 1 instance in K on every communicator, whatever the load.
+    #[arg(long, value_name = "K", env = "COMMSCOPE_SAMPLE_MODULUS")]
+    pub sample_modulus: Option<u32>,
     /// Jobs kept in memory at most [default: 256].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS")]
     pub max_jobs: Option<usize>,

@@ -92,6 +92,12 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     )
     .max(64 << 10);
     c.max_agent_rate = pick(a.max_agent_rate, f.max_agent_rate, c.max_agent_rate).max(1);
+    c.sample_budget = pick(a.sample_budget, f.sample_budget, c.sample_budget).max(1);
+    c.sample_modulus = a
+        .sample_modulus
+        .or(f.sample_modulus)
+        .filter(|k| *k > 1)
+        .map(|k| 1 << (31 - k.leading_zeros()));
     c.limits.max_jobs = pick(a.max_jobs, f.max_jobs, c.limits.max_jobs).max(1);
     if let Some(s) = a.job_linger.clone().or(f.job_linger) {
         c.limits.linger = parse_duration(&s)?;

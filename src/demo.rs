@@ -138,6 +138,8 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
                 virtual_time: false,
                 steps: 0,
                 check: false,
+                sample_modulus: None,
+                sample_budget: None,
             })
         }
     }

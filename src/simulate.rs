@@ -60,6 +60,13 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
         onset_step: a.onset_step,
         compute_ms: a.compute_ms,
         steps: u64::MAX,
+        sample_modulus: if a.virtual_time {
+            a.sample_modulus
+                .filter(|k| *k > 1)
+                .map_or(1, |k| 1 << (31 - k.leading_zeros()))
+        } else {
+            1
+        },
         ..Default::default()
     };
     for f in &spec.faults {
@@ -147,7 +154,16 @@ struct Link {
     tx: mpsc::Sender<IngestRequest>,
 }
 
-async fn connect(url: &str, node: &str, counts: Arc<Counts>) -> Result<Link> {
+/// Sampling rates a node's stream received: (node index, (comm, modulus, from_seq) list).
+type RatesMsg = (usize, Vec<(u64, u32, u64)>);
+
+async fn connect(
+    url: &str,
+    node: &str,
+    index: usize,
+    counts: Arc<Counts>,
+    rates: mpsc::UnboundedSender<RatesMsg>,
+) -> Result<Link> {
     let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .with_context(|| format!("bad collector address {url}"))?
         .connect_timeout(Duration::from_secs(5))
@@ -181,7 +197,17 @@ async fn connect(url: &str, node: &str, counts: Arc<Counts>) -> Result<Link> {
     tokio::spawn(async move {
         loop {
             match acks.message().await {
-                Ok(Some(a)) if a.batch_id == 0 => {}
+                Ok(Some(a)) if a.batch_id == 0 => {
+                    // The collector's sampling rates for this node (or the hello's answer).
+                    if a.rates_update {
+                        let list = a
+                            .rates
+                            .iter()
+                            .map(|r| (r.comm_id, r.modulus, r.from_seq))
+                            .collect();
+                        let _ = rates.send((index, list));
+                    }
+                }
                 Ok(Some(a)) if a.error.is_empty() => {
                     counts.acked.fetch_add(1, Ordering::Relaxed);
                 }
@@ -326,6 +352,10 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             c.http = SocketAddr::from(([127, 0, 0, 1], 0));
             c.log = false;
             c.max_agent_rate = 1_000_000_000;
+            if let Some(b) = a.sample_budget {
+                c.sample_budget = b.max(1);
+            }
+            c.sample_modulus = a.sample_modulus.filter(|k| *k > 1);
             let running = commscope_collector::start(c)
                 .await
                 .context("cannot start the collector")?;
@@ -366,9 +396,20 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     );
     let counts = Arc::new(Counts::default());
     let mut links = Vec::with_capacity(topo.nodes);
+    let (rates_tx, mut rates_rx) = mpsc::unbounded_channel::<RatesMsg>();
     for n in 0..topo.nodes {
-        links.push(connect(&url, &topo.node_name(n), counts.clone()).await?);
+        links.push(
+            connect(
+                &url,
+                &topo.node_name(n),
+                n,
+                counts.clone(),
+                rates_tx.clone(),
+            )
+            .await?,
+        );
     }
+    let mut sampled_nodes = 0usize;
     let headers: Vec<ProcessId> = (0..topo.ranks())
         .map(|r| process_id(&sim.header(r)))
         .collect();
@@ -405,6 +446,21 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             sim.finish(g_now);
         } else {
             sim.beat_all(g_now);
+        }
+        // Sampling rates the nodes' streams brought, applied as each node's agent would.
+        while let Ok((n, list)) = rates_rx.try_recv() {
+            if n == 0 {
+                let k = list.iter().map(|l| l.1).max().unwrap_or(1);
+                if k > 1 || sampled_nodes > 0 {
+                    println!(
+                        "  {:>6.1} s  consistent sampling: {} communicators of node 0 sampled (up to 1 in {k})",
+                        start.elapsed().as_secs_f64(),
+                        list.iter().filter(|l| l.1 > 1).count()
+                    );
+                }
+                sampled_nodes = list.iter().filter(|l| l.1 > 1).count();
+            }
+            sim.replace_rates(n, &list);
         }
         // Ship what is due: records up to now, per node.
         for (n, link) in links.iter().enumerate() {
@@ -574,10 +630,5 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
 }
 
 fn rec_seq(r: &Record) -> u64 {
-    match r {
-        Record::Call(c) | Record::Enter(c) => c.rec_seq,
-        Record::Comm(c) => c.rec_seq,
-        Record::Heartbeat(h) => h.rec_seq,
-        Record::Process(p) => p.rec_seq,
-    }
+    r.rec_seq()
 }

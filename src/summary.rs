@@ -76,7 +76,15 @@ pub struct Summary {
     pub dropped: Dropped,
     /// Processes without a clean shutdown (no final heartbeat), by global rank.
     pub unfinished_ranks: Vec<i32>,
+    /// Calls consistent sampling left out (counted in `ops`, `bytes` and `p2p` send/recv
+    /// through their `skip` records; `matched`/`unmatched` pair the recorded messages only).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sampled_out: u64,
     pub warnings: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSummary {
@@ -102,6 +110,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
     let mut in_flight = Vec::new();
     let mut dropped = Dropped::default();
     let mut unfinished = Vec::new();
+    let mut sampled_out = 0;
 
     for proc in &job.processes {
         ranks.insert(proc.header.rank);
@@ -189,6 +198,28 @@ pub fn summarize(job: &JobTrace) -> Summary {
                         _ => {}
                     }
                 }
+                Record::Skip(k) => {
+                    sampled_out += k.calls;
+                    let cs = comm_entry(&mut comms, k.comm_id);
+                    let op = k.op();
+                    *cs.ops.entry(op.name().to_owned()).or_default() += k.calls;
+                    *cs.bytes.entry(op.name().to_owned()).or_default() += k.bytes;
+                    if !cs.ranks.contains(&k.rank) {
+                        cs.ranks.push(k.rank);
+                    }
+                    if cs.size == 0 {
+                        cs.size = k.comm_size;
+                    }
+                    match op {
+                        Op::Send => p2p.send += k.calls,
+                        Op::Recv => p2p.recv += k.calls,
+                        Op::Sendrecv => {
+                            p2p.send += k.calls;
+                            p2p.recv += k.calls;
+                        }
+                        _ => {}
+                    }
+                }
                 Record::Enter(c) if !completed.contains(&(c.comm_id, c.t_enter)) => {
                     let op = c.op();
                     in_flight.push(InFlight {
@@ -235,6 +266,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
         in_flight,
         dropped,
         unfinished_ranks: unfinished,
+        sampled_out,
         warnings: job.warnings.clone(),
     }
 }
@@ -308,6 +340,13 @@ pub fn render_text(s: &Summary) -> String {
             o,
             "  dropped: {} records (ring full), {} in-flight entries, {} other",
             d.ring_full, d.in_flight_table, d.other
+        );
+    }
+    if s.sampled_out > 0 {
+        let _ = writeln!(
+            o,
+            "  consistent sampling: {} calls left out (counted above through their skip records)",
+            s.sampled_out
         );
     }
     if !s.unfinished_ranks.is_empty() {

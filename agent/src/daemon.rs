@@ -12,7 +12,7 @@
 //! Without a collector (`--trace-dir` only) the agent runs a collector inside itself that
 //! writes the job traces under that directory, so the two modes share one path.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,11 +24,13 @@ use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{
     AgentHello, InFlightEntry, InFlightSnapshot, IngestAck, IngestRequest, ProcessId, RecordBatch,
+    SampleRate,
 };
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::{
     EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record,
 };
+use commscope_wire::sampling::{Rates, Sampler};
 use commscope_wire::shm::{Consumer, Counter, InFlight, LAYOUT_VERSION};
 use tokio::sync::{mpsc, watch};
 
@@ -95,6 +97,8 @@ impl Config {
 #[derive(Debug, Default)]
 pub struct Stats {
     pub records_read: AtomicU64,
+    /// Calls consistent sampling left out (each counted in a `skip` record).
+    pub calls_sampled_out: AtomicU64,
     pub records_acked: AtomicU64,
     pub records_spooled: AtomicU64,
     pub records_refused: AtomicU64,
@@ -301,6 +305,7 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         stats: stats.clone(),
         exits,
         events: ev_tx.clone(),
+        rates: HashMap::new(),
     };
     tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
     log(
@@ -475,6 +480,8 @@ struct Source {
     /// The exit was logged (an exit batch taken back and queued again is not logged twice).
     exit_logged: bool,
     last_snapshot: Option<(Vec<InFlight>, Instant)>,
+    /// Consistent sampling of this process's calls.
+    sampler: Sampler,
 }
 
 enum Origin {
@@ -519,6 +526,8 @@ struct Pump {
     stats: Arc<Stats>,
     exits: ExitWatcher,
     events: mpsc::Sender<Event>,
+    /// Consistent sampling: the collector's rates, per job.
+    rates: HashMap<String, Rates>,
 }
 
 impl Pump {
@@ -675,6 +684,7 @@ impl Pump {
                 exit_done: false,
                 exit_queued: false,
                 exit_logged: false,
+                sampler: Sampler::default(),
                 last_snapshot: None,
             },
         );
@@ -710,7 +720,8 @@ impl Pump {
                     break;
                 };
                 let shm = s.reg.region.shm();
-                let mut bytes = Vec::with_capacity(self.cfg.batch_records.min(1024) * RECORD_SIZE);
+                let mut bytes: Vec<u8> =
+                    Vec::with_capacity(self.cfg.batch_records.min(1024) * RECORD_SIZE);
                 let from = s.read_pos;
                 let end =
                     shm.read_from(from, self.cfg.batch_records, |r| bytes.extend_from_slice(r));
@@ -723,7 +734,19 @@ impl Pump {
                     }
                     break;
                 }
+                // Ring records consumed (what a rewind gives back), whatever sampling keeps.
                 let n = (bytes.len() / RECORD_SIZE) as u64;
+                let rates = self.rates.get(&s.process.job).filter(|r| !r.is_empty());
+                // (Sampling just stopped: what it still holds goes out as its calls age.)
+                if rates.is_some() || s.sampler.has_open() {
+                    let none = Rates::default();
+                    let mut kept = Vec::with_capacity(bytes.len());
+                    let f = s.sampler.filter(rates.unwrap_or(&none), &bytes, &mut kept);
+                    self.stats
+                        .calls_sampled_out
+                        .fetch_add(f.left_out, Ordering::Relaxed);
+                    bytes = kept;
+                }
                 let first = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
                 s.read_pos = end;
                 s.batches.push_back((end, false));
@@ -849,6 +872,8 @@ impl Pump {
                         if let Some(s) = self.sources.get_mut(&source) {
                             s.batches.retain(|(e, _)| *e <= start);
                             s.read_pos = s.read_pos.min(start);
+                            // The records are read again: sampling starts over on them.
+                            s.sampler = Sampler::default();
                             if had_exit {
                                 s.exit_queued = false;
                             }
@@ -978,6 +1003,11 @@ impl Pump {
         if !ack.probes.is_empty() {
             self.probe(&ack.probes);
         }
+        if ack.rates_update {
+            // Not an acknowledgement: the sampling rates of this node's communicators.
+            self.set_rates(&ack.rates);
+            return;
+        }
         let Some((out, t1)) = self.pending.remove(&ack.batch_id) else {
             return;
         };
@@ -1008,6 +1038,45 @@ impl Pump {
             self.done(out);
         }
         self.flush();
+    }
+
+    /// Applies the collector's rates (the node's whole list): communicators not in it keep
+    /// everything from now on.
+    fn set_rates(&mut self, rates: &[SampleRate]) {
+        let mut listed: HashMap<&str, Vec<&SampleRate>> = HashMap::new();
+        for r in rates {
+            listed.entry(r.job.as_str()).or_default().push(r);
+        }
+        for (job, table) in &mut self.rates {
+            let keep: std::collections::HashSet<u64> = listed
+                .get(job.as_str())
+                .map(|v| v.iter().map(|r| r.comm_id).collect())
+                .unwrap_or_default();
+            let gone: Vec<u64> = table
+                .iter()
+                .filter(|(c, _)| !keep.contains(c))
+                .map(|(c, _)| c)
+                .collect();
+            for c in gone {
+                table.set(c, 1, 0);
+            }
+        }
+        let mut sampled = 0;
+        for (job, list) in listed {
+            let table = self.rates.entry(job.to_owned()).or_default();
+            for r in list {
+                table.set(r.comm_id, r.modulus, r.from_seq);
+                sampled += usize::from(r.modulus > 1);
+            }
+        }
+        self.rates.retain(|_, t| !t.is_empty());
+        log(
+            &self.cfg,
+            format_args!(
+                "consistent sampling: {sampled} communicator{} sampled now",
+                if sampled == 1 { "" } else { "s" }
+            ),
+        );
     }
 
     /// Puts a batch back into the queue at its place in creation order.
@@ -1100,6 +1169,11 @@ impl Pump {
                 ),
             );
         }
+        // Left-out calls still held by sampling go first.
+        let mut records = Vec::new();
+        let skips = s.sampler.flush(&mut records);
+        records.extend_from_slice(&beat.encode());
+        records.extend_from_slice(&rec.encode());
         self.next_order += 1;
         let out = Outgoing {
             order: self.next_order,
@@ -1107,13 +1181,13 @@ impl Pump {
                 process: Some(s.process.clone()),
                 first_rec_seq: head + 1,
                 record_size: RECORD_SIZE as u32,
-                records: [beat.encode(), rec.encode()].concat(),
+                records,
                 clock_offset_ns: None,
                 clock_error_ns: 0,
                 dropped_overrun: shm.counter(Counter::ConsumerOverrun),
             },
             origin: Origin::Exit { source: id },
-            records: 2,
+            records: 2 + skips,
             not_before: None,
         };
         // In ring order: behind the process's last batches (the queue is flushed, or spooled,

@@ -60,6 +60,12 @@ pub fn render(s: &Stats, node: &str) -> String {
         c(&s.records_read),
     );
     one(
+        "commscope_agent_calls_sampled_out_total",
+        "counter",
+        "Calls consistent sampling left out (each counted in a skip record sent instead).",
+        c(&s.calls_sampled_out),
+    );
+    one(
         "commscope_agent_records_acked_total",
         "counter",
         "Records the collector acknowledged as durable.",

@@ -60,6 +60,14 @@ pub fn slow_rank_view(
 ) -> Vec<(i32, f64, f64, f64, f64)> {
     let mut det = Detectors::new("", tuning.clone());
     feed_in_time_order(processes, &mut det, |_, _| {});
+    if std::env::var_os("COMMSCOPE_EXPLAIN_CADENCE").is_some() {
+        for (c, o, n, a, b) in det.debug_cadence() {
+            eprintln!(
+                "cadence: comm {c:#x} op {o}: {n} instances from {a:.3} to {b:.3} s (period {:.3} s)",
+                (b - a) / (n.max(2) - 1) as f64
+            );
+        }
+    }
     det.debug_ranks()
 }
 
@@ -76,6 +84,7 @@ fn feed_in_time_order(
         for (ri, r) in p.records.iter().enumerate() {
             let t = match r {
                 Record::Call(c) => real_time(p, c.t_exit, c.clock()),
+                Record::Skip(k) => real_time(p, k.t_last, Clock::HostMono),
                 Record::Process(x) if x.event == ProcessEvent::Step => {
                     real_time(p, x.t_mono, Clock::HostMono)
                 }
@@ -89,6 +98,7 @@ fn feed_in_time_order(
         tick(det, t);
         match &processes[pi as usize].records[ri as usize] {
             Record::Call(c) => det.call(c, t),
+            Record::Skip(k) => det.skip(k, t),
             Record::Process(x) => det.step_marker(x.rank, x.step, t),
             _ => {}
         }
@@ -132,6 +142,8 @@ struct Stuck {
     peer: i32,
     tag: i32,
     age_ns: u64,
+    /// When it entered, realtime ns (0: not known).
+    enter_real: u64,
 }
 
 #[derive(Debug, Default)]
@@ -200,6 +212,8 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
             ..Default::default()
         };
         let mut last_mono = 0u64;
+        // realtime − monotonic of the process's latest own heartbeat.
+        let mut real_minus_mono: Option<i128> = None;
         let mut enters: BTreeMap<(u64, u64, bool), (commscope_wire::record::Call, bool)> =
             BTreeMap::new();
         for r in &p.records {
@@ -214,6 +228,9 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
                     last_mono = last_mono.max(h.t_mono);
                     if h.flags & flags::AGENT_BEAT == 0 {
                         pr.last_beat_real = pr.last_beat_real.max(h.t_real);
+                        if h.t_real > 0 && h.t_mono > 0 {
+                            real_minus_mono = Some(i128::from(h.t_real) - i128::from(h.t_mono));
+                        }
                     }
                     if h.flags & flags::FINAL != 0 {
                         pr.finalized = true;
@@ -247,6 +264,11 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
                         *e = (*e).max(c.seq + 1);
                     }
                 }
+                // Calls left out by sampling completed too.
+                Record::Skip(k) if !k.op().is_p2p() => {
+                    let e = pr.progress.entry(k.comm_id).or_insert(0);
+                    *e = (*e).max(k.last_seq + 1);
+                }
                 _ => {}
             }
         }
@@ -262,6 +284,8 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
                 peer: c.peer,
                 tag: c.tag,
                 age_ns: last_mono.saturating_sub(c.t_enter),
+                enter_real: real_minus_mono
+                    .map_or(0, |d| (i128::from(c.t_enter) + d).max(0) as u64),
             });
         }
         procs.push(pr);
@@ -289,6 +313,15 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
     // seen) are each their own root.
     const WINDOW: u64 = 50_000_000;
     let first = dead.iter().filter_map(|r| procs[by_rank[r]].exit_at).min();
+    // A job that was already hung (ranks waiting in a call for the hang floor) when its first
+    // process was killed was taken down because it hung: the hang is the finding, not the kills.
+    let hung_before = first.is_some_and(|f| {
+        procs.iter().any(|p| {
+            p.stuck
+                .iter()
+                .any(|s| s.enter_real > 0 && s.enter_real + th.hang_floor_ns <= f)
+        })
+    });
     let dead: BTreeSet<i32> = dead
         .iter()
         .copied()
@@ -296,7 +329,8 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
             let q = &procs[by_rank[r]];
             match (q.exit_at, first) {
                 (Some(t), Some(f)) => {
-                    t <= f + WINDOW
+                    !hung_before
+                        && t <= f + WINDOW
                         && procs.iter().any(|o| {
                             o.rank != *r
                                 && (o.finalized || o.exit_at.is_none_or(|x| x > f + WINDOW))

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::{Op, dtype, flags};
-use commscope_wire::record::Call;
+use commscope_wire::record::{Call, Skip};
 use serde_json::json;
 
 use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
@@ -103,6 +103,8 @@ struct Entry {
     blamed_before_ns: u64,
     shape: Shape,
     blocking: bool,
+    /// Consistent sampling: the instances this one stands for (its modulus).
+    weight: u32,
 }
 
 /// What a member called: op, fixed size, root, datatype — members of an instance must agree.
@@ -166,6 +168,9 @@ struct RankSt {
     node: String,
     /// Time spent inside blocking calls so far (ns, own clock).
     inside_ns: u64,
+    /// Its agent samples its calls: compute is known only where the agent measured it
+    /// ([`flags::COMPUTE_KNOWN`]); time inside left-out calls is not seen here.
+    sampled: bool,
     /// comm → (t_exit, inside_ns after it) of the previous blocking call on it.
     last_on_comm: HashMap<u64, (u64, u64, u64)>,
     /// Blame given to this rank so far (ns, undecayed).
@@ -173,6 +178,11 @@ struct RankSt {
     /// Decayed blame (seconds others waited for this rank's own compute), decayed late count,
     /// decayed count of judged instances, at time `at_s`.
     blame_s: f64,
+    /// The largest single instance's blame, decayed alike: left out of the share, so one
+    /// hiccup never makes a slow rank by itself; with sampling (each instance weighted by its
+    /// modulus) the second largest too.
+    max_obs_s: f64,
+    max2_obs_s: f64,
     late: f64,
     judged: f64,
     at_s: f64,
@@ -190,6 +200,8 @@ impl RankSt {
         if t > self.at_s {
             let k = (-(t - self.at_s) / tau).exp();
             self.blame_s *= k;
+            self.max_obs_s *= k;
+            self.max2_obs_s *= k;
             self.late *= k;
             self.judged *= k;
             for v in self.per_comm.values_mut() {
@@ -369,10 +381,23 @@ impl Detectors {
         let op = c.op();
         let blocking = c.flags & (flags::NONBLOCKING | flags::PERSISTENT | flags::UNTRACKED) == 0;
         let r = self.ranks.entry(c.rank).or_default();
+        r.sampled |= c.sample_shift > 0 || c.flags & flags::COMPUTE_KNOWN != 0;
         // Own compute since the previous blocking call on this communicator.
         let mut compute = None;
         let mut blamed_before = 0;
-        if blocking {
+        if r.sampled {
+            // Measured by the agent over every call, kept or not.
+            if c.flags & flags::COMPUTE_KNOWN != 0 {
+                compute = Some(c.op_seq2);
+            }
+            if let Some(&(_, _, blamed)) = r.last_on_comm.get(&c.comm_id) {
+                blamed_before = blamed;
+            }
+            if r.last_on_comm.len() >= 1024 && !r.last_on_comm.contains_key(&c.comm_id) {
+                r.last_on_comm.clear();
+            }
+            r.last_on_comm.insert(c.comm_id, (c.t_exit, 0, r.blamed_ns));
+        } else if blocking {
             if let Some(&(t_exit, inside, blamed)) = r.last_on_comm.get(&c.comm_id) {
                 blamed_before = blamed;
                 let span = c.t_enter.saturating_sub(t_exit);
@@ -421,6 +446,7 @@ impl Detectors {
             blamed_before_ns: blamed_before,
             shape: Shape::of(op, c.bytes, c.peer, c.dtype, c.flags),
             blocking,
+            weight: c.sample_modulus() as u32,
         });
         if p.entries.len() >= p.size {
             let p = self.pending.remove(&key).expect("present");
@@ -439,6 +465,17 @@ impl Detectors {
             let pending = &self.pending;
             self.pending_order.retain(|k| pending.contains_key(k));
         }
+    }
+
+    /// Calls of `rank` that consistent sampling left out (a `skip` record): from now on its
+    /// compute comes from its agent. (The step cadence counts each kept instance as the
+    /// instances it stands for, so skips, which arrive late, add nothing to it.)
+    pub fn skip(&mut self, k: &Skip, now_ns: u64) {
+        let now = now_ns as f64 / 1e9;
+        if now > self.now_s {
+            self.now_s = now;
+        }
+        self.ranks.entry(k.rank).or_default().sampled = true;
     }
 
     /// Records a mismatch if members called different things.
@@ -473,7 +510,9 @@ impl Detectors {
             .cadence
             .entry((key.0, op as u8))
             .or_insert((0, now, now));
-        cad.0 += 1;
+        // An instance kept under modulus K stands for K of them.
+        let weight = p.entries.iter().map(|e| e.weight).max().unwrap_or(1).max(1);
+        cad.0 += u64::from(weight);
         cad.2 = now;
         if !op.is_synchronizing() || p.entries.iter().any(|e| !e.blocking) || p.size < 2 {
             return;
@@ -500,19 +539,29 @@ impl Detectors {
                         .saturating_sub(c_med)
                         .saturating_sub(already),
                 );
+                let w = f64::from(weight);
                 r.decay_to(now, tau);
                 r.first_s.get_or_insert(now);
-                r.judged += 1.0;
+                r.judged += w;
                 if r.per_comm.len() >= 64 && !r.per_comm.contains_key(&key.0) {
                     r.per_comm.retain(|_, v| v.1 >= 0.5);
                 }
                 let pc = r.per_comm.entry(key.0).or_default();
-                pc.1 += 1.0;
+                pc.1 += w;
                 if own >= min_ex {
-                    pc.0 += 1.0;
-                    r.blamed_ns += own;
-                    let s = own as f64 / 1e9;
+                    pc.0 += w;
+                    // The wait it caused, for every instance this one stands for; lateness
+                    // itself is counted as seen: repetition needs as many late instances
+                    // sampled or not (the single largest blame is left out of the share).
+                    r.blamed_ns += own * u64::from(weight);
+                    let s = own as f64 / 1e9 * w;
                     r.blame_s += s;
+                    if s > r.max_obs_s {
+                        r.max2_obs_s = r.max_obs_s;
+                        r.max_obs_s = s;
+                    } else if s > r.max2_obs_s {
+                        r.max2_obs_s = s;
+                    }
                     r.late += 1.0;
                     r.total_blame_s += s;
                     r.total_late += 1;
@@ -561,7 +610,8 @@ impl Detectors {
             Some(f) => tau * (1.0 - (-(self.now_s - f).max(tau / 2.0) / tau).exp()),
             None => tau,
         };
-        r.blame_s * k / covered
+        let outliers = r.max_obs_s + if r.sampled { r.max2_obs_s } else { 0.0 };
+        (r.blame_s - outliers).max(0.0) * k / covered
     }
 
     fn late_now(&self, r: &RankSt) -> f64 {
@@ -733,8 +783,10 @@ impl Detectors {
                 .unwrap_or_default()
         };
         let mut node_ranks: HashMap<String, usize> = HashMap::new();
-        for st in self.ranks.values() {
+        let mut node_members: HashMap<String, Vec<i32>> = HashMap::new();
+        for (r, st) in &self.ranks {
             *node_ranks.entry(st.node.clone()).or_default() += 1;
+            node_members.entry(st.node.clone()).or_default().push(*r);
         }
         // Per node: ranks above the lower threshold, and whether one is above the upper one.
         let mut by_node: BTreeMap<String, (Vec<i32>, bool)> = BTreeMap::new();
@@ -749,6 +801,10 @@ impl Detectors {
             let on_node = node_ranks.get(&node).copied().unwrap_or(0);
             let is_node = !node.is_empty() && lows.len() >= 2 && 2 * lows.len() >= on_node;
             if is_node {
+                // Half the node or more is slow: the node is, with all its ranks (the rest are
+                // slow too, only less visibly: their waits fall on the others' instances).
+                let mut lows = node_members.get(&node).cloned().unwrap_or(lows);
+                lows.sort_unstable();
                 // A slow node: one finding. It takes over open single-rank findings on the
                 // node (keeping the first one's id) once a rank crosses the upper threshold.
                 let existing = open
@@ -982,7 +1038,8 @@ impl Detectors {
             )
         };
         out.push(Finding {
-            id: finding_id(Kind::DegradedCollective, &self.job, single, &[], None),
+            // One finding per job: its id stays when more communicators join it.
+            id: finding_id(Kind::DegradedCollective, &self.job, None, &[], None),
             kind: Kind::DegradedCollective,
             class: Class::CommunicationSlow,
             state: State::Open,
@@ -1173,6 +1230,17 @@ impl Detectors {
             })
             .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    /// Per (communicator, op): (instances counted, first and last time) — the step cadence.
+    pub fn debug_cadence(&self) -> Vec<(u64, u8, u64, f64, f64)> {
+        let mut v: Vec<_> = self
+            .cadence
+            .iter()
+            .map(|((c, o), (n, a, b))| (*c, *o, *n, *a, *b))
+            .collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.2));
         v
     }
 }

@@ -114,6 +114,45 @@ impl Ingest for IngestService {
             }
         });
 
+        // Sampling rates: the node's, whenever they change (not behind acknowledgements, which
+        // wait for storage).
+        let rate_acks = ack_tx.clone();
+        let rate_node = node.clone();
+        let mut rates_rx = shared.rates.subscribe();
+        tokio::spawn(async move {
+            // The node is known after the hello.
+            let n = loop {
+                if let Some(n) = rate_node.get() {
+                    break n.clone();
+                }
+                if rate_acks.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            };
+            let mut sent_any = false;
+            loop {
+                let rates = rates_rx.borrow_and_update().get(&n).cloned();
+                if rates.is_some() || sent_any {
+                    sent_any = true;
+                    let msg = IngestAck {
+                        batch_id: 0,
+                        durable: true,
+                        collector_send_ns: now_ns(),
+                        rates: rates.unwrap_or_default(),
+                        rates_update: true,
+                        ..Default::default()
+                    };
+                    if rate_acks.send(Ok(msg)).await.is_err() {
+                        return;
+                    }
+                }
+                if rates_rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+
         // Reader: checks each request and queues its work.
         tokio::spawn(async move {
             let mut peer = Peer {

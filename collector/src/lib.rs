@@ -14,6 +14,7 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod query;
+pub mod sampling;
 pub mod state;
 pub mod store;
 
@@ -56,6 +57,11 @@ pub struct Config {
     pub log: bool,
     /// A collective in flight this long while members have not entered it is a hang.
     pub hang_floor: Duration,
+    /// Consistent sampling: calls per second (all jobs) the collector takes in full; above it,
+    /// busy communicators are sampled.
+    pub sample_budget: u64,
+    /// Consistent sampling: this modulus on every communicator, whatever the load.
+    pub sample_modulus: Option<u32>,
 }
 
 impl Config {
@@ -74,6 +80,8 @@ impl Config {
             limits: Limits::default(),
             log: true,
             hang_floor: Duration::from_secs(5),
+            sample_budget: 150_000,
+            sample_modulus: None,
         }
     }
 }
@@ -123,6 +131,10 @@ pub struct Shared {
     /// process asked about so far (each at most once).
     pub probes: Mutex<HashMap<String, Vec<commscope_wire::grpc::ProbeRequest>>>,
     pub probed: Mutex<std::collections::HashSet<(String, u32, u64)>>,
+    /// Consistent sampling: the policy, and the rates per node it last set (each agent stream
+    /// sends its node's when they change).
+    pub sampling: Mutex<sampling::Policy>,
+    pub rates: tokio::sync::watch::Sender<Arc<sampling::ByNode>>,
 }
 
 impl Shared {
@@ -248,6 +260,8 @@ pub async fn start(config: Config) -> Result<Running> {
         findings: Mutex::new(findings::Engine::new(config.hang_floor)),
         probes: Mutex::new(HashMap::new()),
         probed: Mutex::new(std::collections::HashSet::new()),
+        sampling: Mutex::new(sampling::Policy::default()),
+        rates: tokio::sync::watch::channel(Arc::default()).0,
     });
     for w in &recovered.warnings {
         shared.log(format_args!("recovery: {w}"));
@@ -303,6 +317,8 @@ pub async fn start(config: Config) -> Result<Running> {
     let sh = shared.clone();
     let mut r3 = rx.clone();
     tasks.push(tokio::spawn(async move {
+        let mut ticks = 0u64;
+        let mut last_sampling = std::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -340,6 +356,32 @@ pub async fn start(config: Config) -> Result<Running> {
                         f.kind.name(),
                         ranks_list(&f.ranks)
                     )),
+                }
+            }
+            ticks += 1;
+            if ticks.is_multiple_of(2) {
+                let now = std::time::Instant::now();
+                let dt = now.duration_since(last_sampling).as_secs_f64();
+                last_sampling = now;
+                let changed = {
+                    let mut st = sh.lock_state();
+                    sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
+                        &mut st,
+                        sh.config.sample_budget as f64,
+                        sh.config.sample_modulus,
+                        dt,
+                    )
+                };
+                if let Some(rates) = changed {
+                    let (g, offered) = {
+                        let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
+                        (p.factor, p.offered)
+                    };
+                    sh.log(format_args!(
+                        "consistent sampling: {offered:.0} calls/s offered (budget {}); busy communicators keep 1 instance in {g}",
+                        sh.config.sample_budget
+                    ));
+                    sh.rates.send_replace(rates);
                 }
             }
             let gone = sh.lock_state().release_ended();

@@ -267,6 +267,27 @@ pub fn render(s: &Shared) -> String {
         "commscope_collector_jobs_released_total {}",
         state.released + state.evicted
     );
+    {
+        let p = s.sampling.lock().unwrap_or_else(|p| p.into_inner());
+        family(
+            &mut o,
+            "commscope_collector_sample_factor",
+            "gauge",
+            "Consistent sampling: busy communicators keep 1 instance in this many (1: everything kept).",
+        );
+        let _ = writeln!(o, "commscope_collector_sample_factor {}", p.factor.max(1));
+        family(
+            &mut o,
+            "commscope_collector_calls_offered_per_second",
+            "gauge",
+            "Consistent sampling: calls per second the running jobs make (kept and left out), at the last policy tick.",
+        );
+        let _ = writeln!(
+            o,
+            "commscope_collector_calls_offered_per_second {:.0}",
+            p.offered
+        );
+    }
 
     let mut jobs: Vec<_> = state.jobs.values().collect();
     jobs.sort_by(|a, b| a.job.cmp(&b.job));
@@ -296,6 +317,34 @@ pub fn render(s: &Shared) -> String {
             "commscope_job_records_total{{job_id=\"{}\"}} {}",
             esc(&j.job),
             j.records
+        );
+    }
+    family(
+        &mut o,
+        "commscope_job_calls_sampled_out_total",
+        "counter",
+        "Calls of the job that consistent sampling left out (counted through skip records).",
+    );
+    for j in &jobs {
+        let _ = writeln!(
+            o,
+            "commscope_job_calls_sampled_out_total{{job_id=\"{}\"}} {}",
+            esc(&j.job),
+            j.sampled_out
+        );
+    }
+    family(
+        &mut o,
+        "commscope_job_sampled_comms",
+        "gauge",
+        "Communicators of the job sampled now (modulus above 1).",
+    );
+    for j in &jobs {
+        let _ = writeln!(
+            o,
+            "commscope_job_sampled_comms{{job_id=\"{}\"}} {}",
+            esc(&j.job),
+            j.sampled_comms
         );
     }
     family(

@@ -209,6 +209,8 @@ pub struct CommInfo {
     pub p2p_sends: u64,
     pub p2p_recvs: u64,
     pub local_id: bool,
+    /// Consistent sampling: the modulus its latest skip was left out under (1: none).
+    pub modulus: u32,
 }
 
 /// One job.
@@ -227,6 +229,10 @@ pub struct JobState {
     last_touch: Instant,
     /// The instance detectors (slow-rank, degraded-collective, mismatch, comm-error).
     pub detectors: Detectors,
+    /// Consistent sampling: calls left out by agents (counted in their skips), communicators
+    /// sampled now.
+    pub sampled_out: u64,
+    pub sampled_comms: u64,
 }
 
 impl JobState {
@@ -244,6 +250,8 @@ impl JobState {
             ended: None,
             last_touch: Instant::now(),
             detectors: Detectors::new(job, Tuning::default()),
+            sampled_out: 0,
+            sampled_comms: 0,
         }
     }
 
@@ -494,6 +502,38 @@ impl State {
                     if c.flags & flags::LOCAL_COMM_ID != 0 {
                         comm.local_id = true;
                     }
+                }
+                Record::Skip(k) => {
+                    calls += k.calls;
+                    job.sampled_out += k.calls;
+                    job.detectors.skip(k, now);
+                    if job.comms.len() >= max_comms && !job.comms.contains_key(&k.comm_id) {
+                        job.comms_dropped += 1;
+                        continue;
+                    }
+                    let comm = job.comms.entry(k.comm_id).or_default();
+                    if k.comm_size > 0 {
+                        comm.size = k.comm_size;
+                    }
+                    comm.modulus = k.modulus;
+                    let op = k.op();
+                    if op.is_p2p() {
+                        match op {
+                            Op::Send => comm.p2p_sends += k.calls,
+                            Op::Recv => comm.p2p_recvs += k.calls,
+                            _ => {
+                                comm.p2p_sends += k.calls;
+                                comm.p2p_recvs += k.calls;
+                            }
+                        }
+                    } else {
+                        let p = comm.progress.entry(k.rank).or_insert(0);
+                        *p = (*p).max(k.last_seq + 1);
+                    }
+                    let s = comm.ops.entry(k.op).or_default();
+                    s.calls += k.calls;
+                    s.bytes += k.bytes;
+                    s.duration_sum_s += k.inside_ns as f64 / 1e9;
                 }
                 Record::Comm(c) => {
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {

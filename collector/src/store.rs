@@ -463,7 +463,16 @@ impl Writer {
             }
             match Record::decode(raw) {
                 Ok(r) => {
-                    hw.insert(seq);
+                    match r {
+                        // A skip's span has been sent whole (agents deliver in order).
+                        Record::Skip(k) => {
+                            hw.insert(seq);
+                            if k.from_rec_seq > 0 && k.from_rec_seq <= k.through_rec_seq {
+                                hw.insert_range(k.from_rec_seq, k.through_rec_seq);
+                            }
+                        }
+                        _ => hw.insert(seq),
+                    }
                     block.push(raw);
                     out.accepted.push(r);
                 }

@@ -11,7 +11,7 @@
 //! milliseconds, for the accuracy benchmark) or step by step in real time (`commscope simulate`,
 //! which streams the records to a collector as the nodes' agents would).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use commscope_analyzer::finding::Kind;
 use commscope_wire::cst::Header;
@@ -19,8 +19,10 @@ use commscope_wire::hash::Hasher;
 use commscope_wire::op::{Clock, Op, dtype, flags};
 use commscope_wire::parquet::ProcessTrace;
 use commscope_wire::record::{
-    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, Record,
+    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE,
+    Record,
 };
+use commscope_wire::sampling::{Rates, Sampler};
 
 /// A small deterministic generator (splitmix64).
 #[derive(Clone, Debug)]
@@ -180,6 +182,9 @@ pub struct Spec {
     pub degrade_factor: f64,
     /// Seconds the job stays up after every rank stopped progressing.
     pub tail_s: f64,
+    /// Consistent sampling from the start: every communicator at this modulus (1: none), as
+    /// agents told so by the collector would apply it.
+    pub sample_modulus: u32,
 }
 
 impl Default for Spec {
@@ -200,6 +205,7 @@ impl Default for Spec {
             slow_factor: 1.5,
             degrade_factor: 4.0,
             tail_s: 12.0,
+            sample_modulus: 1,
         }
     }
 }
@@ -384,6 +390,11 @@ pub struct Sim {
     sends: HashMap<(usize, usize, usize, bool), u64>,
     /// Comm ids per rank: world, tp, dp, pp.
     comm_ids: Vec<[u64; 4]>,
+    /// Consistent sampling, as each node's agent applies it: rates per node, a sampler per rank.
+    rates: Vec<Rates>,
+    samplers: Vec<Sampler>,
+    /// Calls left out so far.
+    pub sampled_out: u64,
 }
 
 fn comm_id(kind: &str, a: usize, b: usize) -> u64 {
@@ -452,8 +463,19 @@ impl Sim {
             slow,
             sends: HashMap::new(),
             comm_ids,
+            rates: vec![Rates::default(); topo.nodes],
+            samplers: (0..n).map(|_| Sampler::default()).collect(),
+            sampled_out: 0,
             spec,
         };
+        if sim.spec.sample_modulus > 1 {
+            let ids: BTreeSet<u64> = sim.comm_ids.iter().flatten().copied().collect();
+            for rates in &mut sim.rates {
+                for id in &ids {
+                    rates.set(*id, sim.spec.sample_modulus, 0);
+                }
+            }
+        }
         sim.prologue();
         Ok(sim)
     }
@@ -560,12 +582,7 @@ impl Sim {
     fn push_raw(&mut self, r: usize, mut rec: Record) {
         self.rec_seq[r] += 1;
         let s = self.rec_seq[r];
-        match &mut rec {
-            Record::Call(c) | Record::Enter(c) => c.rec_seq = s,
-            Record::Comm(c) => c.rec_seq = s,
-            Record::Heartbeat(h) => h.rec_seq = s,
-            Record::Process(p) => p.rec_seq = s,
-        }
+        rec.set_rec_seq(s);
         self.out[r].push(rec);
     }
 
@@ -596,9 +613,51 @@ impl Sim {
         }
     }
 
-    /// Takes the records produced so far for rank `r`.
+    /// Takes the records produced so far for rank `r`, sampled as its node's agent would.
     pub fn take(&mut self, r: usize) -> Vec<Record> {
-        std::mem::take(&mut self.out[r])
+        let recs = std::mem::take(&mut self.out[r]);
+        let rates = &self.rates[self.topo.node_of(r)];
+        if rates.is_empty() || recs.is_empty() {
+            return recs;
+        }
+        let raw: Vec<u8> = recs.iter().flat_map(|x| x.encode()).collect();
+        let mut out = Vec::with_capacity(raw.len());
+        let f = self.samplers[r].filter(rates, &raw, &mut out);
+        self.sampled_out += f.left_out;
+        out.chunks_exact(RECORD_SIZE)
+            .filter_map(|c| Record::decode(c.try_into().ok()?).ok())
+            .collect()
+    }
+
+    /// A rate from the collector, as node `node`'s agent received it.
+    pub fn set_rate(&mut self, node: usize, comm: u64, modulus: u32, from_seq: u64) {
+        if let Some(r) = self.rates.get_mut(node) {
+            r.set(comm, modulus, from_seq);
+        }
+    }
+
+    /// Node `node`'s agent got the collector's whole list of rates `(comm, modulus, from_seq)`:
+    /// communicators not in it keep everything from now on.
+    pub fn replace_rates(&mut self, node: usize, list: &[(u64, u32, u64)]) {
+        let Some(table) = self.rates.get_mut(node) else {
+            return;
+        };
+        let gone: Vec<u64> = table
+            .iter()
+            .map(|(c, _)| c)
+            .filter(|c| !list.iter().any(|l| l.0 == *c))
+            .collect();
+        for c in gone {
+            table.set(c, 1, 0);
+        }
+        for &(c, k, from) in list {
+            table.set(c, k, from);
+        }
+    }
+
+    /// Every communicator id of the job.
+    pub fn comm_ids(&self) -> BTreeSet<u64> {
+        self.comm_ids.iter().flatten().copied().collect()
     }
 
     /// The call rank `r` is blocked in, if any.

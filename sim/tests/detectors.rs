@@ -67,3 +67,61 @@ fn a_straggler_is_told_apart_from_the_ranks_that_wait_for_it() {
         "{f:#?}"
     );
 }
+
+fn sampled_findings(
+    faults: Vec<Fault>,
+    seed: u64,
+    modulus: u32,
+) -> Vec<commscope_analyzer::Finding> {
+    let spec = Spec {
+        job: "s".into(),
+        ranks: 64,
+        steps: 90,
+        seed,
+        faults,
+        sample_modulus: modulus,
+        ..Default::default()
+    };
+    let traces = run_virtual(spec).expect("simulate");
+    // Sampling really left calls out, and said so in skip records.
+    let skipped: u64 = traces
+        .iter()
+        .flat_map(|t| &t.records)
+        .filter_map(|r| match r {
+            commscope_wire::record::Record::Skip(k) => Some(k.calls),
+            _ => None,
+        })
+        .sum();
+    assert!(skipped > 0, "nothing was sampled out");
+    commscope_analyzer::analyze("s", &traces, &Default::default())
+}
+
+#[test]
+fn detectors_stay_exact_under_consistent_sampling() {
+    // One instance in four kept on every communicator (skips for the rest), a longer job so
+    // that as many instances are seen: the same verdicts as without sampling.
+    for (i, token) in [
+        "straggler:13",
+        "slow-node:node-002",
+        "hang:21:40",
+        "dead:7:50",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let fault = Fault::parse(token).expect("token");
+        let want = expected(&fault, 64, 8).expect("expected");
+        let got = sampled_findings(vec![fault], 300 + i as u64, 4);
+        let shown: Vec<String> = got
+            .iter()
+            .map(|f| format!("{} {:?}: {}", f.kind.name(), f.ranks, f.summary))
+            .collect();
+        assert_eq!(got.len(), 1, "{token}: {shown:#?}");
+        assert_eq!(got[0].kind, want.kind, "{token}: {shown:#?}");
+        assert_eq!(got[0].ranks, want.ranks, "{token}: {shown:#?}");
+    }
+    for seed in 1..=3 {
+        let got = sampled_findings(vec![], seed, 4);
+        assert!(got.is_empty(), "healthy, seed {seed}: {got:#?}");
+    }
+}

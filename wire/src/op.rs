@@ -256,6 +256,10 @@ pub mod flags {
     pub const REQUEST_FREED: u16 = 1 << 13;
     /// `MPI_Reduce_scatter_block` (as opposed to `MPI_Reduce_scatter` with counts).
     pub const BLOCK_VARIANT: u16 = 1 << 14;
+    /// Set by the node agent on a collective it kept while sampling: `op_seq2` holds the rank's
+    /// own compute time (ns) since its previous call on the communicator (wall time between the
+    /// two minus its time inside every blocking call in between, kept or left out).
+    pub const COMPUTE_KNOWN: u16 = 1 << 15;
 
     /// Heartbeat: the last heartbeat of a process that shut down cleanly.
     pub const FINAL: u16 = 1 << 0;

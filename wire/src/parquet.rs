@@ -145,6 +145,14 @@ pub fn schema() -> SchemaRef {
         i32f("exit_status", true),
         i32f("signal", true),
         u64f("step", true),
+        // consistent sampling: call (its weight) and skip
+        Field::new("sample_modulus", DataType::UInt32, true),
+        // skip
+        u64f("skip_calls", true),
+        u64f("skip_first_seq", true),
+        u64f("skip_inside_ns", true),
+        u64f("skip_from_rec_seq", true),
+        u64f("skip_through_rec_seq", true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -202,6 +210,12 @@ struct Columns {
     exit_status: Int32Builder,
     signal: Int32Builder,
     step: UInt64Builder,
+    sample_modulus: UInt32Builder,
+    skip_calls: UInt64Builder,
+    skip_first_seq: UInt64Builder,
+    skip_inside_ns: UInt64Builder,
+    skip_from_rec_seq: UInt64Builder,
+    skip_through_rec_seq: UInt64Builder,
     rows: usize,
     /// The last communicator id and its printed form (rows of a process mostly repeat it).
     comm_text: (u64, String),
@@ -240,16 +254,26 @@ impl Columns {
         } else {
             None
         };
+        let skip = if let Record::Skip(k) = r {
+            Some(k)
+        } else {
+            None
+        };
         let flags = match r {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
             Record::Heartbeat(b) => b.flags,
             Record::Process(p) => p.flags,
+            Record::Skip(k) => k.flags,
         };
         self.flags.append_value(u32::from(flags));
-        self.op.append_option(call.map(|c| c.op().name()));
+        self.op
+            .append_option(call.map(|c| c.op().name()).or(skip.map(|k| k.op().name())));
         self.status.append_option(call.map(|c| c.status));
-        let comm_id = call.map(|c| c.comm_id).or(comm.map(|c| c.comm_id));
+        let comm_id = call
+            .map(|c| c.comm_id)
+            .or(comm.map(|c| c.comm_id))
+            .or(skip.map(|k| k.comm_id));
         self.comm_id.append_option(comm_id);
         match comm_id {
             Some(id) => {
@@ -260,9 +284,11 @@ impl Columns {
             }
             None => self.comm.append_null(),
         }
-        self.seq.append_option(call.map(|c| c.seq));
+        self.seq
+            .append_option(call.map(|c| c.seq).or(skip.map(|k| k.last_seq)));
         self.op_seq.append_option(call.map(|c| c.op_seq));
-        self.bytes.append_option(call.map(|c| c.bytes));
+        self.bytes
+            .append_option(call.map(|c| c.bytes).or(skip.map(|k| k.bytes)));
         self.count.append_option(call.map(|c| c.count));
         self.dtype.append_option(call.map(|c| dtype::name(c.dtype)));
         self.peer.append_option(call.map(|c| c.peer));
@@ -270,10 +296,12 @@ impl Columns {
         self.peer2.append_option(call.map(|c| c.peer2));
         self.tag2.append_option(call.map(|c| c.tag2));
         self.op_seq2.append_option(call.map(|c| c.op_seq2));
-        self.t_enter.append_option(call.map(|c| c.t_enter));
+        self.t_enter
+            .append_option(call.map(|c| c.t_enter).or(skip.map(|k| k.t_first)));
         self.t_exit.append_option(
             call.filter(|_| matches!(r, Record::Call(_)))
-                .map(|c| c.t_exit),
+                .map(|c| c.t_exit)
+                .or(skip.map(|k| k.t_last)),
         );
         self.gpu_start
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
@@ -282,10 +310,16 @@ impl Columns {
         self.clock.append_option(call.map(|c| c.clock().name()));
         self.offset.append_option(clock.map(|c| c.offset_ns));
         self.error.append_option(clock.map(|c| c.error_ns));
-        self.comm_rank
-            .append_option(call.map(|c| c.comm_rank).or(comm.map(|c| c.comm_rank)));
-        self.comm_size
-            .append_option(call.map(|c| c.comm_size).or(comm.map(|c| c.size)));
+        self.comm_rank.append_option(
+            call.map(|c| c.comm_rank)
+                .or(comm.map(|c| c.comm_rank))
+                .or(skip.map(|k| k.comm_rank)),
+        );
+        self.comm_size.append_option(
+            call.map(|c| c.comm_size)
+                .or(comm.map(|c| c.size))
+                .or(skip.map(|k| k.comm_size)),
+        );
         self.event.append_option(
             comm.map(|c| match c.event {
                 CommEvent::Created => "created",
@@ -325,6 +359,18 @@ impl Columns {
             .append_option(pr.filter(|p| p.signal != 0).map(|p| p.signal));
         self.step
             .append_option(pr.filter(|p| p.event == ProcessEvent::Step).map(|p| p.step));
+        self.sample_modulus.append_option(
+            call.filter(|_| matches!(r, Record::Call(_)))
+                .map(|c| c.sample_modulus() as u32)
+                .or(skip.map(|k| k.modulus)),
+        );
+        self.skip_calls.append_option(skip.map(|k| k.calls));
+        self.skip_first_seq.append_option(skip.map(|k| k.first_seq));
+        self.skip_inside_ns.append_option(skip.map(|k| k.inside_ns));
+        self.skip_from_rec_seq
+            .append_option(skip.map(|k| k.from_rec_seq));
+        self.skip_through_rec_seq
+            .append_option(skip.map(|k| k.through_rec_seq));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -379,6 +425,12 @@ impl Columns {
             Arc::new(self.exit_status.finish()),
             Arc::new(self.signal.finish()),
             Arc::new(self.step.finish()),
+            Arc::new(self.sample_modulus.finish()),
+            Arc::new(self.skip_calls.finish()),
+            Arc::new(self.skip_first_seq.finish()),
+            Arc::new(self.skip_inside_ns.finish()),
+            Arc::new(self.skip_from_rec_seq.finish()),
+            Arc::new(self.skip_through_rec_seq.finish()),
         ]
     }
 }
@@ -644,6 +696,13 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let signal = c.get::<Int32Array>("signal", false)?;
         // Written since the step marker exists; older files have no step events.
         let step = c.get::<UInt64Array>("step", false)?;
+        // Written since consistent sampling exists.
+        let sample_modulus = c.get::<UInt32Array>("sample_modulus", false)?;
+        let skip_calls = c.get::<UInt64Array>("skip_calls", false)?;
+        let skip_first_seq = c.get::<UInt64Array>("skip_first_seq", false)?;
+        let skip_inside_ns = c.get::<UInt64Array>("skip_inside_ns", false)?;
+        let skip_from_rec_seq = c.get::<UInt64Array>("skip_from_rec_seq", false)?;
+        let skip_through_rec_seq = c.get::<UInt64Array>("skip_through_rec_seq", false)?;
 
         for i in 0..batch.num_rows() {
             let key = (
@@ -676,6 +735,11 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                 out.len() - 1
             });
             let fl = flags.value(i) as u16;
+            let modulus = |i: usize| {
+                sample_modulus
+                    .filter(|a| !a.is_null(i))
+                    .map_or(1, |a| a.value(i))
+            };
             let call = || Call {
                 rec_seq: rec_seq.value(i),
                 op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
@@ -704,6 +768,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                 peer2: opt_i32(peer2, i, -1),
                 tag2: opt_i32(tag2, i, -1),
                 op_seq2: opt_u64(op_seq2, i),
+                sample_shift: crate::sampling::shift_of(modulus(i)),
             };
             let rec = match kind.value(i) {
                 "call" => Record::Call(call()),
@@ -761,6 +826,25 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     flags: fl,
                     signal: opt_i32(signal, i, 0),
                     step: opt_u64(step, i),
+                }),
+                "skip" => Record::Skip(crate::record::Skip {
+                    rec_seq: rec_seq.value(i),
+                    from_rec_seq: opt_u64(skip_from_rec_seq, i),
+                    through_rec_seq: opt_u64(skip_through_rec_seq, i),
+                    op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                    flags: fl,
+                    comm_id: opt_u64(comm_id, i),
+                    first_seq: opt_u64(skip_first_seq, i),
+                    last_seq: opt_u64(seq, i),
+                    calls: opt_u64(skip_calls, i),
+                    bytes: opt_u64(bytes, i),
+                    inside_ns: opt_u64(skip_inside_ns, i),
+                    t_first: opt_u64(t_enter, i),
+                    t_last: opt_u64(t_exit, i),
+                    rank: rank.value(i),
+                    comm_rank: opt_i32(comm_rank, i, -1),
+                    comm_size: opt_i32(comm_size, i, 0),
+                    modulus: modulus(i),
                 }),
                 _ => {
                     unknown += 1;
@@ -870,6 +954,30 @@ mod tests {
                 signal: 0,
                 step: 41,
             }),
+            Record::Call(Call {
+                rec_seq: 7,
+                sample_shift: 2,
+                ..call
+            }),
+            Record::Skip(crate::record::Skip {
+                rec_seq: 10,
+                from_rec_seq: 8,
+                through_rec_seq: 10,
+                op: Op::Allgather as u8,
+                flags: flags::NONBLOCKING,
+                comm_id: 0xabc,
+                first_seq: 5,
+                last_seq: 7,
+                calls: 3,
+                bytes: 192,
+                inside_ns: 777,
+                t_first: 700,
+                t_last: 900,
+                rank: 2,
+                comm_rank: 1,
+                comm_size: 4,
+                modulus: 4,
+            }),
         ];
         let clock = Some(ClockAlignment {
             offset_ns: -1234,
@@ -886,7 +994,7 @@ mod tests {
             }],
         )
         .expect("write");
-        assert_eq!(n, 6);
+        assert_eq!(n, recs.len() as u64);
         let (back, unknown) = read(&path).expect("read");
         assert_eq!(unknown, 0);
         assert_eq!(back.len(), 1);

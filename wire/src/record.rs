@@ -20,6 +20,7 @@ pub mod kind {
     pub const COMM: u8 = 3;
     pub const HEARTBEAT: u8 = 4;
     pub const PROCESS: u8 = 5;
+    pub const SKIP: u8 = 6;
 }
 
 /// `comm` record events (byte 9).
@@ -113,6 +114,9 @@ pub struct Call {
     pub tag2: i32,
     /// `sendrecv`: the receive direction's p2p sequence.
     pub op_seq2: u64,
+    /// Consistent sampling: the record stands for 2^`sample_shift` calls (the modulus in force
+    /// for its communicator when the agent kept it); 0 when nothing was left out.
+    pub sample_shift: u8,
 }
 
 impl Call {
@@ -129,6 +133,11 @@ impl Call {
     /// Host-side duration in nanoseconds (0 for `enter` records).
     pub fn duration_ns(&self) -> u64 {
         self.t_exit.saturating_sub(self.t_enter)
+    }
+
+    /// The sampling modulus the record was kept under (1: nothing left out).
+    pub fn sample_modulus(&self) -> u64 {
+        1u64 << self.sample_shift.min(32)
     }
 }
 
@@ -251,6 +260,45 @@ pub struct Process {
     pub step: u64,
 }
 
+/// The totals of consecutive calls of one (communicator, op) that consistent sampling left out
+/// (kind `skip`, written by the node agent in their place).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skip {
+    /// The `rec_seq` of the last call it stands for.
+    pub rec_seq: u64,
+    /// Every record of the process from `from_rec_seq` through `through_rec_seq` has been sent
+    /// (kept, or counted in this skip or one sent before it): the receiver marks the span
+    /// delivered. Empty when `from_rec_seq` > `through_rec_seq`.
+    pub from_rec_seq: u64,
+    pub through_rec_seq: u64,
+    pub op: u8,
+    /// [`crate::op::flags::NONBLOCKING`] when any of the calls was not blocking.
+    pub flags: u16,
+    pub comm_id: u64,
+    /// `seq` of the first and last call.
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Number of calls, their bytes, and the time spent inside the blocking ones.
+    pub calls: u64,
+    pub bytes: u64,
+    pub inside_ns: u64,
+    /// `t_enter` of the first call and `t_exit` of the last (host clock of the calls).
+    pub t_first: u64,
+    pub t_last: u64,
+    pub rank: i32,
+    pub comm_rank: i32,
+    pub comm_size: i32,
+    /// The sampling modulus in force.
+    pub modulus: u32,
+}
+
+impl Skip {
+    /// The operation.
+    pub fn op(&self) -> Op {
+        Op::from_code(self.op)
+    }
+}
+
 /// Any decoded record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Record {
@@ -259,6 +307,7 @@ pub enum Record {
     Comm(Comm),
     Heartbeat(Heartbeat),
     Process(Process),
+    Skip(Skip),
 }
 
 impl Record {
@@ -269,6 +318,7 @@ impl Record {
             Record::Comm(c) => c.rec_seq,
             Record::Heartbeat(h) => h.rec_seq,
             Record::Process(p) => p.rec_seq,
+            Record::Skip(k) => k.rec_seq,
         }
     }
 
@@ -279,6 +329,7 @@ impl Record {
             Record::Comm(c) => c.rec_seq = seq,
             Record::Heartbeat(h) => h.rec_seq = seq,
             Record::Process(p) => p.rec_seq = seq,
+            Record::Skip(k) => k.rec_seq = seq,
         }
     }
 
@@ -290,6 +341,7 @@ impl Record {
             Record::Comm(_) => "comm",
             Record::Heartbeat(_) => "heartbeat",
             Record::Process(_) => "process",
+            Record::Skip(_) => "skip",
         }
     }
 
@@ -345,6 +397,26 @@ impl Record {
                 b[60..64].fill(0);
                 put_u64(b, 64, p.step);
                 b[72..128].fill(0);
+            }
+            Record::Skip(k) => {
+                header(b, kind::SKIP, k.op, k.flags, 0);
+                put_u64(b, 16, k.comm_id);
+                put_u64(b, 24, k.last_seq);
+                put_u64(b, 32, k.first_seq);
+                put_u64(b, 40, k.bytes);
+                put_u64(b, 48, k.calls);
+                put_u32(b, 56, k.modulus);
+                b[60..64].fill(0);
+                put_u64(b, 64, k.t_first);
+                put_u64(b, 72, k.t_last);
+                put_u64(b, 80, k.inside_ns);
+                put_u64(b, 88, k.through_rec_seq);
+                put_i32(b, 96, k.rank);
+                put_i32(b, 100, k.comm_rank);
+                put_i32(b, 104, k.comm_size);
+                b[108..112].fill(0);
+                put_u64(b, 112, k.from_rec_seq);
+                b[120..128].fill(0);
             }
         }
     }
@@ -421,6 +493,31 @@ impl Record {
                     step: get_u64(b, 64),
                 }))
             }
+            kind::SKIP => {
+                let calls = get_u64(b, 48);
+                if calls == 0 {
+                    return Err(DecodeError::BadField("skip calls"));
+                }
+                Ok(Record::Skip(Skip {
+                    rec_seq,
+                    from_rec_seq: get_u64(b, 112),
+                    through_rec_seq: get_u64(b, 88),
+                    op: b[9],
+                    flags,
+                    comm_id: get_u64(b, 16),
+                    last_seq: get_u64(b, 24),
+                    first_seq: get_u64(b, 32),
+                    bytes: get_u64(b, 40),
+                    calls,
+                    modulus: get_u32(b, 56),
+                    t_first: get_u64(b, 64),
+                    t_last: get_u64(b, 72),
+                    inside_ns: get_u64(b, 80),
+                    rank: get_i32(b, 96),
+                    comm_rank: get_i32(b, 100),
+                    comm_size: get_i32(b, 104),
+                }))
+            }
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -453,7 +550,7 @@ pub fn encode_call(b: &mut RawRecord, kind: u8, c: &Call) {
     put_i32(b, 104, c.comm_size);
     put_u16(b, 108, c.dtype);
     b[110] = c.clock;
-    b[111] = 0;
+    b[111] = c.sample_shift;
     put_i32(b, 112, c.peer2);
     put_i32(b, 116, c.tag2);
     put_u64(b, 120, c.op_seq2);
@@ -481,6 +578,7 @@ fn decode_call(b: &RawRecord, rec_seq: u64) -> Call {
         comm_size: get_i32(b, 104),
         dtype: get_u16(b, 108),
         clock: b[110],
+        sample_shift: b[111],
         peer2: get_i32(b, 112),
         tag2: get_i32(b, 116),
         op_seq2: get_u64(b, 120),
@@ -556,6 +654,7 @@ mod tests {
             peer2: -1,
             tag2: -1,
             op_seq2: 0,
+            sample_shift: 0,
         }
     }
 
@@ -613,10 +712,51 @@ mod tests {
                 signal: 0,
                 step: 12_345,
             }),
+            Record::Call(Call {
+                rec_seq: 48,
+                sample_shift: 3,
+                ..sample_call()
+            }),
+            Record::Skip(Skip {
+                rec_seq: 60,
+                from_rec_seq: 12,
+                through_rec_seq: 49,
+                op: Op::Allreduce as u8,
+                flags: flags::NONBLOCKING,
+                comm_id: 0xfeed,
+                first_seq: 10,
+                last_seq: 16,
+                calls: 7,
+                bytes: 7 << 20,
+                inside_ns: 12_345_678,
+                t_first: 100,
+                t_last: 200,
+                rank: 5,
+                comm_rank: 1,
+                comm_size: 8,
+                modulus: 8,
+            }),
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()), Ok(r), "{}", r.kind_name());
         }
+    }
+
+    #[test]
+    fn a_skip_of_no_calls_is_refused() {
+        let mut raw = Record::Skip(Skip {
+            rec_seq: 10,
+            through_rec_seq: 4,
+            calls: 2,
+            ..Skip::default()
+        })
+        .encode();
+        assert!(matches!(Record::decode(&raw), Ok(Record::Skip(_))));
+        raw[48..56].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(
+            Record::decode(&raw),
+            Err(DecodeError::BadField("skip calls"))
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@ fn records() -> Vec<Record> {
         peer2: -1,
         tag2: -1,
         op_seq2: 0,
+        sample_shift: 0,
     };
     let send = Call {
         rec_seq: 4,

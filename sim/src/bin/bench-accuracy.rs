@@ -4,7 +4,8 @@
 //! exactly the expected ranks; a healthy scenario must give no finding at all.
 //!
 //! `bench-accuracy [--scenarios N] [--healthy N] [--seed S] [--threads T] [--min-ranks R]
-//! [--max-ranks R]`
+//! [--max-ranks R] [--sample-modulus K]` — with K, every communicator is consistently sampled
+//! (1 instance in K kept, the rest in skip records), as agents do at scale.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,7 +50,14 @@ fn arg(args: &[String], name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn scenarios(n_fault: usize, n_healthy: usize, seed: u64, min: u64, max: u64) -> Vec<Scenario> {
+fn scenarios(
+    n_fault: usize,
+    n_healthy: usize,
+    seed: u64,
+    min: u64,
+    max: u64,
+    modulus: u32,
+) -> Vec<Scenario> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for i in 0..n_fault + n_healthy {
@@ -57,7 +65,9 @@ fn scenarios(n_fault: usize, n_healthy: usize, seed: u64, min: u64, max: u64) ->
         let ranks = (min + rng.below(max - min + 1)) / 32 * 32;
         let ranks = ranks.max(64) as usize;
         let topo = Topology::of(ranks, 8);
-        let steps = 24;
+        // Sampled jobs run longer, so that as many instances are kept as without sampling (a
+        // live job keeps at least one instance per second on every communicator).
+        let steps = 24 * u64::from(modulus.div_ceil(2).max(1));
         let onset = 6 + rng.below(5);
         let last_seq = steps - 4;
         let rank = rng.below(ranks as u64) as i32;
@@ -93,6 +103,7 @@ fn scenarios(n_fault: usize, n_healthy: usize, seed: u64, min: u64, max: u64) ->
             degrade_factor: 2.5 + 2.5 * rng.unit(),
             jitter: 0.01 + 0.03 * rng.unit(),
             compute_ms: 5.0 + 15.0 * rng.unit(),
+            sample_modulus: modulus,
             ..Default::default()
         };
         out.push(Scenario { spec, fault });
@@ -156,7 +167,9 @@ fn main() {
     let threads = arg(&args, "--threads", 2).max(1) as usize;
     let min = arg(&args, "--min-ranks", 1024);
     let max = arg(&args, "--max-ranks", 4096).max(min);
-    let mut all = scenarios(n_fault, n_healthy, seed, min, max);
+    let modulus = arg(&args, "--sample-modulus", 1).clamp(1, 1 << 16) as u32;
+    let modulus = 1 << (31 - modulus.leading_zeros());
+    let mut all = scenarios(n_fault, n_healthy, seed, min, max, modulus);
     if args.iter().any(|a| a == "--only") {
         // One scenario, with its findings in full (for looking into a miss).
         let i = arg(&args, "--only", 0) as usize;
@@ -177,7 +190,12 @@ fn main() {
         return;
     }
     println!(
-        "accuracy benchmark: {n_fault} fault scenarios + {n_healthy} healthy, {min}–{max} ranks, seed {seed}, {threads} threads"
+        "accuracy benchmark: {n_fault} fault scenarios + {n_healthy} healthy, {min}–{max} ranks, seed {seed}, {threads} threads{}",
+        if modulus > 1 {
+            format!(", consistent sampling 1 in {modulus}")
+        } else {
+            String::new()
+        }
     );
     let t = Instant::now();
     let next = AtomicUsize::new(0);

@@ -211,10 +211,6 @@ pub struct IngestAck {
     pub collector_recv_ns: u64,
     #[prost(uint64, tag = "4")]
     pub collector_send_ns: u64,
-    /// Consistent sampling: keep instances with hash(comm_id, seq) mod sample_modulus == 0
-    /// (0 or 1: keep everything).
-    #[prost(uint32, tag = "5")]
-    pub sample_modulus: u32,
     /// Non-empty when the batch was refused. With retry_after_ms = 0 the refusal is final
     /// (malformed): the agent logs it and drops the batch with a counted reason. Otherwise it is
     /// transient (rate limit, storage failing): the agent keeps the batch and sends it again after
@@ -226,6 +222,29 @@ pub struct IngestAck {
     /// Processes of this agent to probe (stacks of a hang's culprits), at most once each.
     #[prost(message, repeated, tag = "8")]
     pub probes: ::prost::alloc::vec::Vec<ProbeRequest>,
+    /// Consistent sampling (ARCHITECTURE.md): the moduli in force for communicators this agent's
+    /// processes belong to. Sent in messages of their own (batch_id 0), whole for the node each time
+    /// they change; a communicator not listed keeps everything.
+    #[prost(message, repeated, tag = "9")]
+    pub rates: ::prost::alloc::vec::Vec<SampleRate>,
+    /// True on such a message (it acknowledges nothing; an empty list means nothing is sampled).
+    #[prost(bool, tag = "10")]
+    pub rates_update: bool,
+}
+/// Keep instance seq of a communicator when hash(comm_id, seq) mod modulus == 0 (modulus a power of
+/// two; messages by hash of comm, source, destination, tag, message sequence), from instance from_seq
+/// on; earlier instances keep the modulus that held before.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SampleRate {
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub comm_id: u64,
+    #[prost(uint32, tag = "3")]
+    pub modulus: u32,
+    #[prost(uint64, tag = "4")]
+    pub from_seq: u64,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
