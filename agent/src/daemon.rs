@@ -746,8 +746,20 @@ impl Pump {
                         .calls_sampled_out
                         .fetch_add(f.left_out, Ordering::Relaxed);
                     bytes = kept;
+                    if bytes.is_empty() {
+                        // Every record was left out (their skip goes later): nothing to send,
+                        // the ring space is free.
+                        self.stats.records_read.fetch_add(n, Ordering::Relaxed);
+                        s.read_pos = end;
+                        s.batches.push_back((end, true));
+                        advance(s);
+                        continue;
+                    }
                 }
-                let first = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
+                let Some(first) = bytes.get(..8).and_then(|b| b.try_into().ok()) else {
+                    break;
+                };
+                let first = u64::from_le_bytes(first);
                 s.read_pos = end;
                 s.batches.push_back((end, false));
                 let batch = RecordBatch {

@@ -455,6 +455,7 @@ impl Writer {
         };
         let mut out = Committed::default();
         let mut block = cst::Block::with_capacity(batch.records.len());
+        let mut spans = Vec::new();
         for raw in &batch.records {
             let seq = u64::from_le_bytes(raw[..8].try_into().unwrap_or_default());
             if seq == 0 || hw.contains(seq) {
@@ -464,11 +465,12 @@ impl Writer {
             match Record::decode(raw) {
                 Ok(r) => {
                     match r {
-                        // A skip's span has been sent whole (agents deliver in order).
+                        // A skip's span has been sent whole (agents deliver in order); it is
+                        // marked after the batch, which holds the span's other skips.
                         Record::Skip(k) => {
                             hw.insert(seq);
                             if k.from_rec_seq > 0 && k.from_rec_seq <= k.through_rec_seq {
-                                hw.insert_range(k.from_rec_seq, k.through_rec_seq);
+                                spans.push((k.from_rec_seq, k.through_rec_seq));
                             }
                         }
                         _ => hw.insert(seq),
@@ -478,6 +480,9 @@ impl Writer {
                 }
                 Err(_) => out.invalid += 1,
             }
+        }
+        for (a, b) in spans {
+            hw.insert_range(a, b);
         }
         let stored = !out.accepted.is_empty();
         pending_hw.insert(key, hw);
@@ -825,6 +830,12 @@ fn recover(
                     let seq = u64::from_le_bytes(raw[..8].try_into().unwrap_or_default());
                     hw.insert(seq);
                     if let Ok(r) = Record::decode(raw) {
+                        if let Record::Skip(k) = &r
+                            && k.from_rec_seq > 0
+                            && k.from_rec_seq <= k.through_rec_seq
+                        {
+                            hw.insert_range(k.from_rec_seq, k.through_rec_seq);
+                        }
                         recs.push(r);
                     }
                 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{Flavour, analyze_json, assert_ok, build, launch};
+use commscope_tests::{Flavour, analyze_json, assert_ok, build, launch, summary_json};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -88,6 +88,8 @@ struct Case {
     steps: u32,
     /// Compute per step (multiply-adds).
     iters: u32,
+    /// The collector forces consistent sampling at this modulus.
+    sample: Option<u32>,
 }
 
 impl Case {
@@ -99,9 +101,19 @@ impl Case {
 fn run_case(flavour: Flavour, c: Case) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let node = format!("node-{}", c.mode);
-    let svc = Services::start(&node, &[], &[]);
+    let modulus = c.sample.map(|k| k.to_string());
+    let collector_args: Vec<&str> = match &modulus {
+        Some(k) => vec!["--sample-modulus", k.as_str()],
+        None => vec![],
+    };
+    let svc = Services::start(&node, &collector_args, &[]);
     let prog = build(flavour, "faults");
-    let job = format!("diag-{}-{}", c.mode, flavour.name());
+    let job = format!(
+        "diag-{}-{}{}",
+        c.mode,
+        flavour.name(),
+        if c.sample.is_some() { "-sampled" } else { "" }
+    );
     let tmp = tempfile::tempdir().expect("tempdir");
     let pidfile = tmp.path().join("pid");
     let throttle = (c.mode == "throttle").then(|| {
@@ -200,6 +212,33 @@ fn run_case(flavour: Flavour, c: Case) {
         .collect();
     svc.wait_segments(&job, Duration::from_secs(60));
     let batch = analyze(&svc.trace_dir().join(&job));
+    if let Some(k) = c.sample {
+        // Calls were left out and every one is accounted for: kept records plus skips make
+        // exactly the calls the program made (300 world all-reduces, 75 on `half`, per rank).
+        let (sum, out) = summary_json(&[&svc.trace_dir().join(&job)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sampled_out = sum["sampled_out"].as_u64().unwrap_or(0);
+        let made = 8 * (c.steps as u64 + c.steps as u64 / 4);
+        assert!(
+            sampled_out > made / (2 * u64::from(k)),
+            "sampled out {sampled_out} of {made}: {sum:#}"
+        );
+        let allreduces: u64 = sum["comms"]
+            .as_array()
+            .expect("comms")
+            .iter()
+            .filter_map(|cm| cm["ops"]["allreduce"].as_u64())
+            .sum();
+        assert_eq!(allreduces, made, "{sum:#}");
+        eprintln!(
+            "{} sampled 1 in {k}: {sampled_out} of {made} all-reduces left out, all counted",
+            c.mode
+        );
+    }
     let show = |v: &[serde_json::Value]| {
         v.iter()
             .map(|f| format!("{} {} {}", f["kind"], f["ranks"], f["summary"]))
@@ -268,6 +307,7 @@ fn healthy_job_gives_no_finding() {
             hangs: false,
             steps: 300,
             iters: 400_000,
+            sample: None,
         },
     );
 }
@@ -283,6 +323,26 @@ fn extra_compute_is_a_slow_rank() {
             hangs: false,
             steps: 300,
             iters: 400_000,
+            sample: None,
+        },
+    );
+}
+
+#[test]
+fn extra_compute_is_a_slow_rank_under_consistent_sampling() {
+    // The collector keeps 1 instance in 4: the agent sends skips for the rest and the rank's
+    // own compute with each kept collective; the verdict is the same, live and from the trace.
+    run_case(
+        Flavour::OpenMpi,
+        Case {
+            mode: "compute",
+            rank: 5,
+            expect: Some(("slow-rank", "non-communication-slow")),
+            hangs: false,
+            // Long enough that sampling (set at the collector's first ticks) covers most of it.
+            steps: 900,
+            iters: 400_000,
+            sample: Some(4),
         },
     );
 }
@@ -299,6 +359,7 @@ fn a_cpu_throttled_rank_is_a_slow_rank() {
             // Compute-heavy steps: the CPU limit then shows as longer compute.
             steps: 150,
             iters: 4_000_000,
+            sample: None,
         },
     );
 }
@@ -314,6 +375,7 @@ fn a_rank_that_stops_calling_is_a_hang() {
             hangs: true,
             steps: 100_000,
             iters: 400_000,
+            sample: None,
         },
     );
 }
@@ -329,6 +391,7 @@ fn bcast_against_allreduce_is_a_mismatch() {
             hangs: true,
             steps: 100_000,
             iters: 400_000,
+            sample: None,
         },
     );
 }
@@ -344,6 +407,7 @@ fn an_unmatched_recv_is_a_hang_in_the_library() {
             hangs: true,
             steps: 100_000,
             iters: 400_000,
+            sample: None,
         },
     );
 }
@@ -359,6 +423,7 @@ fn a_killed_rank_is_a_dead_rank() {
             hangs: false,
             steps: 100_000,
             iters: 400_000,
+            sample: None,
         },
     );
 }
