@@ -20,21 +20,24 @@ case "${1:-}" in
     dir=$(mktemp -d)
     trap 'kill $collector 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
     target/release/commscope collector --listen 127.0.0.1:0 --http 127.0.0.1:0 --trace-dir "$dir/traces" \
-      --max-agent-rate 100000000 2> "$dir/collector.log" &
+      --max-agent-rate 100000000 ${COLLECTOR_ARGS:-} 2> "$dir/collector.log" &
     collector=$!
     for _ in $(seq 100); do grep -q "listening:" "$dir/collector.log" && break; sleep 0.1; done
     grpc=$(sed -n 's/.*gRPC on \([^,]*\),.*/\1/p' "$dir/collector.log")
     http=$(sed -n 's/.*HTTP on \([^ ]*\).*/\1/p' "$dir/collector.log")
     echo "collector pid $collector: gRPC $grpc, HTTP $http"
     status=0
-    for fault in straggler:100 slow-node:node-005 hang:77 mismatch:33 dead:500 degraded none; do
+    # FAULTS="straggler:100 hang:77" to run some; COLLECTOR_ARGS="--sample-budget 100000" and
+    # SIM_ARGS="--compute-ms 40" to tune.
+    for fault in ${FAULTS:-straggler:100 slow-node:node-005 hang:77 mismatch:33 dead:500 degraded none}; do
       args=(--fault "$fault")
       [ "$fault" = none ] && args=()
       echo "== $fault ($ranks ranks, $secs s)"
       /usr/bin/time -f "simulate: %e s wall, %U s user, %S s sys" \
         target/release/commscope simulate --collector "http://$grpc" --collector-http "$http" \
-        --ranks "$ranks" --duration "$secs" --seed 7 --check "${args[@]}" || status=1
+        --ranks "$ranks" --duration "$secs" --seed 7 --check ${SIM_ARGS:-} "${args[@]}" || status=1
       grep -E "^(VmRSS|VmHWM)" /proc/$collector/status | tr '\n' ' '; echo
+      grep -E "consistent sampling" "$dir/collector.log" | tail -1
       ps -o cputime= -p $collector | sed 's/^/collector CPU so far: /'
     done
     exit $status

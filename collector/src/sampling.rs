@@ -3,8 +3,10 @@
 //! sets a power-of-two modulus per communicator, so agents keep `hash(comm, seq) mod K == 0`.
 //!
 //! - One factor `g` for every job: the smallest power of two that brings the kept load under
-//!   the budget. A communicator gets `min(g, cap)`, `cap` keeping at least one of its instances
-//!   per second (a slow communicator — a step's world all-reduce — is never thinned to nothing).
+//!   the budget. A communicator gets `min(g, cap)`, `cap` keeping at least four of its instances
+//!   (point-to-point only: one message) per second — the detectors need evidence, and a slow
+//!   communicator (a step's world all-reduce) is never thinned at all. Doubling stops where it
+//!   no longer helps.
 //! - `g` is raised after two ticks over the budget, and lowered (halved) only after the offered
 //!   load stayed under half the budget for ten seconds.
 //! - A new modulus applies from an instance a second or more ahead of the fastest member, so every
@@ -101,10 +103,11 @@ impl Policy {
         self.last.retain(|k, _| seen.contains(k));
         let cap = |c: &C| {
             if !c.collective {
-                // Point-to-point only: messages, not instances; thin like the rest.
-                1 << 20
+                // Point-to-point only: at least one message per second is kept.
+                pow2_floor(c.rate)
             } else {
-                pow2_floor(c.inst)
+                // Detectors need evidence: at least 4 kept instances per second.
+                pow2_floor(c.inst / 4.0)
             }
         };
         let kept_at = |g: u32| -> f64 {
@@ -118,8 +121,9 @@ impl Policy {
         let want = match forced {
             Some(k) => k.max(1),
             None => {
+                // Double while it helps: past every communicator's cap it no longer does.
                 let mut g = 1u32;
-                while g < 1 << 16 && kept_at(g) > budget {
+                while g < 1 << 16 && kept_at(g) > budget && kept_at(2 * g) < kept_at(g) {
                     g *= 2;
                 }
                 g

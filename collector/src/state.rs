@@ -332,16 +332,16 @@ impl JobState {
 
     /// Every rank of the job is known and its process has ended (an agent saw it go).
     fn all_exited(&self) -> bool {
-        self.complete()
-            && self
-                .ranks
-                .values()
-                .all(|r| matches!(r.status, RankStatus::Exited | RankStatus::Killed))
+        // The cheap test first: a running job fails it at its first rank.
+        self.ranks
+            .values()
+            .all(|r| matches!(r.status, RankStatus::Exited | RankStatus::Killed))
+            && self.complete()
     }
 
     /// Every rank of the job is known and finalized or gone.
     fn all_terminal(&self) -> bool {
-        self.complete() && self.ranks.values().all(|r| r.status.terminal())
+        self.ranks.values().all(|r| r.status.terminal()) && self.complete()
     }
 
     fn complete(&self) -> bool {
