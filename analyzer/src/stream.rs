@@ -82,7 +82,7 @@ impl Default for Tuning {
             degraded_ratio: 0.5,
             recover_ratio: 0.75,
             degraded_min_bytes: 256 << 10,
-            max_pending: 8192,
+            max_pending: 65_536,
         }
     }
 }

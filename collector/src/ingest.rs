@@ -116,7 +116,8 @@ impl Ingest for IngestService {
 
         // Sampling rates: the node's, whenever they change (not behind acknowledgements, which
         // wait for storage).
-        let rate_acks = ack_tx.clone();
+        // A weak handle: the stream's answers end when the reader and acknowledger are done.
+        let rate_acks = ack_tx.downgrade();
         let rate_node = node.clone();
         let mut rates_rx = shared.rates.subscribe();
         tokio::spawn(async move {
@@ -125,7 +126,7 @@ impl Ingest for IngestService {
                 if let Some(n) = rate_node.get() {
                     break n.clone();
                 }
-                if rate_acks.is_closed() {
+                if rate_acks.upgrade().is_none_or(|s| s.is_closed()) {
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -143,12 +144,26 @@ impl Ingest for IngestService {
                         rates_update: true,
                         ..Default::default()
                     };
-                    if rate_acks.send(Ok(msg)).await.is_err() {
+                    let Some(tx) = rate_acks.upgrade() else {
+                        return;
+                    };
+                    if tx.send(Ok(msg)).await.is_err() {
                         return;
                     }
                 }
-                if rates_rx.changed().await.is_err() {
-                    return;
+                // Wake up for new rates, or now and then to see whether the stream is over.
+                loop {
+                    match tokio::time::timeout(
+                        std::time::Duration::from_secs(1),
+                        rates_rx.changed(),
+                    )
+                    .await
+                    {
+                        Ok(Err(_)) => return,
+                        Ok(Ok(())) => break,
+                        Err(_) if rate_acks.upgrade().is_none() => return,
+                        Err(_) => {}
+                    }
                 }
             }
         });

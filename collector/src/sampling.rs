@@ -117,7 +117,7 @@ impl Policy {
                 .sum()
         };
         let offered: f64 = comms.iter().map(|c| c.rate).sum();
-        self.offered = offered;
+        self.offered = offered.max(0.0) + 0.0;
         let want = match forced {
             Some(k) => k.max(1),
             None => {

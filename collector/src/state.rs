@@ -233,6 +233,9 @@ pub struct JobState {
     /// sampled now.
     pub sampled_out: u64,
     pub sampled_comms: u64,
+    /// How far the records' own time trailed arrival at the latest call (ns): the detectors run
+    /// on record time, and a quiet job's clock moves on with arrival time less this.
+    pub lag_ns: u64,
 }
 
 impl JobState {
@@ -252,6 +255,7 @@ impl JobState {
             detectors: Detectors::new(job, Tuning::default()),
             sampled_out: 0,
             sampled_comms: 0,
+            lag_ns: 0,
         }
     }
 
@@ -266,7 +270,7 @@ impl JobState {
 
     /// The instance detectors' findings now; calls in flight join the mismatch check.
     pub fn instance_findings(&mut self, now: u64) -> Vec<commscope_analyzer::Finding> {
-        self.detectors.advance(now);
+        self.detectors.advance(now.saturating_sub(self.lag_ns));
         let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
             .ranks
             .values()
@@ -453,6 +457,22 @@ impl State {
         if clock.is_some() {
             rank.clock = clock;
         }
+        // The detectors' clock: when a record happened (its host time on the collector's clock),
+        // not when it arrived — agents deliver in bursts, and blame is a rate over time.
+        let offset = clock.or(rank.clock).map_or(0, |c| c.offset_ns);
+        let (mono_anchor, real_anchor) = (header.mono_anchor, header.real_anchor);
+        let at = |t_mono: u64| -> u64 {
+            if mono_anchor == 0 || real_anchor == 0 || t_mono == 0 {
+                return now;
+            }
+            let real = i128::from(real_anchor) + i128::from(t_mono) - i128::from(mono_anchor)
+                + i128::from(offset);
+            // Never ahead of arrival, and at most a minute behind it.
+            (real.clamp(
+                i128::from(now.saturating_sub(60_000_000_000)),
+                i128::from(now),
+            )) as u64
+        };
         let mut calls = 0u64;
         let mut status = rank.status;
         let mut exit = (rank.exit_status, rank.signal);
@@ -463,7 +483,13 @@ impl State {
             match r {
                 Record::Call(c) => {
                     calls += 1;
-                    job.detectors.call(c, now);
+                    let t = if c.clock() == commscope_wire::op::Clock::HostMono {
+                        at(c.t_exit)
+                    } else {
+                        now
+                    };
+                    job.lag_ns = now - t;
+                    job.detectors.call(c, t);
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
                         job.comms_dropped += 1;
                         continue;
@@ -506,7 +532,7 @@ impl State {
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;
-                    job.detectors.skip(k, now);
+                    job.detectors.skip(k, at(k.t_last));
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&k.comm_id) {
                         job.comms_dropped += 1;
                         continue;
@@ -587,7 +613,7 @@ impl State {
                     }
                 }
                 Record::Process(p) if p.event == ProcessEvent::Step => {
-                    job.detectors.step_marker(header.rank, p.step, now);
+                    job.detectors.step_marker(header.rank, p.step, at(p.t_mono));
                 }
                 Record::Process(_) => {}
                 Record::Enter(_) => {}
