@@ -5,15 +5,38 @@
 use commscope_sim::{Fault, Spec, expected, run_virtual};
 
 fn findings(faults: Vec<Fault>, seed: u64) -> Vec<commscope_analyzer::Finding> {
+    run(faults, seed, 30, 1)
+}
+
+/// A 64-rank job of `steps` steps, every communicator sampled at `modulus`, analyzed.
+fn run(
+    faults: Vec<Fault>,
+    seed: u64,
+    steps: u64,
+    modulus: u32,
+) -> Vec<commscope_analyzer::Finding> {
     let spec = Spec {
         job: "t".into(),
         ranks: 64,
-        steps: 30,
+        steps,
         seed,
         faults,
+        sample_modulus: modulus,
         ..Default::default()
     };
     let traces = run_virtual(spec).expect("simulate");
+    if modulus > 1 {
+        // Sampling really left calls out, and said so in skip records.
+        let skipped: u64 = traces
+            .iter()
+            .flat_map(|t| &t.records)
+            .filter_map(|r| match r {
+                commscope_wire::record::Record::Skip(k) => Some(k.calls),
+                _ => None,
+            })
+            .sum();
+        assert!(skipped > 0, "nothing was sampled out");
+    }
     commscope_analyzer::analyze("t", &traces, &Default::default())
 }
 
@@ -68,34 +91,6 @@ fn a_straggler_is_told_apart_from_the_ranks_that_wait_for_it() {
     );
 }
 
-fn sampled_findings(
-    faults: Vec<Fault>,
-    seed: u64,
-    modulus: u32,
-) -> Vec<commscope_analyzer::Finding> {
-    let spec = Spec {
-        job: "s".into(),
-        ranks: 64,
-        steps: 90,
-        seed,
-        faults,
-        sample_modulus: modulus,
-        ..Default::default()
-    };
-    let traces = run_virtual(spec).expect("simulate");
-    // Sampling really left calls out, and said so in skip records.
-    let skipped: u64 = traces
-        .iter()
-        .flat_map(|t| &t.records)
-        .filter_map(|r| match r {
-            commscope_wire::record::Record::Skip(k) => Some(k.calls),
-            _ => None,
-        })
-        .sum();
-    assert!(skipped > 0, "nothing was sampled out");
-    commscope_analyzer::analyze("s", &traces, &Default::default())
-}
-
 #[test]
 fn detectors_stay_exact_under_consistent_sampling() {
     // One instance in four kept on every communicator (skips for the rest), a longer job so
@@ -111,7 +106,7 @@ fn detectors_stay_exact_under_consistent_sampling() {
     {
         let fault = Fault::parse(token).expect("token");
         let want = expected(&fault, 64, 8).expect("expected");
-        let got = sampled_findings(vec![fault], 300 + i as u64, 4);
+        let got = run(vec![fault], 300 + i as u64, 90, 4);
         let shown: Vec<String> = got
             .iter()
             .map(|f| format!("{} {:?}: {}", f.kind.name(), f.ranks, f.summary))
@@ -121,7 +116,7 @@ fn detectors_stay_exact_under_consistent_sampling() {
         assert_eq!(got[0].ranks, want.ranks, "{token}: {shown:#?}");
     }
     for seed in 1..=3 {
-        let got = sampled_findings(vec![], seed, 4);
+        let got = run(vec![], seed, 90, 4);
         assert!(got.is_empty(), "healthy, seed {seed}: {got:#?}");
     }
 }
