@@ -97,7 +97,7 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
         .sample_modulus
         .or(f.sample_modulus)
         .filter(|k| *k > 1)
-        .map(|k| 1 << (31 - k.leading_zeros()));
+        .map(commscope_wire::sampling::modulus_floor);
     c.limits.max_jobs = pick(a.max_jobs, f.max_jobs, c.limits.max_jobs).max(1);
     if let Some(s) = a.job_linger.clone().or(f.job_linger) {
         c.limits.linger = parse_duration(&s)?;

@@ -23,7 +23,7 @@ use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{
     AgentHello, InFlightEntry, InFlightSnapshot, IngestRequest, ProcessId, RecordBatch,
 };
-use commscope_wire::record::{RECORD_SIZE, Record};
+use commscope_wire::record::RECORD_SIZE;
 use commscope_wire::shm::LAYOUT_VERSION;
 use tokio::sync::mpsc;
 
@@ -63,7 +63,7 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
         sample_modulus: if a.virtual_time {
             a.sample_modulus
                 .filter(|k| *k > 1)
-                .map_or(1, |k| 1 << (31 - k.leading_zeros()))
+                .map_or(1, commscope_wire::sampling::modulus_floor)
         } else {
             1
         },
@@ -355,7 +355,10 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             if let Some(b) = a.sample_budget {
                 c.sample_budget = b.max(1);
             }
-            c.sample_modulus = a.sample_modulus.filter(|k| *k > 1);
+            c.sample_modulus = a
+                .sample_modulus
+                .filter(|k| *k > 1)
+                .map(commscope_wire::sampling::modulus_floor);
             let running = commscope_collector::start(c)
                 .await
                 .context("cannot start the collector")?;
@@ -483,7 +486,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 }
                 for chunk in recs.chunks(4096) {
                     batch_id += 1;
-                    let first = rec_seq(&chunk[0]);
+                    let first = chunk[0].rec_seq();
                     let mut bytes = Vec::with_capacity(chunk.len() * RECORD_SIZE);
                     for rec in chunk {
                         bytes.extend_from_slice(&rec.encode());
@@ -639,8 +642,4 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
-}
-
-fn rec_seq(r: &Record) -> u64 {
-    r.rec_seq()
 }

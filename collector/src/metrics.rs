@@ -19,7 +19,7 @@ use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::Op;
 
 use crate::Shared;
-use crate::state::{BUCKETS, OpStats, now_ns};
+use crate::state::{BUCKETS, JobState, OpStats, now_ns};
 
 /// Communicators with their own series per job.
 pub const MAX_COMM_SERIES: usize = 32;
@@ -291,61 +291,36 @@ pub fn render(s: &Shared) -> String {
 
     let mut jobs: Vec<_> = state.jobs.values().collect();
     jobs.sort_by(|a, b| a.job.cmp(&b.job));
-    family(
-        &mut o,
-        "commscope_job_ranks",
-        "gauge",
-        "Ranks seen in the job.",
-    );
-    for j in &jobs {
-        let _ = writeln!(
-            o,
-            "commscope_job_ranks{{job_id=\"{}\"}} {}",
-            esc(&j.job),
-            j.rank_count()
-        );
-    }
-    family(
-        &mut o,
-        "commscope_job_records_total",
-        "counter",
-        "Records stored for the job.",
-    );
-    for j in &jobs {
-        let _ = writeln!(
-            o,
-            "commscope_job_records_total{{job_id=\"{}\"}} {}",
-            esc(&j.job),
-            j.records
-        );
-    }
-    family(
-        &mut o,
-        "commscope_job_calls_sampled_out_total",
-        "counter",
-        "Calls of the job that consistent sampling left out (counted through skip records).",
-    );
-    for j in &jobs {
-        let _ = writeln!(
-            o,
-            "commscope_job_calls_sampled_out_total{{job_id=\"{}\"}} {}",
-            esc(&j.job),
-            j.sampled_out
-        );
-    }
-    family(
-        &mut o,
-        "commscope_job_sampled_comms",
-        "gauge",
-        "Communicators of the job sampled now (modulus above 1).",
-    );
-    for j in &jobs {
-        let _ = writeln!(
-            o,
-            "commscope_job_sampled_comms{{job_id=\"{}\"}} {}",
-            esc(&j.job),
-            j.sampled_comms
-        );
+    for (name, kind, help, value) in [
+        (
+            "commscope_job_ranks",
+            "gauge",
+            "Ranks seen in the job.",
+            JobState::rank_count as fn(&JobState) -> usize,
+        ),
+        (
+            "commscope_job_records_total",
+            "counter",
+            "Records stored for the job.",
+            |j| j.records as usize,
+        ),
+        (
+            "commscope_job_calls_sampled_out_total",
+            "counter",
+            "Calls of the job that consistent sampling left out (counted through skip records).",
+            |j| j.sampled_out as usize,
+        ),
+        (
+            "commscope_job_sampled_comms",
+            "gauge",
+            "Communicators of the job sampled now (modulus above 1).",
+            |j| j.sampled_comms as usize,
+        ),
+    ] {
+        family(&mut o, name, kind, help);
+        for j in &jobs {
+            let _ = writeln!(o, "{name}{{job_id=\"{}\"}} {}", esc(&j.job), value(j));
+        }
     }
     family(
         &mut o,

@@ -77,6 +77,11 @@ pub fn shift_of(modulus: u32) -> u8 {
     }
 }
 
+/// A modulus as sampling uses it: the power of two at or below `k` (at least 1).
+pub fn modulus_floor(k: u32) -> u32 {
+    1 << shift_of(k)
+}
+
 /// The modulus of one communicator: `modulus` from instance `from_seq` on, `before` until then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
@@ -95,11 +100,7 @@ impl Rates {
     /// Sets communicator `comm` to `modulus` (rounded down to a power of two) from `from_seq` on.
     /// What held before applies to earlier instances. Returns whether anything changed.
     pub fn set(&mut self, comm: u64, modulus: u32, from_seq: u64) -> bool {
-        let modulus = if modulus <= 1 {
-            1
-        } else {
-            1 << shift_of(modulus)
-        };
+        let modulus = modulus_floor(modulus);
         let before = self.by_comm.get(&comm).map_or(1, |r| r.modulus);
         match self.by_comm.get(&comm) {
             Some(r) if r.modulus == modulus => false,

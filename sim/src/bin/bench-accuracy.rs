@@ -168,7 +168,7 @@ fn main() {
     let min = arg(&args, "--min-ranks", 1024);
     let max = arg(&args, "--max-ranks", 4096).max(min);
     let modulus = arg(&args, "--sample-modulus", 1).clamp(1, 1 << 16) as u32;
-    let modulus = 1 << (31 - modulus.leading_zeros());
+    let modulus = commscope_wire::sampling::modulus_floor(modulus);
     let mut all = scenarios(n_fault, n_healthy, seed, min, max, modulus);
     if args.iter().any(|a| a == "--only") {
         // One scenario, with its findings in full (for looking into a miss).
