@@ -469,9 +469,7 @@ impl Writer {
                         // marked after the batch, which holds the span's other skips.
                         Record::Skip(k) => {
                             hw.insert(seq);
-                            if k.from_rec_seq > 0 && k.from_rec_seq <= k.through_rec_seq {
-                                spans.push((k.from_rec_seq, k.through_rec_seq));
-                            }
+                            spans.extend(k.sent_span());
                         }
                         _ => hw.insert(seq),
                     }
@@ -831,10 +829,9 @@ fn recover(
                     hw.insert(seq);
                     if let Ok(r) = Record::decode(raw) {
                         if let Record::Skip(k) = &r
-                            && k.from_rec_seq > 0
-                            && k.from_rec_seq <= k.through_rec_seq
+                            && let Some((a, b)) = k.sent_span()
                         {
-                            hw.insert_range(k.from_rec_seq, k.through_rec_seq);
+                            hw.insert_range(a, b);
                         }
                         recs.push(r);
                     }

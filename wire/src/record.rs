@@ -297,6 +297,12 @@ impl Skip {
     pub fn op(&self) -> Op {
         Op::from_code(self.op)
     }
+
+    /// The `rec_seq` span the agent has sent whole, if any.
+    pub fn sent_span(&self) -> Option<(u64, u64)> {
+        (self.from_rec_seq > 0 && self.from_rec_seq <= self.through_rec_seq)
+            .then_some((self.from_rec_seq, self.through_rec_seq))
+    }
 }
 
 /// Any decoded record.
