@@ -413,12 +413,17 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         );
     }
     let mut sampled_nodes = 0usize;
+    // What the last line about node 0's sampling said: (largest modulus, communicators sampled).
+    let mut node0_shown = (1u32, 0usize);
     let headers: Vec<ProcessId> = (0..topo.ranks())
         .map(|r| process_id(&sim.header(r)))
         .collect();
     let mut batch_id = 0u64;
     let mut seen: BTreeMap<String, (bool, f64)> = BTreeMap::new();
     let mut named: Vec<Option<f64>> = vec![None; want.len()];
+    // When the collector's detectors opened each expected finding, in the job's own time (its
+    // `opened_at` less the simulated job's epoch): the rest of `named` is delivery and polling.
+    let mut opened_job: Vec<Option<f64>> = vec![None; want.len()];
     let mut onset: Vec<Option<f64>> = vec![None; want.len()];
     let mut last_snap = Instant::now();
     // Each simulated agent sends its processes' records this often (a real agent batches by
@@ -459,7 +464,9 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         while let Ok((n, list)) = rates_rx.try_recv() {
             if n == 0 {
                 let k = list.iter().map(|l| l.1).max().unwrap_or(1);
-                if k > 1 || sampled_nodes > 0 {
+                let now_sampled = list.iter().filter(|l| l.1 > 1).count();
+                if (k, now_sampled) != node0_shown && (k > 1 || sampled_nodes > 0) {
+                    node0_shown = (k, now_sampled);
                     println!(
                         "  {:>6.1} s  consistent sampling: {} communicators of node 0 sampled (up to 1 in {k})",
                         start.elapsed().as_secs_f64(),
@@ -568,6 +575,8 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                     for (i, (_, e)) in want.iter().enumerate() {
                         if named[i].is_none() && matches(e, &f) {
                             named[i] = Some(t);
+                            opened_job[i] =
+                                Some(f.opened_at.saturating_sub(sim.epoch) as f64 / 1e9);
                         }
                     }
                 } else {
@@ -605,11 +614,12 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     for (i, (f, e)) in want.iter().enumerate() {
         match (named[i], onset[i]) {
             (Some(t), Some(o)) => println!(
-                "{}: {} of {:?} named {:.1} s after the fault began (at {o:.1} s)",
+                "{}: {} of {:?} named {:.1} s after the fault began (at {o:.1} s); the detectors opened it {:.1} s into the fault by the records' own time",
                 f.token(),
                 e.kind.name(),
                 e.ranks,
-                t - o
+                t - o,
+                opened_job[i].map_or(f64::NAN, |j| j - o),
             ),
             (Some(t), None) => println!(
                 "{}: {} of {:?} named at {t:.1} s",

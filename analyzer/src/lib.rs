@@ -1,10 +1,10 @@
 //! The commscope analyzer: findings in the contract's shape ([`finding`]) and the detectors.
 //!
-//! - [`batch`]: `hang` (root culprits along the wait chain), `dead-rank` and `mismatch` over a
-//!   job's trace — what `commscope analyze` runs.
-//!
-//! Still to come (the live-diagnosis issue): `slow-rank`, `comm-error`, `degraded-collective`, the
-//! streaming engine in the collector, sampling and the simulator.
+//! - [`stream`]: the instance detectors (slow-rank, degraded-collective, mismatch, comm-error),
+//!   fed one completed call at a time in time order — live in the collector, and from a trace.
+//! - [`reorder`]: puts live records, delivered in per-process bursts, back into time order.
+//! - [`batch`]: what `commscope analyze` runs over a job's trace: the instance detectors plus
+//!   `hang` (root culprits along the wait chain) and `dead-rank`.
 #![forbid(unsafe_code)]
 
 pub mod batch;
@@ -12,4 +12,5 @@ pub mod finding;
 
 pub use batch::{Thresholds, analyze};
 pub use finding::{Finding, Kind};
+pub mod reorder;
 pub mod stream;

@@ -133,6 +133,9 @@ pub struct ProcessDetail {
     pub calls: u64,
     pub last_seen_ns: u64,
     pub dropped: u64,
+    /// `dropped` by reason (omitted when nothing was dropped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped_by_reason: Option<BTreeMap<&'static str, u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock_offset_ns: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -196,6 +199,14 @@ pub fn job_detail(j: &JobState) -> JobDetail {
             calls: r.calls,
             last_seen_ns: r.last_seen_ns,
             dropped: r.dropped(),
+            dropped_by_reason: (r.dropped() > 0).then(|| {
+                BTreeMap::from([
+                    ("ring_full", r.dropped_ring_full),
+                    ("in_flight_table", r.dropped_in_flight),
+                    ("other", r.dropped_other),
+                    ("overrun", r.dropped_overrun),
+                ])
+            }),
             clock_offset_ns: r.clock.map(|c| c.offset_ns),
             clock_error_ns: r.clock.map(|c| c.error_ns),
         })

@@ -317,8 +317,6 @@ pub async fn start(config: Config) -> Result<Running> {
     let sh = shared.clone();
     let mut r3 = rx.clone();
     tasks.push(tokio::spawn(async move {
-        let mut ticks = 0u64;
-        let mut last_sampling = std::time::Instant::now();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -328,65 +326,39 @@ pub async fn start(config: Config) -> Result<Running> {
             for j in quiet {
                 sh.job_ended(&j).await;
             }
-            let changes = {
-                let mut st = sh.lock_state();
-                sh.findings
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .tick(&mut st)
-            };
-            for c in changes {
-                match c {
-                    findings::Change::Opened(f) => {
-                        if f.kind == commscope_analyzer::Kind::Hang {
-                            sh.ask_for_stacks(&f.job, &f.ranks);
-                        }
-                        sh.log(format_args!(
-                            "finding {} opened: {} {}: {}",
-                            f.id,
-                            f.job,
-                            f.kind.name(),
-                            f.summary
-                        ))
-                    }
-                    findings::Change::Resolved(f) => sh.log(format_args!(
-                        "finding {} resolved: {} {} of {}",
-                        f.id,
-                        f.job,
-                        f.kind.name(),
-                        ranks_list(&f.ranks)
-                    )),
-                }
-            }
-            ticks += 1;
-            if ticks.is_multiple_of(2) {
-                let now = std::time::Instant::now();
-                let dt = now.duration_since(last_sampling).as_secs_f64();
-                last_sampling = now;
-                let changed = {
-                    let mut st = sh.lock_state();
-                    sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
-                        &mut st,
-                        sh.config.sample_budget as f64,
-                        sh.config.sample_modulus,
-                        dt,
-                    )
-                };
-                if let Some(rates) = changed {
-                    let (g, offered) = {
-                        let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
-                        (p.factor, p.offered)
-                    };
-                    sh.log(format_args!(
-                        "consistent sampling: {offered:.0} calls/s offered (budget {}); busy communicators keep 1 instance in {g}",
-                        sh.config.sample_budget
-                    ));
-                    sh.rates.send_replace(rates);
-                }
-            }
             let gone = sh.lock_state().release_ended();
             for g in gone {
                 sh.log(format_args!("job {g} released from memory"));
+            }
+        }
+    }));
+    // The findings engine (every second) and the sampling policy (every two) on a thread of their own: a
+    // runtime busy with ingest must not delay a verdict.
+    let sh = shared.clone();
+    let r4 = rx.clone();
+    tasks.push(tokio::task::spawn_blocking(move || {
+        let mut ticks = 0u64;
+        let mut last_sampling = std::time::Instant::now();
+        let mut next = std::time::Instant::now();
+        loop {
+            next += Duration::from_secs(1);
+            while std::time::Instant::now() < next {
+                if *r4.borrow() {
+                    return;
+                }
+                std::thread::sleep(
+                    next.saturating_duration_since(std::time::Instant::now())
+                        .min(Duration::from_millis(100)),
+                );
+            }
+            // A tick that ran long does not make the next ones bunch up.
+            next = next.max(std::time::Instant::now());
+            findings_tick(&sh);
+            ticks += 1;
+            if ticks.is_multiple_of(2) {
+                let now = std::time::Instant::now();
+                sampling_tick(&sh, now.duration_since(last_sampling).as_secs_f64());
+                last_sampling = now;
             }
         }
     }));
@@ -401,6 +373,65 @@ pub async fn start(config: Config) -> Result<Running> {
         shutdown,
         tasks,
     })
+}
+
+/// Re-evaluates every job's findings; logs what opened and resolved.
+fn findings_tick(sh: &Shared) {
+    let changes = {
+        let mut st = sh.lock_state();
+        sh.findings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tick(&mut st)
+    };
+    for c in changes {
+        match c {
+            findings::Change::Opened(f) => {
+                if f.kind == commscope_analyzer::Kind::Hang {
+                    sh.ask_for_stacks(&f.job, &f.ranks);
+                }
+                sh.log(format_args!(
+                    "finding {} opened: {} {}: {}",
+                    f.id,
+                    f.job,
+                    f.kind.name(),
+                    f.summary
+                ))
+            }
+            findings::Change::Resolved(f) => sh.log(format_args!(
+                "finding {} resolved: {} {} of {}",
+                f.id,
+                f.job,
+                f.kind.name(),
+                ranks_list(&f.ranks)
+            )),
+        }
+    }
+}
+
+/// Re-decides consistent sampling from the calls offered since the last tick; pushes changed
+/// rates to the agents.
+fn sampling_tick(sh: &Shared, dt: f64) {
+    let changed = {
+        let mut st = sh.lock_state();
+        sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
+            &mut st,
+            sh.config.sample_budget as f64,
+            sh.config.sample_modulus,
+            dt,
+        )
+    };
+    if let Some(rates) = changed {
+        let (g, offered) = {
+            let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
+            (p.factor, p.offered)
+        };
+        sh.log(format_args!(
+            "consistent sampling: {offered:.0} calls/s offered (budget {}); busy communicators keep 1 instance in {g}",
+            sh.config.sample_budget
+        ));
+        sh.rates.send_replace(rates);
+    }
 }
 
 fn ranks_list(r: &[i32]) -> String {

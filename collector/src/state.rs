@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use commscope_analyzer::reorder::Reorder;
 use commscope_analyzer::stream::{Detectors, Tuning};
 use commscope_wire::cst::Header;
 use commscope_wire::hash::format_comm_id;
@@ -15,6 +16,9 @@ use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN, ProcessEvent, Recor
 use serde::Serialize;
 
 use crate::store::ProcessKey;
+
+/// How often a job's reorder buffer hands records to its detectors (arrival time).
+const RELEASE_EVERY_NS: u64 = 100_000_000;
 
 /// Bounds on what is kept.
 #[derive(Clone, Debug)]
@@ -227,8 +231,12 @@ pub struct JobState {
     pub last_seen_ns: u64,
     pub ended: Option<Instant>,
     last_touch: Instant,
-    /// The instance detectors (slow-rank, degraded-collective, mismatch, comm-error).
+    /// The instance detectors (slow-rank, degraded-collective, mismatch, comm-error), fed in
+    /// time order through `reorder`.
     pub detectors: Detectors,
+    pub reorder: Reorder,
+    /// When `reorder` last handed records over (arrival time, ns).
+    released_at: u64,
     /// Consistent sampling: calls left out by agents (counted in their skips), communicators
     /// sampled now.
     pub sampled_out: u64,
@@ -253,6 +261,8 @@ impl JobState {
             ended: None,
             last_touch: Instant::now(),
             detectors: Detectors::new(job, Tuning::default()),
+            reorder: Reorder::default(),
+            released_at: 0,
             sampled_out: 0,
             sampled_comms: 0,
             lag_ns: 0,
@@ -270,7 +280,9 @@ impl JobState {
 
     /// The instance detectors' findings now; calls in flight join the mismatch check.
     pub fn instance_findings(&mut self, now: u64) -> Vec<commscope_analyzer::Finding> {
-        self.detectors.advance(now.saturating_sub(self.lag_ns));
+        self.release(now);
+        self.detectors
+            .advance(self.reorder.watermark(self.record_now(now)));
         let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
             .ranks
             .values()
@@ -290,6 +302,23 @@ impl JobState {
             .collect();
         self.detectors.in_flight_shapes(calls);
         self.detectors.findings()
+    }
+
+    /// The job's present on its records' clock: arrival time less the latest lag.
+    fn record_now(&self, now: u64) -> u64 {
+        now.saturating_sub(self.lag_ns)
+    }
+
+    /// Hands the detectors what every live rank's stream has passed (everything once the job
+    /// ended).
+    fn release(&mut self, now: u64) {
+        self.released_at = now;
+        if self.ended.is_some() || self.all_exited() {
+            self.reorder.release_all(&mut self.detectors);
+        } else {
+            let t = self.record_now(now);
+            self.reorder.release(t, &mut self.detectors);
+        }
     }
 
     /// "running" or "ended".
@@ -418,6 +447,7 @@ impl State {
             job.flavour = header.flavour.clone();
         }
         job.world_size = job.world_size.max(header.world_size);
+        job.reorder.expect_ranks(job.world_size.max(0) as usize);
         job.records += records.len() as u64;
         let key = ProcessKey::of(header);
         let rank = job.ranks.entry(key).or_insert_with(|| RankInfo {
@@ -489,7 +519,7 @@ impl State {
                         now
                     };
                     job.lag_ns = now - t;
-                    job.detectors.call(c, t);
+                    job.reorder.call(c, t, &mut job.detectors);
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
                         job.comms_dropped += 1;
                         continue;
@@ -532,7 +562,8 @@ impl State {
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;
-                    job.detectors.skip(k, at(k.t_last));
+                    let t = at(k.t_last);
+                    job.reorder.skip(k, t, &mut job.detectors);
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&k.comm_id) {
                         job.comms_dropped += 1;
                         continue;
@@ -584,6 +615,7 @@ impl State {
                 }
                 Record::Heartbeat(h) => {
                     drops = Some((h.dropped_ring_full, h.dropped_in_flight, h.dropped_other));
+                    job.reorder.reached(header.rank, at(h.t_mono));
                     if h.flags & flags::FINAL != 0 {
                         finalized = true;
                         if status == RankStatus::Running {
@@ -613,7 +645,8 @@ impl State {
                     }
                 }
                 Record::Process(p) if p.event == ProcessEvent::Step => {
-                    job.detectors.step_marker(header.rank, p.step, at(p.t_mono));
+                    job.reorder
+                        .step_marker(header.rank, p.step, at(p.t_mono), &mut job.detectors);
                 }
                 Record::Process(_) => {}
                 Record::Enter(_) => {}
@@ -653,9 +686,17 @@ impl State {
         if status.terminal() {
             rank.in_flight.clear();
         }
+        if status.terminal() || finalized {
+            job.reorder.rank_ended(header.rank);
+        }
         if job.ended.is_none() && job.all_exited() {
+            job.release(now);
             job.ended = Some(Instant::now());
             return true;
+        }
+        // The watermark costs a pass over the job's ranks: ten times a second at most.
+        if now >= job.released_at + RELEASE_EVERY_NS {
+            job.release(now);
         }
         false
     }

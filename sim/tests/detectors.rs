@@ -120,3 +120,124 @@ fn detectors_stay_exact_under_consistent_sampling() {
         assert!(got.is_empty(), "healthy, seed {seed}: {got:#?}");
     }
 }
+
+/// The records of a simulated job as agents deliver them: every `ship_ms`, each process's
+/// records of that interval in one burst, node by node.
+fn in_delivery_order(
+    traces: &[commscope_wire::parquet::ProcessTrace],
+    ship_ms: u64,
+) -> Vec<(u64, usize, usize)> {
+    use commscope_wire::record::Record;
+    let time = |p: &commscope_wire::parquet::ProcessTrace, t: u64| {
+        (i128::from(t) - i128::from(p.header.mono_anchor) + i128::from(p.header.real_anchor)) as u64
+    };
+    let mut timed: Vec<Vec<u64>> = Vec::new();
+    let mut start = u64::MAX;
+    for p in traces {
+        let v: Vec<u64> = p
+            .records
+            .iter()
+            .map(|r| match r {
+                Record::Call(c) => time(p, c.t_exit),
+                Record::Skip(k) => time(p, k.t_last),
+                Record::Heartbeat(h) => time(p, h.t_mono),
+                Record::Process(x) => time(p, x.t_mono),
+                _ => 0,
+            })
+            .collect();
+        start = start.min(
+            v.iter()
+                .copied()
+                .filter(|t| *t > 0)
+                .min()
+                .unwrap_or(u64::MAX),
+        );
+        timed.push(v);
+    }
+    let end = timed.iter().flatten().copied().max().unwrap_or(0);
+    let mut out = Vec::new();
+    let mut cursor = vec![0usize; traces.len()];
+    let mut upto = start;
+    while upto <= end {
+        upto += ship_ms * 1_000_000;
+        for (pi, v) in timed.iter().enumerate() {
+            while cursor[pi] < v.len() && v[cursor[pi]] <= upto {
+                out.push((v[cursor[pi]], pi, cursor[pi]));
+                cursor[pi] += 1;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn records_delivered_in_bursts_give_the_verdict_of_the_trace() {
+    // Agents ship each process's records in bursts; the collector puts them back in time order
+    // (`Reorder`) before the detectors see them. Fed that way, the straggler's share of wait
+    // time is what the trace gives (fed in arrival order it would be about half).
+    use commscope_analyzer::reorder::Reorder;
+    use commscope_analyzer::stream::{Detectors, Tuning};
+    use commscope_wire::record::Record;
+    let spec = Spec {
+        job: "t".into(),
+        ranks: 256,
+        steps: 50,
+        seed: 11,
+        faults: vec![Fault::Straggler { rank: 100 }],
+        ..Default::default()
+    };
+    let traces = run_virtual(spec).expect("simulate");
+    let order = in_delivery_order(&traces, 500);
+    let end = order.iter().map(|o| o.0).max().expect("records");
+
+    // From the trace: every record in time order.
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    let mut batch = Detectors::new("t", Tuning::default());
+    for &(t, pi, ri) in &sorted {
+        let p = &traces[pi];
+        batch.rank_node(p.header.rank, &p.header.node);
+        match &p.records[ri] {
+            Record::Call(c) => batch.call(c, t),
+            Record::Skip(k) => batch.skip(k, t),
+            _ => {}
+        }
+    }
+    batch.advance(end);
+
+    // Live: the bursts through the reorder buffer, released as each node's burst lands.
+    let mut live = Detectors::new("t", Tuning::default());
+    let mut reorder = Reorder::default();
+    reorder.expect_ranks(traces.len());
+    let mut released = 0;
+    for (i, &(t, pi, ri)) in order.iter().enumerate() {
+        let p = &traces[pi];
+        live.rank_node(p.header.rank, &p.header.node);
+        match &p.records[ri] {
+            Record::Call(c) => reorder.call(c, t, &mut live),
+            Record::Skip(k) => reorder.skip(k, t, &mut live),
+            Record::Heartbeat(_) => reorder.reached(p.header.rank, t),
+            _ => {}
+        }
+        if i % 4096 == 0 {
+            released = released.max(reorder.release(t, &mut live));
+        }
+    }
+    assert!(released > 0, "the watermark moved while records arrived");
+    reorder.release_all(&mut live);
+    live.advance(end);
+    assert_eq!(reorder.late, 0, "no record arrived behind the watermark");
+
+    let want = batch.shares()[&100];
+    let got = live.shares()[&100];
+    assert!(want > 0.05, "the straggler's share from the trace: {want}");
+    assert!(
+        (got - want).abs() < 0.05 * want,
+        "live share {got} against {want} from the trace"
+    );
+    let verdict = |d: &mut Detectors| -> Vec<Vec<i32>> {
+        d.findings().into_iter().map(|f| f.ranks).collect()
+    };
+    assert_eq!(verdict(&mut live), verdict(&mut batch));
+    assert_eq!(verdict(&mut live), vec![vec![100]]);
+}

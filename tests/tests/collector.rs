@@ -50,7 +50,12 @@ fn coverage_through_the_collector(flavour: Flavour) {
         if svc.exit_statuses_known() {
             assert_eq!(p["exit_status"], 0, "{p}");
         }
-        assert_eq!(p["dropped"], 0, "{p}");
+        assert_eq!(
+            p["dropped"],
+            0,
+            "{p}\njob stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let world = api["comms"]
         .as_array()
