@@ -330,7 +330,6 @@ fn finding_of_json(v: &serde_json::Value) -> Option<Finding> {
 }
 
 async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
-    let start = Instant::now();
     let epoch = now_real();
     let mut local = None;
     let (url, findings) = match &a.collector {
@@ -412,6 +411,10 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             .await?,
         );
     }
+    // The job starts once every node's agent is connected (2,048 streams take a while): its
+    // clock, and the latencies measured against it, begin now.
+    let start = Instant::now();
+    sim.epoch = now_real();
     let mut sampled_nodes = 0usize;
     // What the last line about node 0's sampling said: (largest modulus, communicators sampled).
     let mut node0_shown = (1u32, 0usize);

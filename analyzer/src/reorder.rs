@@ -174,6 +174,15 @@ impl Reorder {
         self.latest.remove(&rank);
     }
 
+    /// How far the live ranks' streams have reached on average (ns): the job's records' own
+    /// clock as the collector has seen it — smooth across delivery bursts, and slower than real
+    /// time while the collector falls behind.
+    pub fn mean_reached(&self) -> Option<f64> {
+        (!self.latest.is_empty()).then(|| {
+            self.latest.values().map(|&t| t as f64).sum::<f64>() / self.latest.len() as f64
+        })
+    }
+
     /// The watermark: every live rank's stream has reached it, or the present (`now`, the
     /// job's estimated record time) is `horizon_ns` past it.
     pub fn watermark(&self, now: u64) -> u64 {

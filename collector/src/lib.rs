@@ -338,7 +338,6 @@ pub async fn start(config: Config) -> Result<Running> {
     let r4 = rx.clone();
     tasks.push(tokio::task::spawn_blocking(move || {
         let mut ticks = 0u64;
-        let mut last_sampling = std::time::Instant::now();
         let mut next = std::time::Instant::now();
         loop {
             next += Duration::from_secs(1);
@@ -356,9 +355,7 @@ pub async fn start(config: Config) -> Result<Running> {
             findings_tick(&sh);
             ticks += 1;
             if ticks.is_multiple_of(2) {
-                let now = std::time::Instant::now();
-                sampling_tick(&sh, now.duration_since(last_sampling).as_secs_f64());
-                last_sampling = now;
+                sampling_tick(&sh);
             }
         }
     }));
@@ -411,14 +408,13 @@ fn findings_tick(sh: &Shared) {
 
 /// Re-decides consistent sampling from the calls offered since the last tick; pushes changed
 /// rates to the agents.
-fn sampling_tick(sh: &Shared, dt: f64) {
+fn sampling_tick(sh: &Shared) {
     let changed = {
         let mut st = sh.lock_state();
         sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
             &mut st,
             sh.config.sample_budget as f64,
             sh.config.sample_modulus,
-            dt,
         )
     };
     if let Some(rates) = changed {

@@ -2,12 +2,18 @@
 //! collector compares the calls jobs offer per second (kept and left out) with its budget and
 //! sets a power-of-two modulus per communicator, so agents keep `hash(comm, seq) mod K == 0`.
 //!
+//! Rates are per second of the records' own time (how far the job's ranks' streams moved on,
+//! on average, over at least [`MIN_WINDOW_S`]), not of arrival: a collector that falls behind
+//! takes in fewer calls per second than the job makes, and measured by arrival it would never
+//! find itself over budget.
+//!
 //! - One factor `g` for every job: the smallest power of two that brings the kept load under
 //!   the budget. A communicator gets `min(g, cap)`, `cap` keeping at least four of its instances
 //!   (point-to-point only: one message) per second — the detectors need evidence, and a slow
 //!   communicator (a step's world all-reduce) is never thinned at all. Doubling stops where it
 //!   no longer helps.
-//! - `g` is raised after two ticks over the budget, and lowered (halved) only after the offered
+//! - `g` is raised at once when the kept load is 1.5 times the budget or more, else after two
+//!   ticks over it; it is lowered (halved) only after the offered
 //!   load stayed under half the budget for ten seconds.
 //! - A new modulus applies from an instance a second or more ahead of the fastest member, so every
 //!   agent has it before its ranks get there; a communicator without collectives (point-to-point
@@ -31,14 +37,21 @@ pub struct Policy {
     pub factor: u32,
     over_ticks: u32,
     under_ticks: u32,
-    /// Per (job, comm): calls counted and highest seq at the previous tick.
+    /// Per (job, comm): calls counted and highest seq at the previous measurement.
     last: HashMap<(String, u64), (u64, u64)>,
+    /// Per job: how far its streams had reached (mean, ns) at the previous measurement.
+    reached: HashMap<String, f64>,
+    /// Per (job, comm): offered calls/s and instances/s at the latest measurement.
+    measured: HashMap<(String, u64), (f64, f64)>,
     /// Per (job, comm): the modulus set and the seq it applies from.
     set: HashMap<(String, u64), (u32, u64)>,
     /// Offered and kept load at the last tick (calls/s).
     pub offered: f64,
     pub kept: f64,
 }
+
+/// Record time a measurement spans at least (s): agents deliver in bursts, up to 2 s apart.
+pub const MIN_WINDOW_S: f64 = 2.0;
 
 /// Largest power of two ≤ x (at least 1).
 fn pow2_floor(x: f64) -> u32 {
@@ -50,13 +63,12 @@ fn pow2_floor(x: f64) -> u32 {
 }
 
 impl Policy {
-    /// One tick, `dt_s` after the previous one: the rates per node when they changed.
+    /// One tick: the rates per node when they changed.
     pub fn tick(
         &mut self,
         st: &mut State,
         budget: f64,
         forced: Option<u32>,
-        dt_s: f64,
     ) -> Option<Arc<ByNode>> {
         if self.factor == 0 {
             self.factor = 1;
@@ -72,21 +84,42 @@ impl Policy {
         }
         let mut comms = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let mut jobs_seen = std::collections::HashSet::new();
         for (name, job) in &st.jobs {
             if job.ended.is_some() {
                 continue;
+            }
+            jobs_seen.insert(name.clone());
+            // A new measurement once the job's records moved on far enough in their own time.
+            let now = job.reorder.mean_reached();
+            let window = match (now, self.reached.get(name)) {
+                (Some(t), Some(&t0)) if (t - t0) / 1e9 >= MIN_WINDOW_S => Some((t - t0) / 1e9),
+                (Some(_), None) => Some(0.0), // the first look: a baseline
+                _ => None,
+            };
+            if let (Some(_), Some(t)) = (window, now) {
+                self.reached.insert(name.clone(), t);
             }
             for (id, c) in &job.comms {
                 let calls: u64 =
                     c.ops.values().map(|o| o.calls).sum::<u64>() + c.p2p_sends + c.p2p_recvs;
                 let hi = c.progress.values().copied().max().unwrap_or(0);
                 let key = (name.clone(), *id);
-                let (c0, h0) = self.last.get(&key).copied().unwrap_or((calls, hi));
-                self.last.insert(key.clone(), (calls, hi));
-                seen.insert(key);
-                // p2p counts both ends of a message; calls are what agents send.
-                let rate = calls.saturating_sub(c0) as f64 / dt_s.max(0.1);
-                let inst = hi.saturating_sub(h0) as f64 / dt_s.max(0.1);
+                seen.insert(key.clone());
+                if let Some(dt_s) = window {
+                    let before = self.last.insert(key.clone(), (calls, hi));
+                    if let Some((c0, h0)) = before.filter(|_| dt_s > 0.0) {
+                        // p2p counts both ends of a message; calls are what agents send.
+                        self.measured.insert(
+                            key.clone(),
+                            (
+                                calls.saturating_sub(c0) as f64 / dt_s,
+                                hi.saturating_sub(h0) as f64 / dt_s,
+                            ),
+                        );
+                    }
+                }
+                let (rate, inst) = self.measured.get(&key).copied().unwrap_or((0.0, 0.0));
                 comms.push(C {
                     job: name.clone(),
                     comm: *id,
@@ -101,6 +134,8 @@ impl Policy {
             }
         }
         self.last.retain(|k, _| seen.contains(k));
+        self.measured.retain(|k, _| seen.contains(k));
+        self.reached.retain(|j, _| jobs_seen.contains(j));
         let cap = |c: &C| {
             if !c.collective {
                 // Point-to-point only: at least one message per second is kept.
@@ -134,7 +169,7 @@ impl Policy {
         } else if want > self.factor {
             self.under_ticks = 0;
             self.over_ticks += 1;
-            if self.over_ticks >= 2 {
+            if self.over_ticks >= 2 || kept_at(self.factor) >= 1.5 * budget {
                 self.factor = want;
                 self.over_ticks = 0;
             }
@@ -224,6 +259,70 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two ranks' all-reduces at `per_s` instances per second of record time, from record
+    /// second `from_s` to `to_s` (the job began 60 s before the collector's now).
+    fn allreduces(st: &mut State, from_s: f64, to_s: f64, per_s: f64, seq0: u64) -> u64 {
+        use commscope_wire::op::{Clock, Op};
+        use commscope_wire::record::{Call, Record};
+        let n = ((to_s - from_s) * per_s) as u64;
+        for rank in 0..2 {
+            let header = commscope_wire::cst::Header {
+                job: "j".into(),
+                node: "n".into(),
+                pid: 100 + rank as u32,
+                rank,
+                world_size: 2,
+                mono_anchor: 1_000_000_000,
+                real_anchor: crate::state::now_ns() - 60_000_000_000,
+                ..Default::default()
+            };
+            let records: Vec<Record> = (0..n)
+                .map(|i| {
+                    let t = 1_000_000_000 + ((from_s + i as f64 / per_s) * 1e9) as u64;
+                    Record::Call(Call {
+                        rank,
+                        op: Op::Allreduce as u8,
+                        clock: Clock::HostMono as u8,
+                        comm_id: 7,
+                        comm_size: 2,
+                        seq: seq0 + i,
+                        t_enter: t - 1_000,
+                        t_exit: t,
+                        ..Default::default()
+                    })
+                })
+                .collect();
+            st.apply(&header, None, &records);
+        }
+        seq0 + n
+    }
+
+    #[test]
+    fn load_is_measured_per_second_of_the_records_own_time() {
+        // The collector takes in 4 s of a job's records in no time at all (it was behind):
+        // measured by arrival that is an enormous rate, by record time it is what the job made.
+        let mut st = State::new(crate::state::Limits::default());
+        let mut p = Policy::default();
+        let seq = allreduces(&mut st, 0.0, 2.0, 1000.0, 0);
+        assert!(p.tick(&mut st, 1e9, None).is_none(), "a baseline only");
+        let seq = allreduces(&mut st, 2.0, 6.0, 1000.0, seq);
+        p.tick(&mut st, 1e9, None);
+        // 2 ranks × 1,000 calls per second.
+        assert!(
+            (p.offered - 2000.0).abs() < 200.0,
+            "offered {} calls/s",
+            p.offered
+        );
+        // Under a budget of 500 calls/s the factor rises (at once: kept is 4× the budget), but
+        // never past the cap that keeps 4 instances a second.
+        allreduces(&mut st, 6.0, 9.0, 1000.0, seq);
+        let rates = p.tick(&mut st, 500.0, None).expect("rates change");
+        let r = &rates["n"][0];
+        assert_eq!(r.comm_id, 7);
+        assert_eq!(r.modulus, 4);
+        assert!(r.from_seq > seq, "applies ahead of the fastest member");
+    }
 
     #[test]
     fn powers_of_two_round_down() {
