@@ -622,7 +622,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 e.kind.name(),
                 e.ranks,
                 t - o,
-                opened_job[i].map_or(f64::NAN, |j| j - o),
+                opened_job[i].map_or(f64::NAN, |j| (j - o).max(0.0)),
             ),
             (Some(t), None) => println!(
                 "{}: {} of {:?} named at {t:.1} s",

@@ -316,6 +316,18 @@ pub fn render(s: &Shared) -> String {
             "Communicators of the job sampled now (modulus above 1).",
             |j| j.sampled_comms as usize,
         ),
+        (
+            "commscope_job_records_awaiting_order",
+            "gauge",
+            "Records of the job held until every live rank's stream has passed their time, before the detectors see them.",
+            |j| j.reorder.len(),
+        ),
+        (
+            "commscope_job_records_out_of_order_total",
+            "counter",
+            "Records of the job the detectors saw out of time order: arrived behind the watermark, or handed over early from a full reorder buffer.",
+            |j| (j.reorder.late + j.reorder.forced) as usize,
+        ),
     ] {
         family(&mut o, name, kind, help);
         for j in &jobs {
