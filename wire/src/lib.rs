@@ -18,6 +18,7 @@
 pub mod crc;
 pub mod cst;
 pub mod hash;
+pub mod nccl_hash;
 pub mod op;
 pub mod record;
 pub mod registration;
