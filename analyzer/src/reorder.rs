@@ -234,14 +234,16 @@ mod tests {
     use super::*;
     use crate::stream::Tuning;
 
-    fn call(rank: i32, seq: u64, t_exit: u64) -> Call {
-        Call {
+    /// Hands `r` a call of `rank` that ended at `t`.
+    fn put(r: &mut Reorder, det: &mut Detectors, rank: i32, seq: u64, t: u64) {
+        let c = Call {
             rank,
             seq,
-            t_enter: t_exit.saturating_sub(1_000),
-            t_exit,
+            t_enter: t.saturating_sub(1_000),
+            t_exit: t,
             ..Default::default()
-        }
+        };
+        r.call(&c, t, det);
     }
 
     #[test]
@@ -250,9 +252,9 @@ mod tests {
         let mut r = Reorder::new(3_000_000_000, 1000);
         // Rank 0 delivers a second of calls at once; rank 1 has reached only 0.4 s.
         for i in 1..=10 {
-            r.call(&call(0, i, i * 100_000_000), i * 100_000_000, &mut det);
+            put(&mut r, &mut det, 0, i, i * 100_000_000);
         }
-        r.call(&call(1, 1, 400_000_000), 400_000_000, &mut det);
+        put(&mut r, &mut det, 1, 1, 400_000_000);
         assert_eq!(r.watermark(1_000_000_000), 400_000_000);
         r.release(1_000_000_000, &mut det);
         assert_eq!(r.len(), 6, "rank 0's calls after 0.4 s wait for rank 1");
@@ -268,14 +270,14 @@ mod tests {
         let mut det = Detectors::new("j", Tuning::default());
         let mut r = Reorder::new(2_000_000_000, 1000);
         r.reached(7, 1_000_000_000);
-        r.call(&call(0, 1, 5_000_000_000), 5_000_000_000, &mut det);
+        put(&mut r, &mut det, 0, 1, 5_000_000_000);
         // Rank 7 is stuck at 1 s: at 6 s the watermark is 4 s, at 7 s it is 5 s.
         assert_eq!(r.release(6_000_000_000, &mut det), 4_000_000_000);
         assert_eq!(r.len(), 1);
         assert_eq!(r.release(7_000_000_000, &mut det), 5_000_000_000);
         assert!(r.is_empty());
         // Rank 7 resumes with a call behind the watermark: handed over at once, counted.
-        r.call(&call(7, 1, 1_500_000_000), 1_500_000_000, &mut det);
+        put(&mut r, &mut det, 7, 1, 1_500_000_000);
         assert!(r.is_empty());
         assert_eq!(r.late, 1);
     }
@@ -285,7 +287,7 @@ mod tests {
         let mut det = Detectors::new("j", Tuning::default());
         let mut r = Reorder::new(2_000_000_000, 1000);
         r.expect_ranks(2);
-        r.call(&call(0, 1, 1_000_000_000), 1_000_000_000, &mut det);
+        put(&mut r, &mut det, 0, 1, 1_000_000_000);
         assert_eq!(r.release(1_500_000_000, &mut det), 0);
         assert_eq!(r.len(), 1, "rank 1 may still deliver calls before 1 s");
         r.reached(1, 900_000_000);
@@ -302,7 +304,7 @@ mod tests {
         let mut r = Reorder::new(u64::MAX, 4);
         r.reached(9, 0);
         for i in 1..=6 {
-            r.call(&call(0, i, i * 10), i * 10, &mut det);
+            put(&mut r, &mut det, 0, i, i * 10);
         }
         assert_eq!(r.len(), 4);
         assert_eq!(r.forced, 2);

@@ -13,8 +13,8 @@
 //!   communicator (a step's world all-reduce) is never thinned at all. Doubling stops where it
 //!   no longer helps.
 //! - `g` is raised at once when the kept load is 1.5 times the budget or more, else after two
-//!   ticks over it; it is lowered (halved) only after the offered
-//!   load stayed under half the budget for ten seconds.
+//!   ticks over it; it is lowered (halved) only after the offered load stayed under half the
+//!   budget for ten seconds.
 //! - A new modulus applies from an instance a second or more ahead of the fastest member, so every
 //!   agent has it before its ranks get there; a communicator without collectives (point-to-point
 //!   only) switches at once.

@@ -280,9 +280,8 @@ impl JobState {
 
     /// The instance detectors' findings now; calls in flight join the mismatch check.
     pub fn instance_findings(&mut self, now: u64) -> Vec<commscope_analyzer::Finding> {
-        self.release(now);
-        self.detectors
-            .advance(self.reorder.watermark(self.record_now(now)));
+        let reached = self.release(now);
+        self.detectors.advance(reached);
         let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
             .ranks
             .values()
@@ -310,14 +309,15 @@ impl JobState {
     }
 
     /// Hands the detectors what every live rank's stream has passed (everything once the job
-    /// ended).
-    fn release(&mut self, now: u64) {
+    /// ended); returns how far the detectors' time may go.
+    fn release(&mut self, now: u64) -> u64 {
         self.released_at = now;
+        let t = self.record_now(now);
         if self.ended.is_some() || self.all_exited() {
             self.reorder.release_all(&mut self.detectors);
+            t
         } else {
-            let t = self.record_now(now);
-            self.reorder.release(t, &mut self.detectors);
+            self.reorder.release(t, &mut self.detectors)
         }
     }
 
@@ -562,8 +562,7 @@ impl State {
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;
-                    let t = at(k.t_last);
-                    job.reorder.skip(k, t, &mut job.detectors);
+                    job.reorder.skip(k, at(k.t_last), &mut job.detectors);
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&k.comm_id) {
                         job.comms_dropped += 1;
                         continue;
