@@ -83,10 +83,13 @@ fn feed_in_time_order(
         det.rank_node(p.header.rank, &p.header.node);
         for (ri, r) in p.records.iter().enumerate() {
             let t = match r {
-                Record::Call(c) => real_time(p, c.t_exit, c.clock()),
+                Record::Call(c) => real_time(p, c.span().1, c.clock()),
                 Record::Skip(k) => real_time(p, k.t_last, Clock::HostMono),
                 Record::Process(x) if x.event == ProcessEvent::Step => {
                     real_time(p, x.t_mono, Clock::HostMono)
+                }
+                Record::Comm(c) if c.event == CommEvent::Failed => {
+                    real_time(p, c.t, Clock::HostMono)
                 }
                 _ => continue,
             };
@@ -100,6 +103,7 @@ fn feed_in_time_order(
             Record::Call(c) => det.call(c, t),
             Record::Skip(k) => det.skip(k, t),
             Record::Process(x) => det.step_marker(x.rank, x.step, t),
+            Record::Comm(c) => det.comm_failed(c, t),
             _ => {}
         }
     }

@@ -239,6 +239,82 @@ struct ErrInfo {
     status: i32,
     count: u64,
     first_s: f64,
+    source: ErrSource,
+    /// The library's own words, when it gave them (NCCL's `ncclGetLastError`).
+    message: String,
+    /// The library that reported it (`commscope_wire::op::lib`).
+    lib: u8,
+}
+
+/// Where a communicator's error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ErrSource {
+    /// Calls returned it.
+    Call,
+    /// Creating the communicator failed.
+    Init,
+    /// The library reported it asynchronously (`ncclCommGetAsyncError`).
+    Async,
+}
+
+/// The sentence of a `comm-error` finding.
+fn error_summary(e: &ErrInfo, ranks: &[i32], nodes: &[String], comm: u64) -> String {
+    let who = ranks_phrase(ranks);
+    let on = if nodes.is_empty() {
+        "an unknown node".to_owned()
+    } else {
+        nodes.join(", ")
+    };
+    let those = if nodes.len() == 1 {
+        "that node"
+    } else {
+        "those nodes"
+    };
+    let nccl = e.lib != commscope_wire::op::lib::MPI;
+    let mut error = if nccl {
+        format!("{}, {}", e.status, nccl_error_name(e.status))
+    } else {
+        e.status.to_string()
+    };
+    if !e.message.is_empty() {
+        error = format!("{error} (\"{}\")", e.message);
+    }
+    match e.source {
+        ErrSource::Init if nccl => format!(
+            "{who} on {on} could not create NCCL communicator {}: error {error} — the job cannot communicate; rerun with NCCL_DEBUG=WARN and read its log on {those} (network interfaces, NCCL_SOCKET_IFNAME, GPU visibility)",
+            format_comm_id(comm)
+        ),
+        ErrSource::Init => format!(
+            "{who} on {on} could not create communicator {}: error {error} — read the library's error log on {those}",
+            format_comm_id(comm)
+        ),
+        ErrSource::Async => format!(
+            "{who} on {on} reported asynchronous error {error} on NCCL communicator {} — the communicator is broken and its pending collectives will not finish: read the NCCL log on {those} and restart the job",
+            format_comm_id(comm)
+        ),
+        ErrSource::Call => format!(
+            "{who} on {on} got error {error} from {} on communicator {} ({} failed call{} from #{}) — the communicator is broken: read the library's error log on {those} and restart the job",
+            e.op,
+            format_comm_id(comm),
+            e.count,
+            if e.count == 1 { "" } else { "s" },
+            e.first_seq,
+        ),
+    }
+}
+
+/// The name and meaning of an `ncclResult_t`.
+fn nccl_error_name(status: i32) -> &'static str {
+    match status {
+        1 => "ncclUnhandledCudaError: a CUDA call failed",
+        2 => "ncclSystemError: a system call failed (sockets, memory, shared memory)",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError: a peer process exited or the network failed",
+        8 => "ncclTimeout",
+        _ => "an unknown NCCL error",
+    }
 }
 
 /// A mismatched instance.
@@ -379,6 +455,9 @@ impl Detectors {
             self.now_s = now;
         }
         let op = c.op();
+        // NCCL calls carry their GPU interval: when the kernel ran, waiting for its peers
+        // included. (A call captured into a CUDA graph shares the persistent bit: not blocking.)
+        let (t_start, t_end) = c.span();
         let blocking = c.flags & (flags::NONBLOCKING | flags::PERSISTENT | flags::UNTRACKED) == 0;
         let r = self.ranks.entry(c.rank).or_default();
         r.sampled |= c.sample_shift > 0 || c.flags & flags::COMPUTE_KNOWN != 0;
@@ -396,20 +475,20 @@ impl Detectors {
             if r.last_on_comm.len() >= 1024 && !r.last_on_comm.contains_key(&c.comm_id) {
                 r.last_on_comm.clear();
             }
-            r.last_on_comm.insert(c.comm_id, (c.t_exit, 0, r.blamed_ns));
+            r.last_on_comm.insert(c.comm_id, (t_end, 0, r.blamed_ns));
         } else if blocking {
             if let Some(&(t_exit, inside, blamed)) = r.last_on_comm.get(&c.comm_id) {
                 blamed_before = blamed;
-                let span = c.t_enter.saturating_sub(t_exit);
+                let span = t_start.saturating_sub(t_exit);
                 compute = Some(span.saturating_sub(r.inside_ns.saturating_sub(inside)));
             }
-            r.inside_ns += c.duration_ns();
+            r.inside_ns += c.span_ns();
             if r.last_on_comm.len() >= 1024 && !r.last_on_comm.contains_key(&c.comm_id) {
                 // A program that makes communicators without end: start over.
                 r.last_on_comm.clear();
             }
             r.last_on_comm
-                .insert(c.comm_id, (c.t_exit, r.inside_ns, r.blamed_ns));
+                .insert(c.comm_id, (t_end, r.inside_ns, r.blamed_ns));
         } else {
             // Its wait is not known: the next instance on this comm has no compute measure.
             r.last_on_comm.remove(&c.comm_id);
@@ -422,6 +501,9 @@ impl Detectors {
                 status: c.status,
                 count: 0,
                 first_s: now,
+                source: ErrSource::Call,
+                message: String::new(),
+                lib: c.lib,
             });
             e.ranks.insert(c.rank);
             e.count += 1;
@@ -441,7 +523,7 @@ impl Detectors {
         });
         p.entries.push(Entry {
             rank: c.rank,
-            dur_ns: c.duration_ns(),
+            dur_ns: c.span_ns(),
             compute_ns: compute,
             blamed_before_ns: blamed_before,
             shape: Shape::of(op, c.bytes, c.peer, c.dtype, c.flags),
@@ -465,6 +547,37 @@ impl Detectors {
             let pending = &self.pending;
             self.pending_order.retain(|k| pending.contains_key(k));
         }
+    }
+
+    /// A communicator that could not be created, or that its library reported broken
+    /// asynchronously (a `comm` record with event `failed`).
+    pub fn comm_failed(&mut self, c: &commscope_wire::record::Comm, now_ns: u64) {
+        let now = now_ns as f64 / 1e9;
+        if now > self.now_s {
+            self.now_s = now;
+        }
+        let source = if c.flags & flags::COMM_ASYNC_ERROR != 0 {
+            ErrSource::Async
+        } else {
+            ErrSource::Init
+        };
+        let e = self.errors.entry(c.comm_id).or_insert_with(|| ErrInfo {
+            ranks: BTreeSet::new(),
+            first_seq: 0,
+            op: "",
+            status: c.status,
+            count: 0,
+            first_s: now,
+            source,
+            message: c.name().to_owned(),
+            lib: if c.flags & flags::NCCL_COMM != 0 {
+                commscope_wire::op::lib::NCCL
+            } else {
+                commscope_wire::op::lib::MPI
+            },
+        });
+        e.ranks.insert(c.rank);
+        e.count += 1;
     }
 
     /// Calls of `rank` that consistent sampling left out (a `skip` record): from now on its
@@ -699,7 +812,13 @@ impl Detectors {
                 .collect();
             let ranks: Vec<i32> = e.ranks.iter().copied().collect();
             out.push(Finding {
-                id: finding_id(Kind::CommError, &self.job, Some(*comm), &ranks, Some(e.first_seq)),
+                id: finding_id(
+                    Kind::CommError,
+                    &self.job,
+                    Some(*comm),
+                    &ranks,
+                    Some(e.first_seq),
+                ),
                 kind: Kind::CommError,
                 class: Class::CommunicationHang,
                 state: State::Open,
@@ -712,19 +831,24 @@ impl Detectors {
                 opened_at: (e.first_s * 1e9) as u64,
                 resolved_at: None,
                 confidence: 0.99,
-                summary: format!(
-                    "{} on {} got error {} from {} on communicator {} ({} failed call{} from #{}) — the communicator is broken: read the library's error log on {} and restart the job",
-                    ranks_phrase(&ranks),
-                    nodes.iter().cloned().collect::<Vec<_>>().join(", "),
-                    e.status,
-                    e.op,
-                    format_comm_id(*comm),
-                    e.count,
-                    if e.count == 1 { "" } else { "s" },
-                    e.first_seq,
-                    if nodes.len() == 1 { "that node" } else { "those nodes" },
+                summary: error_summary(
+                    e,
+                    &ranks,
+                    &nodes.iter().cloned().collect::<Vec<_>>(),
+                    *comm,
                 ),
-                evidence: json!({"status": e.status, "failed_calls": e.count, "op": e.op}),
+                evidence: json!({
+                    "status": e.status,
+                    "failed_calls": e.count,
+                    "op": e.op,
+                    "source": match e.source {
+                        ErrSource::Call => "call",
+                        ErrSource::Init => "init",
+                        ErrSource::Async => "async",
+                    },
+                    "library": commscope_wire::op::lib::name(e.lib),
+                    "message": e.message,
+                }),
             });
         }
         out

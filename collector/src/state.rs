@@ -514,7 +514,7 @@ impl State {
                 Record::Call(c) => {
                     calls += 1;
                     let t = if c.clock() == commscope_wire::op::Clock::HostMono {
-                        at(c.t_exit)
+                        at(c.span().1)
                     } else {
                         now
                     };
@@ -545,7 +545,7 @@ impl State {
                     let s = comm.ops.entry(c.op).or_default();
                     s.calls += 1;
                     s.bytes += c.bytes;
-                    let d = c.duration_ns() as f64 / 1e9;
+                    let d = c.span_ns() as f64 / 1e9;
                     s.duration_sum_s += d;
                     if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                         comm.max_duration_s = comm.max_duration_s.max(d);
@@ -592,6 +592,9 @@ impl State {
                     s.duration_sum_s += k.inside_ns as f64 / 1e9;
                 }
                 Record::Comm(c) => {
+                    if c.event == CommEvent::Failed {
+                        job.detectors.comm_failed(c, at(c.t));
+                    }
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
                         job.comms_dropped += 1;
                         continue;
@@ -603,7 +606,7 @@ impl State {
                             comm.progress.entry(c.rank).or_insert(0);
                             comm.members.insert(c.comm_rank, c.rank);
                         }
-                        CommEvent::Named | CommEvent::Freed => {}
+                        CommEvent::Named | CommEvent::Freed | CommEvent::Failed => {}
                     }
                     if !c.name().is_empty() && c.event != CommEvent::Freed {
                         comm.name = c.name().to_owned();

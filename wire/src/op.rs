@@ -261,6 +261,18 @@ pub mod flags {
     /// two minus its time inside every blocking call in between, kept or left out).
     pub const COMPUTE_KNOWN: u16 = 1 << 15;
 
+    /// NCCL calls: issued while its stream was being captured into a CUDA graph. The call only
+    /// recorded work into the graph (it runs at each graph launch), so it has no GPU interval and
+    /// its host time is not the operation's. Shares bit 1 with [`PERSISTENT`], which only MPI
+    /// calls carry.
+    pub const GRAPH_CAPTURED: u16 = 1 << 1;
+
+    /// Comm: an NCCL (or RCCL) communicator.
+    pub const NCCL_COMM: u16 = 1 << 0;
+    /// Comm, event `failed`: the library reported the error asynchronously on a communicator
+    /// that was working (`ncclCommGetAsyncError`), rather than failing to create it.
+    pub const COMM_ASYNC_ERROR: u16 = 1 << 1;
+
     /// Heartbeat: the last heartbeat of a process that shut down cleanly.
     pub const FINAL: u16 = 1 << 0;
     /// Heartbeat: written by the node agent after the process ended, from the counters in its
@@ -270,6 +282,32 @@ pub mod flags {
     /// Process: written by the node agent, which saw the process end (its `exit_status` and
     /// `signal` come from the kernel).
     pub const OBSERVED: u16 = 1 << 0;
+}
+
+/// The library a call went to (`Call::lib`).
+pub mod lib {
+    pub const MPI: u8 = 0;
+    pub const NCCL: u8 = 1;
+    pub const RCCL: u8 = 2;
+
+    /// The contract name: `mpi`, `nccl` or `rccl` (`mpi` for codes this version does not know).
+    pub fn name(code: u8) -> &'static str {
+        match code {
+            NCCL => "nccl",
+            RCCL => "rccl",
+            _ => "mpi",
+        }
+    }
+
+    /// The code of a name, if known.
+    pub fn from_name(s: &str) -> Option<u8> {
+        match s {
+            "mpi" => Some(MPI),
+            "nccl" => Some(NCCL),
+            "rccl" => Some(RCCL),
+            _ => None,
+        }
+    }
 }
 
 /// The clock a record's timestamps are on.

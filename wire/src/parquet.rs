@@ -125,6 +125,7 @@ pub fn schema() -> SchemaRef {
         u64f("gpu_start_ns", true),
         u64f("gpu_end_ns", true),
         strf("clock", true),
+        strf("library", true),
         Field::new("offset_ns", DataType::Int64, true),
         u64f("error_ns", true),
         i32f("comm_rank", true),
@@ -134,6 +135,7 @@ pub fn schema() -> SchemaRef {
         u64f("parent_comm_id", true),
         strf("comm_name", true),
         i32f("remote_size", true),
+        i32f("device", true),
         // heartbeat / process / comm time
         u64f("t_ns", true),
         u64f("t_real_ns", true),
@@ -192,6 +194,7 @@ struct Columns {
     gpu_start: UInt64Builder,
     gpu_end: UInt64Builder,
     clock: StringBuilder,
+    library: StringBuilder,
     offset: Int64Builder,
     error: UInt64Builder,
     comm_rank: Int32Builder,
@@ -200,6 +203,7 @@ struct Columns {
     parent: UInt64Builder,
     comm_name: StringBuilder,
     remote_size: Int32Builder,
+    device: Int32Builder,
     t: UInt64Builder,
     t_real: UInt64Builder,
     in_flight: UInt32Builder,
@@ -269,7 +273,11 @@ impl Columns {
         self.flags.append_value(u32::from(flags));
         self.op
             .append_option(call.map(|c| c.op().name()).or(skip.map(|k| k.op().name())));
-        self.status.append_option(call.map(|c| c.status));
+        self.status.append_option(
+            call.map(|c| c.status).or(comm
+                .filter(|c| c.event == CommEvent::Failed)
+                .map(|c| c.status)),
+        );
         let comm_id = call
             .map(|c| c.comm_id)
             .or(comm.map(|c| c.comm_id))
@@ -308,6 +316,8 @@ impl Columns {
         self.gpu_end
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_end));
         self.clock.append_option(call.map(|c| c.clock().name()));
+        self.library
+            .append_option(call.map(|c| crate::op::lib::name(c.lib)));
         self.offset.append_option(clock.map(|c| c.offset_ns));
         self.error.append_option(clock.map(|c| c.error_ns));
         self.comm_rank.append_option(
@@ -325,6 +335,7 @@ impl Columns {
                 CommEvent::Created => "created",
                 CommEvent::Freed => "freed",
                 CommEvent::Named => "named",
+                CommEvent::Failed => "failed",
             })
             .or(pr.map(|p| match p.event {
                 ProcessEvent::Start => "start",
@@ -336,6 +347,8 @@ impl Columns {
         self.comm_name
             .append_option(comm.map(|c| c.name()).filter(|n| !n.is_empty()));
         self.remote_size.append_option(comm.map(|c| c.remote_size));
+        self.device
+            .append_option(comm.filter(|c| c.device >= 0).map(|c| c.device));
         self.t.append_option(
             comm.map(|c| c.t)
                 .or(hb.map(|b| b.t_mono))
@@ -407,6 +420,7 @@ impl Columns {
             Arc::new(self.gpu_start.finish()),
             Arc::new(self.gpu_end.finish()),
             Arc::new(self.clock.finish()),
+            Arc::new(self.library.finish()),
             Arc::new(self.offset.finish()),
             Arc::new(self.error.finish()),
             Arc::new(self.comm_rank.finish()),
@@ -415,6 +429,7 @@ impl Columns {
             Arc::new(self.parent.finish()),
             Arc::new(self.comm_name.finish()),
             Arc::new(self.remote_size.finish()),
+            Arc::new(self.device.finish()),
             Arc::new(self.t.finish()),
             Arc::new(self.t_real.finish()),
             Arc::new(self.in_flight.finish()),
@@ -473,6 +488,7 @@ pub fn write_with_metadata(
         "comm",
         "dtype",
         "clock",
+        "library",
         "event",
         "comm_name",
     ] {
@@ -677,6 +693,8 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let gpu_start = c.get::<UInt64Array>("gpu_start_ns", false)?;
         let gpu_end = c.get::<UInt64Array>("gpu_end_ns", false)?;
         let clock = c.get::<StringArray>("clock", false)?;
+        // Written since NCCL calls are recorded; older files hold MPI calls only.
+        let library = c.get::<StringArray>("library", false)?;
         let offset = c.get::<Int64Array>("offset_ns", false)?;
         let error = c.get::<UInt64Array>("error_ns", false)?;
         let comm_rank = c.get::<Int32Array>("comm_rank", false)?;
@@ -685,6 +703,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let parent = c.get::<UInt64Array>("parent_comm_id", false)?;
         let comm_name = c.get::<StringArray>("comm_name", false)?;
         let remote_size = c.get::<Int32Array>("remote_size", false)?;
+        let device = c.get::<Int32Array>("device", false)?;
         let t = c.get::<UInt64Array>("t_ns", false)?;
         let t_real = c.get::<UInt64Array>("t_real_ns", false)?;
         let in_flight = c.get::<UInt32Array>("in_flight", false)?;
@@ -765,6 +784,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     "gpu" => Clock::Gpu as u8,
                     _ => Clock::HostMono as u8,
                 },
+                lib: crate::op::lib::from_name(opt_str(library, i)).unwrap_or(crate::op::lib::MPI),
                 peer2: opt_i32(peer2, i, -1),
                 tag2: opt_i32(tag2, i, -1),
                 op_seq2: opt_u64(op_seq2, i),
@@ -777,6 +797,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     let ev = match opt_str(event, i) {
                         "freed" => CommEvent::Freed,
                         "named" => CommEvent::Named,
+                        "failed" => CommEvent::Failed,
                         _ => CommEvent::Created,
                     };
                     let mut cm = Comm::new(
@@ -791,6 +812,8 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     );
                     cm.rec_seq = rec_seq.value(i);
                     cm.flags = fl;
+                    cm.status = opt_i32(status, i, 0);
+                    cm.device = opt_i32(device, i, -1);
                     cm.set_name(opt_str(comm_name, i).as_bytes());
                     Record::Comm(cm)
                 }

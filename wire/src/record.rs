@@ -33,6 +33,9 @@ pub enum CommEvent {
     Freed = 2,
     /// The communicator was named (`MPI_Comm_set_name`, `ncclConfig_t.commName`).
     Named = 3,
+    /// Creating the communicator failed (`status` holds the library's error code), or it
+    /// reported an asynchronous error (`ncclCommGetAsyncError`) and is broken from then on.
+    Failed = 4,
 }
 
 /// `process` record events (byte 9).
@@ -108,6 +111,9 @@ pub struct Call {
     pub dtype: u16,
     /// Clock of `t_enter`/`t_exit` (see [`Clock`]).
     pub clock: u8,
+    /// The library the call went to ([`lib`]): MPI, NCCL or RCCL. Shares byte 110 with `clock`
+    /// (its high four bits).
+    pub lib: u8,
     /// `sendrecv`: the source.
     pub peer2: i32,
     /// `sendrecv`: the receive tag.
@@ -135,6 +141,29 @@ impl Call {
         self.t_exit.saturating_sub(self.t_enter)
     }
 
+    /// True when the call carries a GPU interval (`gpu_start`/`gpu_end`, on the host-mono clock
+    /// of `t_enter`).
+    pub fn has_gpu_time(&self) -> bool {
+        self.gpu_end != 0 && self.gpu_end >= self.gpu_start && self.gpu_start != 0
+    }
+
+    /// When the operation ran: its GPU interval when it has one (an NCCL kernel: from when the
+    /// stream reached it, through waiting for its peers, to the end of the transfer), else the
+    /// time the host spent inside the call.
+    pub fn span(&self) -> (u64, u64) {
+        if self.has_gpu_time() {
+            (self.gpu_start, self.gpu_end)
+        } else {
+            (self.t_enter, self.t_exit)
+        }
+    }
+
+    /// The length of [`Call::span`] in nanoseconds.
+    pub fn span_ns(&self) -> u64 {
+        let (a, b) = self.span();
+        b.saturating_sub(a)
+    }
+
     /// The sampling modulus the record was kept under (1: nothing left out).
     pub fn sample_modulus(&self) -> u64 {
         1u64 << self.sample_shift.min(32)
@@ -147,6 +176,10 @@ pub struct Comm {
     pub rec_seq: u64,
     pub event: CommEvent,
     pub flags: u16,
+    /// [`CommEvent::Failed`]: the library's error code; else 0.
+    pub status: i32,
+    /// The GPU (CUDA device ordinal) of an NCCL communicator's rank in this process, or -1.
+    pub device: i32,
     pub comm_id: u64,
     /// The parent communicator's id, 0 when none.
     pub parent: u64,
@@ -182,6 +215,8 @@ impl Comm {
             rec_seq: 0,
             event,
             flags: 0,
+            status: 0,
+            device: -1,
             comm_id,
             parent,
             t,
@@ -366,7 +401,7 @@ impl Record {
             Record::Call(c) => encode_call(b, kind::CALL, c),
             Record::Enter(c) => encode_call(b, kind::ENTER, c),
             Record::Comm(c) => {
-                header(b, kind::COMM, c.event as u8, c.flags, 0);
+                header(b, kind::COMM, c.event as u8, c.flags, c.status);
                 put_u64(b, 16, c.comm_id);
                 put_u64(b, 24, c.parent);
                 put_u64(b, 32, c.t);
@@ -375,7 +410,9 @@ impl Record {
                 put_i32(b, 48, c.size);
                 put_i32(b, 52, c.remote_size);
                 b[56] = c.name_len;
-                b[57..64].fill(0);
+                b[57..60].fill(0);
+                // The device plus one, so that 0 (what records without it hold) reads as none.
+                put_i32(b, 60, c.device.max(-1).saturating_add(1));
                 b[64..128].copy_from_slice(&c.name);
             }
             Record::Heartbeat(h) => {
@@ -442,6 +479,7 @@ impl Record {
                     1 => CommEvent::Created,
                     2 => CommEvent::Freed,
                     3 => CommEvent::Named,
+                    4 => CommEvent::Failed,
                     _ => return Err(DecodeError::BadField("comm event")),
                 };
                 let mut name = [0u8; COMM_NAME_MAX];
@@ -454,6 +492,8 @@ impl Record {
                     rec_seq,
                     event,
                     flags,
+                    status: get_i32(b, 12),
+                    device: get_i32(b, 60).saturating_sub(1),
                     comm_id: get_u64(b, 16),
                     parent: get_u64(b, 24),
                     t: get_u64(b, 32),
@@ -555,7 +595,7 @@ pub fn encode_call(b: &mut RawRecord, kind: u8, c: &Call) {
     put_i32(b, 100, c.comm_rank);
     put_i32(b, 104, c.comm_size);
     put_u16(b, 108, c.dtype);
-    b[110] = c.clock;
+    b[110] = (c.clock & 0x0f) | (c.lib << 4);
     b[111] = c.sample_shift;
     put_i32(b, 112, c.peer2);
     put_i32(b, 116, c.tag2);
@@ -583,7 +623,8 @@ fn decode_call(b: &RawRecord, rec_seq: u64) -> Call {
         comm_rank: get_i32(b, 100),
         comm_size: get_i32(b, 104),
         dtype: get_u16(b, 108),
-        clock: b[110],
+        clock: b[110] & 0x0f,
+        lib: b[110] >> 4,
         sample_shift: b[111],
         peer2: get_i32(b, 112),
         tag2: get_i32(b, 116),

@@ -216,20 +216,22 @@ impl Sampler {
                 c.flags & (flags::NONBLOCKING | flags::PERSISTENT | flags::UNTRACKED) == 0;
             let op = c.op();
             let collective = !op.is_p2p() && op != Op::None;
+            // GPU interval for NCCL calls that have one, else the host's time inside the call.
+            let (t_start, t_end) = c.span();
             let compute = match self.last_on_comm.get(&c.comm_id) {
-                Some(&(t_exit, inside, true)) if blocking && collective && c.t_enter >= t_exit => {
-                    Some((c.t_enter - t_exit).saturating_sub(self.inside - inside))
+                Some(&(t_exit, inside, true)) if blocking && collective && t_start >= t_exit => {
+                    Some((t_start - t_exit).saturating_sub(self.inside - inside))
                 }
                 _ => None,
             };
             if blocking {
-                self.inside += c.duration_ns();
+                self.inside += c.span_ns();
             }
             if self.last_on_comm.len() >= 4096 && !self.last_on_comm.contains_key(&c.comm_id) {
                 self.last_on_comm.clear();
             }
             self.last_on_comm
-                .insert(c.comm_id, (c.t_exit, self.inside, blocking));
+                .insert(c.comm_id, (t_end, self.inside, blocking));
             if keep_call(&c, modulus) {
                 f.kept += 1;
                 c.sample_shift = shift_of(modulus);

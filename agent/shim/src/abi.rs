@@ -21,6 +21,8 @@ pub enum Flavour {
     OpenMpi,
     /// MPICH and its ABI family (Intel MPI, MVAPICH, Cray MPICH): handles are 32-bit ints.
     Mpich,
+    /// No MPI in the process: an NCCL (or RCCL) job started by another launcher.
+    None,
 }
 
 impl Flavour {
@@ -29,6 +31,7 @@ impl Flavour {
         match self {
             Flavour::OpenMpi => "openmpi",
             Flavour::Mpich => "mpich",
+            Flavour::None => "nccl",
         }
     }
 }
@@ -282,11 +285,35 @@ impl Abi {
         Some(abi)
     }
 
+    /// The ABI of a process without MPI (no MPI entry point is ever recorded there).
+    pub fn absent() -> Abi {
+        Abi {
+            flavour: Flavour::None,
+            comm_world: u64::MAX,
+            comm_self: u64::MAX - 1,
+            comm_null: 0,
+            request_null: 0,
+            any_source: -1,
+            any_tag: -1,
+            proc_null: -2,
+            root: -4,
+            undefined: -32766,
+            in_place: 1,
+            status_ignore: 1,
+            status_size: 0,
+            status_source: 0,
+            status_tag: 0,
+            status_error: 0,
+            handle_size: 8,
+            dtypes: Vec::new(),
+        }
+    }
+
     /// A handle as commscope compares and hashes it: MPICH handles are 32-bit.
     #[inline]
     pub fn norm(&self, h: H) -> u64 {
         match self.flavour {
-            Flavour::OpenMpi => h as u64,
+            Flavour::OpenMpi | Flavour::None => h as u64,
             Flavour::Mpich => h as u32 as u64,
         }
     }

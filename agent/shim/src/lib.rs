@@ -16,7 +16,9 @@
 pub mod abi;
 pub mod agent;
 pub mod clock;
+pub mod cuda;
 pub mod mpi;
+pub mod nccl;
 pub mod state;
 pub mod tables;
 pub mod util;

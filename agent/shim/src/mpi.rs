@@ -18,7 +18,7 @@ use commscope_wire::record::{Call, CommEvent, EXIT_STATUS_UNKNOWN};
 use commscope_wire::shm::{Counter, in_flight_status};
 
 use crate::abi::{H, STATUS_MAX, pmpi};
-use crate::state::{Begun, Shim, Slot, activate, active, life, shielded, shutdown};
+use crate::state::{Begun, Shim, Slot, activate, active_mpi, life, shielded, shutdown};
 use crate::tables::{CommEntry, CommInfo, Dir, Pending, comm_flags};
 use crate::util::now_mono;
 
@@ -125,7 +125,7 @@ pmpi! {
 /// `if (commscope_step) commscope_step(n);` — without the shim, nothing happens.
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn commscope_step(step: u64) {
-    let Some((shim, _guard)) = active() else {
+    let Some((shim, _guard)) = active_mpi() else {
         return;
     };
     shielded(shim, || shim.push_step(step));
@@ -408,7 +408,7 @@ fn cnt(c: impl Into<i64>) -> u64 {
 
 macro_rules! real_or {
     ($call:expr) => {
-        match active() {
+        match active_mpi() {
             Some(x) => x,
             // SAFETY: pass-through of the application's arguments.
             None => return unsafe { $call },

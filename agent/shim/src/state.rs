@@ -72,6 +72,30 @@ pub fn active() -> Option<(&'static Shim, Guard)> {
     Some((shim, Guard(())))
 }
 
+/// The recorder for an MPI entry point: recording, not re-entered, and MPI is what activated
+/// it (a process whose NCCL activated the shim before any `MPI_Init` has no MPI ABI to use).
+#[inline]
+pub fn active_mpi() -> Option<(&'static Shim, Guard)> {
+    active().filter(|(s, _)| s.mpi)
+}
+
+/// Marks this thread as inside a wrapper whatever the lifecycle state (so the library's calls
+/// to its own entry points pass through while, e.g., a communicator is being created and the
+/// recorder may activate); `None` when already inside one.
+#[inline]
+pub fn enter_hook() -> Option<Guard> {
+    if IN_HOOK.with(|f| f.replace(true)) {
+        return None;
+    }
+    Some(Guard(()))
+}
+
+/// Whether this thread is inside a wrapper (a library calling its own entry points).
+#[inline]
+pub fn in_hook() -> bool {
+    IN_HOOK.with(Cell::get)
+}
+
 /// The current lifecycle state.
 pub fn life() -> u8 {
     LIFE.load(Ordering::Acquire)
@@ -128,6 +152,9 @@ pub struct Begun {
 #[derive(Debug)]
 pub struct Shim {
     pub abi: Abi,
+    /// MPI activated the recorder (else NCCL did, and `abi` is [`Abi::absent`]).
+    pub mpi: bool,
+    pub nccl: crate::nccl::NcclState,
     pub shm: Shm,
     pub memfd: c_int,
     pub config: Config,
@@ -252,6 +279,30 @@ pub fn activate() {
         return;
     }
     let result = std::panic::catch_unwind(build);
+    install(result);
+}
+
+/// Activates recording for a process that uses NCCL without MPI, at its first communicator:
+/// `rank`/`size` and `first_comm` (that communicator's `commHash`) stand in where the launcher's
+/// environment says nothing.
+pub fn activate_nccl(rank: i32, size: i32, first_comm: u64) {
+    if life() != life::DORMANT {
+        return;
+    }
+    if util::env_flag("COMMSCOPE_DISABLE", false) {
+        set_life(life::OFF);
+        return;
+    }
+    static ONCE: Mutex<()> = Mutex::new(());
+    let _g = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    if life() != life::DORMANT {
+        return;
+    }
+    let result = std::panic::catch_unwind(|| build_nccl(rank, size, first_comm));
+    install(result);
+}
+
+fn install(result: std::thread::Result<Result<Shim, String>>) {
     match result {
         Ok(Ok(shim)) => {
             let shim: &'static Shim = Box::leak(Box::new(shim));
@@ -282,6 +333,75 @@ pub fn activate() {
             ));
         }
     }
+}
+
+/// The first integer among the launchers' environment variables.
+fn env_int(names: &[&str]) -> Option<i32> {
+    names
+        .iter()
+        .find_map(|n| util::env(n).and_then(|v| v.trim().parse::<i32>().ok()))
+}
+
+fn build_nccl(rank_hint: i32, size_hint: i32, first_comm: u64) -> Result<Shim, String> {
+    let config = Config::from_env();
+    let rank = env_int(&[
+        "RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "SLURM_PROCID",
+    ])
+    .unwrap_or(rank_hint.max(0));
+    let size = env_int(&[
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "SLURM_NTASKS",
+    ])
+    .unwrap_or(size_hint.max(1));
+    let pid = std::process::id();
+    let start_time = util::process_start_time();
+    // Every rank's first communicator is normally the job's world one, whose commHash they all
+    // share: without a launcher id it names the job.
+    let job = match job_from_env() {
+        Some(j) => util::sanitize_job(&j),
+        None if first_comm != 0 => format!("nccl-{first_comm:016x}"),
+        None => util::sanitize_job(&format!("nccl-local-{pid}-{start_time}")),
+    };
+    let node = util::env("COMMSCOPE_NODE")
+        .or_else(|| util::env("NODE_NAME"))
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(hostname);
+    let (shm, memfd) = create_region(&config)?;
+    shm.set_identity(pid, start_time, rank, size, &job, &node);
+    let slots = config.in_flight_slots as usize;
+    Ok(Shim {
+        library: crate::nccl::library_string(),
+        abi: Abi::absent(),
+        mpi: false,
+        nccl: crate::nccl::NcclState::new(slots),
+        shm,
+        memfd,
+        config,
+        rank,
+        world_size: size,
+        job,
+        node,
+        pid,
+        start_time,
+        mono_anchor: now_mono(),
+        real_anchor: now_real(),
+        comms: CommTable::new(16),
+        requests: RequestTable::new(16),
+        persistent: RequestTable::new(16),
+        p2p: P2pTable::new(16384),
+        world_group: 0,
+        set_counters: Mutex::new(HashMap::new()),
+        local_ids: AtomicU64::new(0),
+        local: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        background: Mutex::new(None),
+    })
 }
 
 fn build() -> Result<Shim, String> {
@@ -344,9 +464,12 @@ fn build() -> Result<Shim, String> {
     // SAFETY: the out-pointer was just written by MPI.
     let world_group = unsafe { abi.read_handle((&world_group as *const u64).cast()) } as H;
 
+    let slots = config.in_flight_slots as usize;
     let shim = Shim {
         library: crate::abi::library_version(),
         abi,
+        mpi: true,
+        nccl: crate::nccl::NcclState::new(slots),
         shm,
         memfd,
         config,
@@ -403,7 +526,10 @@ fn hostname() -> String {
 }
 
 extern "C" fn at_exit() {
-    let _ = std::panic::catch_unwind(|| shutdown(false, EXIT_STATUS_UNKNOWN));
+    // An MPI process that exits without MPI_Finalize did not shut down cleanly; an NCCL-only
+    // process has nothing to finalize, and reaching exit() is its clean end.
+    let clean = shim().is_some_and(|s| !s.mpi);
+    let _ = std::panic::catch_unwind(|| shutdown(clean, EXIT_STATUS_UNKNOWN));
 }
 
 extern "C" fn in_forked_child() {
@@ -428,8 +554,10 @@ pub fn shutdown(clean: bool, exit_status: i32) {
         return;
     }
     let Some(shim) = shim() else { return };
-    // Stop the background thread and empty the ring first, so the last records find room
-    // even when the ring was full.
+    // Let the GPU poller write what completed (it stops once recording is DONE), then stop the
+    // background thread and empty the ring, so the last records find room even when the ring
+    // was full.
+    crate::nccl::stop(shim, std::time::Duration::from_millis(300));
     crate::writer::stop(shim);
     let now = now_mono();
     shim.push_heartbeat(now, clean);
@@ -811,6 +939,13 @@ impl Shim {
     /// nonblocking ones in a slot of their own.
     #[inline]
     pub fn claim(&self, call: &Call, status: u8) -> Slot {
+        self.claim_in(call, status, call.flags & flags::NONBLOCKING != 0)
+    }
+
+    /// As [`Shim::claim`], choosing the kind of slot: `owned` for a call whose work outlives it
+    /// (nonblocking MPI calls, NCCL work on a GPU).
+    #[inline]
+    pub fn claim_in(&self, call: &Call, status: u8, owned: bool) -> Slot {
         let entry = InFlight {
             comm_id: call.comm_id,
             seq: if Op::from_code(call.op).is_p2p() {
@@ -828,7 +963,7 @@ impl Shim {
             tid: util::tid(),
             comm_rank: call.comm_rank,
         };
-        let blocking = call.flags & flags::NONBLOCKING == 0;
+        let blocking = !owned;
         if blocking {
             let home = HOME.with(Cell::get);
             if home != usize::MAX {

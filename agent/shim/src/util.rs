@@ -133,7 +133,7 @@ impl Config {
                 .into(),
             ring_records: env_u64("COMMSCOPE_RING_RECORDS", 1 << 16, 1 << 6, 1 << 24)
                 .next_power_of_two(),
-            in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 256, 1, 1 << 16) as u32,
+            in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 1024, 1, 1 << 16) as u32,
             flush_ms: env_u64("COMMSCOPE_FLUSH_MS", 200, 10, 1000),
         }
     }

@@ -1,0 +1,419 @@
+/* TEST DOUBLE of NCCL (libnccl.so.2) — collectives among processes on one machine, without a GPU.
+ *
+ * Built by the tests as `libnccl.so.2` (with `pnccl*` twins, like NCCL's PROFAPI builds) on top
+ * of the CUDA driver test double. Each communicator is a shared-memory segment named after its
+ * unique id; a collective is a host function queued on the caller's stream (so it completes
+ * asynchronously, in stream order, like a kernel) that publishes "rank r reached operation k"
+ * and waits until every member has, then "transfers" its bytes at TESTDOUBLE_NCCL_GBPS (default
+ * 20) GB/s. A rank that never issues an operation leaves the others' stream work — and so their
+ * CUDA end events — waiting forever, as on a GPU.
+ *
+ * Between ncclGroupStart and ncclGroupEnd operations are queued; the group end launches one
+ * host function per stream that runs them together (a send and a receive between two ranks in one
+ * group cannot deadlock), as NCCL fuses a group into one kernel.
+ *
+ * Like the real library, ncclBcast calls the exported ncclBroadcast and ncclCommInitAll calls
+ * the exported ncclGetUniqueId (through the PLT, where a preloaded wrapper sees them).
+ *
+ * Fault injection: TESTDOUBLE_NCCL_ASYNC_ERROR="RANK:OPS" makes that rank's communicators report
+ * ncclRemoteError from ncclCommGetAsyncError once it has issued OPS operations.
+ * TESTDOUBLE_NCCL_VERSION sets what ncclGetVersion reports (default 23203).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int ncclResult_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef int CUresult;
+typedef void (*CUhostFn)(void *);
+extern CUresult cuLaunchHostFunc(uintptr_t stream, CUhostFn fn, void *arg);
+
+enum { ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
+       ncclRemoteError = 6 };
+
+#define MAXR 64
+#define MAX_SPLITS 64
+
+struct shared {
+    volatile uint64_t reached[MAXR];          /* collectives launched on the GPU, per rank */
+    volatile uint64_t sent[MAXR][MAXR];       /* p2p sends from a to b reached */
+    volatile uint64_t received[MAXR][MAXR];   /* p2p receives by b from a reached */
+    volatile int split_color[MAX_SPLITS][MAXR];
+    volatile int split_key[MAX_SPLITS][MAXR];
+    volatile uint64_t split_arrived[MAX_SPLITS];
+    volatile uint64_t joined;
+};
+
+struct ncclComm {
+    int rank, nranks, dev;
+    unsigned char id[128];
+    struct shared *sh;
+    uint64_t ops;            /* collectives issued */
+    uint64_t sends[MAXR], recvs[MAXR];
+    int splits;
+    int async_after;         /* -1: never */
+};
+typedef struct ncclComm *ncclComm_t;
+
+static int elem_size(int dt) {
+    switch (dt) {
+    case 0: case 1: case 10: case 11: return 1;
+    case 6: case 9: return 2;
+    case 2: case 3: case 7: return 4;
+    case 4: case 5: case 8: return 8;
+    default: return 0;
+    }
+}
+
+static double gbps(void) {
+    const char *s = getenv("TESTDOUBLE_NCCL_GBPS");
+    double v = s ? atof(s) : 20.0;
+    return v > 0 ? v : 20.0;
+}
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+}
+
+static void wait_until(volatile uint64_t *p, uint64_t v) {
+    while (__atomic_load_n(p, __ATOMIC_ACQUIRE) < v) usleep(50);
+}
+
+static void shm_name(const unsigned char *id, char *name, size_t len) {
+    uint64_t a, b;
+    memcpy(&a, id, 8);
+    memcpy(&b, id + 8, 8);
+    snprintf(name, len, "/testdouble-nccl-%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
+static struct shared *attach(const unsigned char *id) {
+    char name[64];
+    shm_name(id, name, sizeof name);
+    int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) return NULL;
+    if (ftruncate(fd, sizeof(struct shared)) != 0) { close(fd); return NULL; }
+    void *p = mmap(NULL, sizeof(struct shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Every pnccl* twin below is an alias of the same code as its nccl* name, as in NCCL's
+ * PROFAPI builds (src/include/core.h). */
+
+/* ----- library facts ------------------------------------------------------------------------- */
+
+ncclResult_t ncclGetVersion(int *v) {
+    const char *s = getenv("TESTDOUBLE_NCCL_VERSION");
+    *v = s ? atoi(s) : 23203;
+    return ncclSuccess;
+}
+ncclResult_t pncclGetVersion(int *v) __attribute__((alias("ncclGetVersion")));
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 17);
+    for (int i = 0; i < 128; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        id->internal[i] = (char)(x >> 24);
+    }
+    return ncclSuccess;
+}
+ncclResult_t pncclGetUniqueId(ncclUniqueId *id) __attribute__((alias("ncclGetUniqueId")));
+
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInvalidArgument: return "invalid argument";
+    default: return "internal error";
+    }
+}
+const char * pncclGetErrorString(ncclResult_t r) __attribute__((alias("ncclGetErrorString")));
+const char *ncclGetLastError(ncclComm_t c) { (void)c; return ""; }
+const char * pncclGetLastError(ncclComm_t c) __attribute__((alias("ncclGetLastError")));
+
+static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after);
+static ncclComm_t make_comm(const unsigned char *id, int nranks, int rank) { return make_comm2(id, nranks, rank, 1); }
+
+/* ----- communicators ------------------------------------------------------------------------- */
+
+static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after) {
+    if (nranks < 1 || nranks > MAXR || rank < 0 || rank >= nranks) return NULL;
+    struct ncclComm *c = calloc(1, sizeof *c);
+    c->rank = rank;
+    c->nranks = nranks;
+    const char *d = getenv("TESTDOUBLE_CUDA_DEVICE");
+    c->dev = d ? atoi(d) : 0;
+    memcpy(c->id, id, 128);
+    c->sh = attach(id);
+    c->async_after = -1;
+    const char *ae = getenv("TESTDOUBLE_NCCL_ASYNC_ERROR");
+    const char *r = getenv("RANK");
+    int myrank = r ? atoi(r) : rank;
+    if (ae) {
+        int er = -1, after = 0;
+        if (sscanf(ae, "%d:%d", &er, &after) == 2 && er == myrank) c->async_after = after;
+    }
+    if (!c->sh) { free(c); return NULL; }
+    __atomic_add_fetch(&c->sh->joined, 1, __ATOMIC_ACQ_REL);
+    /* Init is collective: wait for every member; then nobody needs the name any more. */
+    wait_until(&c->sh->joined, (uint64_t)nranks);
+    if (rank == 0 && unlink_after) {
+        char name[64];
+        shm_name(id, name, sizeof name);
+        shm_unlink(name);
+    }
+    return c;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    if (!comm) return ncclInvalidArgument;
+    *comm = make_comm((unsigned char *)id.internal, nranks, rank);
+    return *comm ? ncclSuccess : ncclInvalidArgument;
+}
+ncclResult_t pncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId id, int r) __attribute__((alias("ncclCommInitRank")));
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, void *config) {
+    (void)config;
+    if (!comm) return ncclInvalidArgument;
+    *comm = make_comm((unsigned char *)id.internal, nranks, rank);
+    return *comm ? ncclSuccess : ncclInvalidArgument;
+}
+ncclResult_t pncclCommInitRankConfig(ncclComm_t *c, int n, ncclUniqueId id, int r, void *cfg) __attribute__((alias("ncclCommInitRankConfig")));
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+    (void)devlist;
+    ncclUniqueId id;
+    ncclResult_t rc = ncclGetUniqueId(&id); /* through the PLT, as NCCL does */
+    if (rc != ncclSuccess) return rc;
+    struct shared *sh = attach((unsigned char *)id.internal);
+    if (!sh) return ncclInternalError;
+    /* One process holds every rank: no waiting for the others to join. */
+    sh->joined = (uint64_t)ndev;
+    for (int i = 0; i < ndev; i++) {
+        comms[i] = make_comm2((unsigned char *)id.internal, ndev, i, 0);
+        if (!comms[i]) return ncclInvalidArgument;
+        comms[i]->dev = devlist ? devlist[i] : i;
+    }
+    char name[64];
+    shm_name((unsigned char *)id.internal, name, sizeof name);
+    shm_unlink(name);
+    return ncclSuccess;
+}
+ncclResult_t pncclCommInitAll(ncclComm_t *c, int n, const int *d) __attribute__((alias("ncclCommInitAll")));
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, void *config) {
+    (void)config;
+    if (!comm) return ncclInvalidArgument;
+    int k = comm->splits++;
+    if (k >= MAX_SPLITS) return ncclInternalError;
+    struct shared *sh = comm->sh;
+    sh->split_color[k][comm->rank] = color;
+    sh->split_key[k][comm->rank] = key;
+    __atomic_add_fetch(&sh->split_arrived[k], 1, __ATOMIC_ACQ_REL);
+    wait_until(&sh->split_arrived[k], (uint64_t)comm->nranks);
+    *newcomm = NULL;
+    if (color < 0) return ncclSuccess;
+    int n = 0, me = 0;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (sh->split_color[k][r] != color) continue;
+        int kr = sh->split_key[k][r];
+        if (r != comm->rank && (kr < key || (kr == key && r < comm->rank))) me++;
+        n++;
+    }
+    unsigned char id[128];
+    memcpy(id, comm->id, 128);
+    for (int i = 0; i < 16; i++) id[i] ^= (unsigned char)(0x5a + k * 7 + color * 13 + i);
+    *newcomm = make_comm(id, n, me);
+    return *newcomm ? ncclSuccess : ncclInternalError;
+}
+ncclResult_t pncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *n, void *cfg) __attribute__((alias("ncclCommSplit")));
+
+ncclResult_t ncclCommCount(const ncclComm_t c, int *n) { if (!c) return ncclInvalidArgument; *n = c->nranks; return ncclSuccess; }
+ncclResult_t pncclCommCount(const ncclComm_t c, int *n) __attribute__((alias("ncclCommCount")));
+ncclResult_t ncclCommUserRank(const ncclComm_t c, int *r) { if (!c) return ncclInvalidArgument; *r = c->rank; return ncclSuccess; }
+ncclResult_t pncclCommUserRank(const ncclComm_t c, int *r) __attribute__((alias("ncclCommUserRank")));
+ncclResult_t ncclCommCuDevice(const ncclComm_t c, int *d) { if (!c) return ncclInvalidArgument; *d = c->dev; return ncclSuccess; }
+ncclResult_t pncclCommCuDevice(const ncclComm_t c, int *d) __attribute__((alias("ncclCommCuDevice")));
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
+    if (!c) return ncclInvalidArgument;
+    *e = (c->async_after >= 0 && c->ops >= (uint64_t)c->async_after) ? ncclRemoteError : ncclSuccess;
+    return ncclSuccess;
+}
+ncclResult_t pncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) __attribute__((alias("ncclCommGetAsyncError")));
+
+ncclResult_t ncclCommFinalize(ncclComm_t c) { return c ? ncclSuccess : ncclInvalidArgument; }
+ncclResult_t pncclCommFinalize(ncclComm_t c) __attribute__((alias("ncclCommFinalize")));
+ncclResult_t ncclCommDestroy(ncclComm_t c) { if (!c) return ncclInvalidArgument; free(c); return ncclSuccess; }
+ncclResult_t pncclCommDestroy(ncclComm_t c) __attribute__((alias("ncclCommDestroy")));
+ncclResult_t ncclCommAbort(ncclComm_t c) { if (!c) return ncclInvalidArgument; free(c); return ncclSuccess; }
+ncclResult_t pncclCommAbort(ncclComm_t c) __attribute__((alias("ncclCommAbort")));
+
+/* ----- operations ---------------------------------------------------------------------------- */
+
+enum opkind { COLL, SEND, RECV };
+
+struct op {
+    enum opkind kind;
+    ncclComm_t comm;
+    uint64_t k;      /* the collective's index, or the p2p message's index with its peer */
+    int peer;
+    uint64_t bytes;
+};
+
+struct batch {
+    int n;
+    struct op ops[];
+};
+
+static void post(struct op *o) {
+    struct shared *sh = o->comm->sh;
+    int me = o->comm->rank;
+    switch (o->kind) {
+    case COLL: __atomic_store_n(&sh->reached[me], o->k + 1, __ATOMIC_RELEASE); break;
+    case SEND: __atomic_store_n(&sh->sent[me][o->peer], o->k + 1, __ATOMIC_RELEASE); break;
+    case RECV: __atomic_store_n(&sh->received[o->peer][me], o->k + 1, __ATOMIC_RELEASE); break;
+    }
+}
+
+static void await(struct op *o) {
+    struct shared *sh = o->comm->sh;
+    int me = o->comm->rank;
+    switch (o->kind) {
+    case COLL:
+        for (int r = 0; r < o->comm->nranks; r++) wait_until(&sh->reached[r], o->k + 1);
+        break;
+    case SEND: wait_until(&sh->received[me][o->peer], o->k + 1); break;
+    case RECV: wait_until(&sh->sent[o->peer][me], o->k + 1); break;
+    }
+}
+
+/* The "kernel": runs in stream order on the stream's worker. */
+static void run_batch(void *p) {
+    struct batch *b = p;
+    uint64_t bytes = 0;
+    for (int i = 0; i < b->n; i++) post(&b->ops[i]);
+    for (int i = 0; i < b->n; i++) { await(&b->ops[i]); bytes += b->ops[i].bytes; }
+    sleep_ns((uint64_t)((double)bytes / gbps()));
+    /* Not freed: a batch captured into a CUDA graph runs again at every launch. */
+}
+
+struct pending { struct op op; uintptr_t stream; };
+static __thread int group_depth;
+static __thread struct pending *group_ops;
+static __thread int group_n, group_cap;
+
+static ncclResult_t launch_ops(struct pending *ops, int n) {
+    /* One batch per stream, in first-use order. */
+    int *done = calloc((size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        int cnt = 0;
+        for (int j = i; j < n; j++) if (!done[j] && ops[j].stream == ops[i].stream) cnt++;
+        struct batch *b = malloc(sizeof *b + (size_t)cnt * sizeof(struct op));
+        b->n = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && ops[j].stream == ops[i].stream) { b->ops[b->n++] = ops[j].op; done[j] = 1; }
+        if (cuLaunchHostFunc(ops[i].stream, run_batch, b) != 0) { free(done); return 1; }
+    }
+    free(done);
+    return ncclSuccess;
+}
+
+static ncclResult_t enqueue(struct op o, uintptr_t stream) {
+    if (!o.comm) return ncclInvalidArgument;
+    struct pending p = {o, stream};
+    if (group_depth > 0) {
+        if (group_n == group_cap) {
+            group_cap = group_cap ? group_cap * 2 : 16;
+            group_ops = realloc(group_ops, (size_t)group_cap * sizeof *group_ops);
+        }
+        group_ops[group_n++] = p;
+        return ncclSuccess;
+    }
+    return launch_ops(&p, 1);
+}
+
+static ncclResult_t coll(ncclComm_t c, uint64_t bytes, uintptr_t stream) {
+    if (!c) return ncclInvalidArgument;
+    struct op o = {COLL, c, c->ops++, -1, bytes};
+    return enqueue(o, stream);
+}
+
+ncclResult_t ncclGroupStart(void) { group_depth++; return ncclSuccess; }
+ncclResult_t pncclGroupStart(void) __attribute__((alias("ncclGroupStart")));
+ncclResult_t ncclGroupEnd(void) {
+    if (group_depth <= 0) return ncclInvalidUsage;
+    if (--group_depth > 0) return ncclSuccess;
+    ncclResult_t rc = group_n ? launch_ops(group_ops, group_n) : ncclSuccess;
+    group_n = 0;
+    return rc;
+}
+ncclResult_t pncclGroupEnd(void) __attribute__((alias("ncclGroupEnd")));
+
+#define SZ(n, dt) ((uint64_t)(n) * (uint64_t)elem_size(dt))
+
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r; (void)op;
+    if (!elem_size(dt)) return ncclInvalidArgument;
+    return coll(c, 2 * SZ(n, dt), st);
+}
+ncclResult_t pncclAllReduce(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAllReduce")));
+ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r;
+    if (!c || root < 0 || root >= c->nranks) return ncclInvalidArgument;
+    return coll(c, SZ(n, dt), st);
+}
+ncclResult_t pncclBroadcast(const void *s, void *r, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclBroadcast")));
+/* As in NCCL: the legacy in-place broadcast is implemented by calling the exported one. */
+ncclResult_t ncclBcast(void *b, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) {
+    return ncclBroadcast(b, b, n, dt, root, c, st);
+}
+ncclResult_t pncclBcast(void *b, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclBcast")));
+ncclResult_t ncclReduce(const void *s, void *r, size_t n, int dt, int op, int root, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r; (void)op;
+    if (!c || root < 0 || root >= c->nranks) return ncclInvalidArgument;
+    return coll(c, SZ(n, dt), st);
+}
+ncclResult_t pncclReduce(const void *s, void *r, size_t n, int dt, int op, int root, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclReduce")));
+ncclResult_t ncclAllGather(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r;
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+}
+ncclResult_t pncclAllGather(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAllGather")));
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r; (void)op;
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+}
+ncclResult_t pncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclReduceScatter")));
+ncclResult_t ncclAlltoAll(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) {
+    (void)s; (void)r;
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+}
+ncclResult_t pncclAlltoAll(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAlltoAll")));
+ncclResult_t ncclSend(const void *s, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) {
+    (void)s;
+    if (!c || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+    struct op o = {SEND, c, c->sends[peer]++, peer, SZ(n, dt)};
+    return enqueue(o, st);
+}
+ncclResult_t pncclSend(const void *s, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclSend")));
+ncclResult_t ncclRecv(void *r, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) {
+    (void)r;
+    if (!c || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
+    struct op o = {RECV, c, c->recvs[peer]++, peer, SZ(n, dt)};
+    return enqueue(o, st);
+}
+ncclResult_t pncclRecv(void *r, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclRecv")));
+
