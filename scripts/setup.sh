@@ -27,3 +27,30 @@ if ! python3 -c 'import polars, pandas, pyarrow, duckdb' >/dev/null 2>&1; then
   echo "setup: installing polars, pandas, pyarrow, duckdb for python3"
   python3 -m pip install -q --disable-pip-version-check polars pandas pyarrow duckdb
 fi
+
+# The real NCCL for the NCCL tests (it loads without a GPU): PyPI's nvidia-nccl-cu12, fetched
+# once into a cache outside the clone and unpacked there (the wheel itself is not kept).
+NCCL_VERSION=2.32.3
+nccl_dir="${COMMSCOPE_CACHE:-/var/cache/commscope}/nccl/$NCCL_VERSION"
+if [ ! -f "$nccl_dir/lib/libnccl.so.2" ]; then
+  echo "setup: fetching nvidia-nccl-cu12 $NCCL_VERSION from PyPI into $nccl_dir"
+  mkdir -p "$nccl_dir"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux_2_27_x86_64 --python-version 3 "nvidia-nccl-cu12==$NCCL_VERSION" -d "$tmp"
+  python3 - "$tmp" "$nccl_dir" <<'PY'
+import glob, os, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+whl = glob.glob(os.path.join(src, "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    for name, out in (("nvidia/nccl/lib/libnccl.so.2", "lib/libnccl.so.2"),
+                      ("nvidia/nccl/include/nccl.h", "include/nccl.h")):
+        path = os.path.join(dst, out)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with z.open(name) as f, open(path + ".part", "wb") as g:
+            while chunk := f.read(1 << 20):
+                g.write(chunk)
+        os.replace(path + ".part", path)
+PY
+  rm -rf "$tmp"
+fi

@@ -667,6 +667,11 @@ impl Detectors {
                     // itself is counted as seen: repetition needs as many late instances
                     // sampled or not (the single largest blame is left out of the share).
                     r.blamed_ns += own * u64::from(weight);
+                    // Blame charged at this communicator's own instance is not "blamed in
+                    // between" for the rank's next call on it: its snapshot moves too.
+                    if let Some(x) = r.last_on_comm.get_mut(&key.0) {
+                        x.2 += own * u64::from(weight);
+                    }
                     let s = own as f64 / 1e9 * w;
                     r.blame_s += s;
                     if s > r.max_obs_s {

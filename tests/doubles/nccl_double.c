@@ -277,13 +277,20 @@ struct batch {
     struct op ops[];
 };
 
+/* Raises a counter, never lowers it (a graph replay re-posts an old operation). */
+static void raise_to(volatile uint64_t *p, uint64_t v) {
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+}
+
 static void post(struct op *o) {
     struct shared *sh = o->comm->sh;
     int me = o->comm->rank;
     switch (o->kind) {
-    case COLL: __atomic_store_n(&sh->reached[me], o->k + 1, __ATOMIC_RELEASE); break;
-    case SEND: __atomic_store_n(&sh->sent[me][o->peer], o->k + 1, __ATOMIC_RELEASE); break;
-    case RECV: __atomic_store_n(&sh->received[o->peer][me], o->k + 1, __ATOMIC_RELEASE); break;
+    case COLL: raise_to(&sh->reached[me], o->k + 1); break;
+    case SEND: raise_to(&sh->sent[me][o->peer], o->k + 1); break;
+    case RECV: raise_to(&sh->received[o->peer][me], o->k + 1); break;
     }
 }
 

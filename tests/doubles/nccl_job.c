@@ -8,7 +8,7 @@
  *                reduce-scatter, all-to-all, a group of two all-reduces, a group ring of
  *                send/recv, a split into even/odd ranks with an all-reduce on each half, and an
  *                all-reduce captured into a CUDA graph that is then launched 3 times.
- *   slow R       20 all-reduces; rank R computes 30 ms before each where the others compute 2 ms.
+ *   slow R [N]   N (20) all-reduces; rank R computes 30 ms before each where the others compute 2 ms.
  *   hang R       10 all-reduces; then rank R sleeps while the others issue one more and wait
  *                for their stream, which never finishes.
  *   async R      5 all-reduces, then 1.5 s of idling (the double reports ncclRemoteError on
@@ -90,7 +90,9 @@ static void basic(ncclComm_t comm, stream_t s) {
     ncclComm_t half;
     CHECK(ncclCommSplit(comm, rank % 2, rank, &half, NULL));
     CHECK(ncclAllReduce(NULL, NULL, 512, FLOAT, SUM, half, s));
-    /* Graph capture: the all-reduce is recorded into the graph, then runs at each launch. */
+    /* Graph capture: the all-reduce is recorded into the graph, then runs at each launch (after
+     * the work already queued on the communicator: one order of operations per communicator). */
+    CHECK(cuStreamSynchronize(s));
     stream_t cs;
     CHECK(cuStreamCreate(&cs, 1));
     CHECK(cuStreamBeginCapture_v2(cs, 0));
@@ -111,6 +113,8 @@ int main(int argc, char **argv) {
     }
     nranks = atoi(argv[1]);
     const char *mode = argv[2];
+    /* A bug in the doubles must fail a test, never hang it. */
+    alarm(60);
     int arg = argc > 3 ? atoi(argv[3]) : -1;
 
     if (strcmp(mode, "initall") == 0) {
@@ -135,6 +139,9 @@ int main(int argc, char **argv) {
     ncclUniqueId id;
     rank = -1;
     CHECK(ncclGetUniqueId(&id));
+    printf("unique id: ");
+    for (int i = 0; i < 128; i++) printf("%02x", (unsigned char)id.internal[i]);
+    printf("\n");
     fflush(stdout);
     for (int r = 0; r < nranks; r++) {
         pid_t pid = fork();
@@ -154,7 +161,8 @@ int main(int argc, char **argv) {
         if (strcmp(mode, "basic") == 0) {
             basic(comm, s);
         } else if (strcmp(mode, "slow") == 0) {
-            for (int i = 0; i < 20; i++) {
+            int iters = argc > 4 ? atoi(argv[4]) : 20;
+            for (int i = 0; i < iters; i++) {
                 testdouble_cuda_launch_busy(s, (rank == arg ? 30 : 2) * MS);
                 CHECK(ncclAllReduce(NULL, NULL, 1 << 16, FLOAT, SUM, comm, s));
             }

@@ -6,6 +6,7 @@
 //! clear message when they are missing.
 
 pub mod coverage;
+pub mod nccl;
 pub mod services;
 
 use std::ffi::OsString;

@@ -698,11 +698,62 @@ mod tests {
             comm_size: 8,
             dtype: crate::op::dtype::DOUBLE,
             clock: Clock::HostMono as u8,
+            lib: crate::op::lib::MPI,
             peer2: -1,
             tag2: -1,
             op_seq2: 0,
             sample_shift: 0,
         }
+    }
+
+    #[test]
+    fn nccl_calls_and_failed_communicators_round_trip() {
+        let call = Call {
+            lib: crate::op::lib::NCCL,
+            flags: flags::GRAPH_CAPTURED,
+            gpu_start: 1_200,
+            gpu_end: 9_700,
+            ..sample_call()
+        };
+        let raw = Record::Call(call).encode();
+        assert_eq!(
+            raw[110], 0x10,
+            "clock in the low bits, library in the high ones"
+        );
+        let Ok(Record::Call(back)) = Record::decode(&raw) else {
+            panic!("not a call");
+        };
+        assert_eq!(back, call);
+        assert_eq!(
+            back.span(),
+            (1_200, 9_700),
+            "the GPU interval is the call's span"
+        );
+        assert_eq!(
+            sample_call().span(),
+            (1_000, 2_500),
+            "without one, the host's"
+        );
+
+        let mut c = Comm::new(CommEvent::Failed, 0xabc, 0, 5, 1, 1, 4, 0);
+        c.flags = flags::NCCL_COMM | flags::COMM_ASYNC_ERROR;
+        c.status = 6;
+        c.device = 3;
+        c.set_name(b"NET/IB : Got completion with error 12");
+        let Ok(Record::Comm(back)) = Record::decode(&Record::Comm(c).encode()) else {
+            panic!("not a comm record");
+        };
+        assert_eq!(
+            (back.event, back.status, back.device, back.name()),
+            (CommEvent::Failed, 6, 3, c.name())
+        );
+        // Records written before the device was recorded read as "no device".
+        let mut old = Record::Comm(Comm::new(CommEvent::Created, 1, 0, 5, 0, 0, 2, 0)).encode();
+        old[60..64].fill(0);
+        let Ok(Record::Comm(back)) = Record::decode(&old) else {
+            panic!("not a comm record");
+        };
+        assert_eq!(back.device, -1);
     }
 
     #[test]

@@ -68,6 +68,7 @@ fn records() -> Vec<Record> {
         comm_size: 8,
         dtype: dtype::FLOAT,
         clock: 0,
+        lib: 0,
         peer2: -1,
         tag2: -1,
         op_seq2: 0,

@@ -140,35 +140,35 @@ impl Cuda {
             return Err("libcuda.so.1 could not be loaded (no NVIDIA driver)".to_owned());
         }
         macro_rules! need {
-            ($($n:expr),+) => {
+            ($t:ty; $($n:expr),+) => {
                 match sym(lib, &[$($n),+]) {
                     // SAFETY: the driver's function of that name has the declared C signature.
-                    Some(p) => unsafe { std::mem::transmute::<*mut c_void, _>(p) },
+                    Some(p) => unsafe { std::mem::transmute::<*mut c_void, $t>(p) },
                     None => return Err(format!("libcuda.so.1 lacks {}", [$($n.to_string_lossy()),+].join(" or "))),
                 }
             };
         }
-        let init: FnInit = need!(c"cuInit");
+        let init: FnInit = need!(FnInit; c"cuInit");
         // SAFETY: cuInit(0) is idempotent; the application has normally called it already.
         let rc = unsafe { init(0) };
         if rc != CUDA_SUCCESS {
             return Err(format!("cuInit failed with CUDA error {rc}"));
         }
         Ok(Cuda {
-            ctx_get_current: need!(c"cuCtxGetCurrent"),
-            ctx_set_current: need!(c"cuCtxSetCurrent"),
-            ctx_push: need!(c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"),
-            ctx_pop: need!(c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"),
-            ctx_get_device: need!(c"cuCtxGetDevice"),
-            stream_get_ctx: need!(c"cuStreamGetCtx"),
-            stream_is_capturing: need!(c"cuStreamIsCapturing"),
-            stream_create: need!(c"cuStreamCreate"),
-            event_create: need!(c"cuEventCreate"),
-            event_record: need!(c"cuEventRecord"),
-            event_query: need!(c"cuEventQuery"),
-            event_synchronize: need!(c"cuEventSynchronize"),
-            event_elapsed: need!(c"cuEventElapsedTime", c"cuEventElapsedTime_v2"),
-            event_destroy: need!(c"cuEventDestroy_v2", c"cuEventDestroy"),
+            ctx_get_current: need!(FnCtxGetCurrent; c"cuCtxGetCurrent"),
+            ctx_set_current: need!(FnCtxSetCurrent; c"cuCtxSetCurrent"),
+            ctx_push: need!(FnCtxPush; c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"),
+            ctx_pop: need!(FnCtxPop; c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"),
+            ctx_get_device: need!(FnCtxGetDevice; c"cuCtxGetDevice"),
+            stream_get_ctx: need!(FnStreamGetCtx; c"cuStreamGetCtx"),
+            stream_is_capturing: need!(FnStreamIsCapturing; c"cuStreamIsCapturing"),
+            stream_create: need!(FnStreamCreate; c"cuStreamCreate"),
+            event_create: need!(FnEventCreate; c"cuEventCreate"),
+            event_record: need!(FnEventRecord; c"cuEventRecord"),
+            event_query: need!(FnEventQuery; c"cuEventQuery"),
+            event_synchronize: need!(FnEventSynchronize; c"cuEventSynchronize"),
+            event_elapsed: need!(FnEventElapsed; c"cuEventElapsedTime", c"cuEventElapsedTime_v2"),
+            event_destroy: need!(FnEventDestroy; c"cuEventDestroy_v2", c"cuEventDestroy"),
             exchange_capture_mode: sym(lib, &[c"cuThreadExchangeStreamCaptureMode"])
                 // SAFETY: as above.
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, FnExchangeCaptureMode>(p) }),

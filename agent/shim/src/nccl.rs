@@ -17,6 +17,11 @@
 //! NCCL calls some of its own exports (`ncclBcast` → `ncclBroadcast`, `ncclGetUniqueId` from
 //! `ncclCommInitAll`): the re-entrancy guard lets those through unrecorded, so one user call
 //! gives exactly one record. Return codes, results and ordering are the library's, always.
+//!
+//! The exported functions have NCCL's C signatures and contracts (`nccl.h`): their safety
+//! requirements are NCCL's.
+
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -857,6 +862,9 @@ struct Anchor {
 /// Re-anchor this often (`cuEventElapsedTime` is a float of milliseconds: keeping the distance
 /// to the anchor short keeps it precise to well under a microsecond).
 const ANCHOR_EVERY_NS: u64 = 2_000_000_000;
+/// An anchor bracketed this tightly is taken at once; else the best of a few tries.
+const ANCHOR_GOOD_NS: u64 = 20_000;
+const ANCHOR_TRIES: usize = 4;
 
 fn poller(shim: &'static Shim) {
     let busy_wait = Duration::from_micros(util::env_u64("COMMSCOPE_GPU_POLL_US", 500, 50, 100_000));
@@ -952,7 +960,19 @@ fn gpu_times(
     };
     let a = &mut anchors[pos].1;
     if a.host_ns == 0 || now.saturating_sub(a.taken_at) >= ANCHOR_EVERY_NS {
-        let (t, _err) = cu.anchor(a.event, a.stream)?;
+        // The tightest of a few brackets: a preempted poller would widen one.
+        let mut best: Option<(u64, u64)> = None;
+        for _ in 0..ANCHOR_TRIES {
+            if let Some((t, err)) = cu.anchor(a.event, a.stream)
+                && best.is_none_or(|b| err < b.1)
+            {
+                best = Some((t, err));
+            }
+            if best.is_some_and(|b| b.1 <= ANCHOR_GOOD_NS) {
+                break;
+            }
+        }
+        let (t, _) = best?;
         a.host_ns = t;
         a.taken_at = now;
     }

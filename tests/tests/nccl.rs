@@ -1,0 +1,413 @@
+//! NCCL interception end to end.
+//!
+//! Most tests run `nccl_job` (tests/doubles) against the clearly named test doubles of the CUDA
+//! driver API and of NCCL: several processes whose collectives complete asynchronously, in stream
+//! order, once every member launched them — so GPU timing, groups, graph capture, a collective
+//! whose end event never fires and asynchronous errors can be checked without a GPU. The last
+//! test uses the real `libnccl.so.2` from PyPI.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
+
+use commscope_tests::nccl::{build_against_real_nccl, doubles};
+use commscope_tests::{analyze_json, assert_ok, load_job, run_traced};
+use commscope_wire::nccl_hash::{self, Version};
+use commscope_wire::op::{Op, flags, lib};
+use commscope_wire::record::{Call, Comm, CommEvent, Record};
+
+/// Runs `nccl_job RANKS MODE ARGS…` under `commscope run`; returns the unique id it printed.
+fn run_job(
+    dir: &Path,
+    job: &str,
+    ranks: u32,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
+    let d = doubles();
+    let mut cmd: Vec<OsString> = vec![d.join("nccl_job").into(), ranks.to_string().into()];
+    cmd.extend(args.iter().map(OsString::from));
+    let o = run_traced(dir, job, &cmd, env);
+    assert_ok(&o, "nccl_job");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .unwrap_or_default()
+        .to_owned();
+    (id, out)
+}
+
+fn unhex(s: &str) -> [u8; 128] {
+    let mut id = [0u8; 128];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex id");
+    }
+    id
+}
+
+/// Per rank: its calls and comm records.
+fn by_rank(dir: &Path) -> BTreeMap<i32, (Vec<Call>, Vec<Comm>, bool)> {
+    let job = load_job(dir);
+    let mut out = BTreeMap::new();
+    for p in &job.processes {
+        let e: &mut (Vec<Call>, Vec<Comm>, bool) = out.entry(p.header.rank).or_default();
+        for r in &p.records {
+            match r {
+                Record::Call(c) => e.0.push(*c),
+                Record::Comm(c) => e.1.push(*c),
+                Record::Heartbeat(h) if h.flags & flags::FINAL != 0 => e.2 = true,
+                _ => {}
+            }
+        }
+        e.0.sort_by_key(|c| (c.comm_id, c.seq, c.op, c.t_enter));
+    }
+    out
+}
+
+fn created(comms: &[Comm]) -> Vec<&Comm> {
+    comms
+        .iter()
+        .filter(|c| c.event == CommEvent::Created)
+        .collect()
+}
+
+fn check_ids(version: i32, ranks: u32) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let job = format!("nccl-ids-{version}");
+    let v = version.to_string();
+    let (id, out) = run_job(
+        tmp.path(),
+        &job,
+        ranks,
+        &["basic"],
+        &[("TESTDOUBLE_NCCL_VERSION", &v)],
+    );
+    assert_eq!(
+        out.matches("capture violations: 0").count(),
+        ranks as usize,
+        "{out}"
+    );
+    let id = unhex(&id);
+    let ver = Version(version);
+    let world = nccl_hash::init_comm_hash(ver, &id);
+    let recs = by_rank(&tmp.path().join(&job));
+    assert_eq!(recs.len(), ranks as usize);
+    for (rank, (_, comms, _)) in &recs {
+        let c = created(comms);
+        assert_eq!(c.len(), 2, "world and one half: {c:?}");
+        assert_eq!(
+            c[0].comm_id, world,
+            "rank {rank}: the world communicator's id is its commHash"
+        );
+        assert_eq!(c[0].flags & flags::LOCAL_COMM_ID, 0);
+        let color = rank % 2;
+        assert_eq!(
+            c[1].comm_id,
+            nccl_hash::split_comm_hash(ver, world, 1, color),
+            "rank {rank}: a split's id comes from the parent's hash, its split counter and the color"
+        );
+        assert_eq!(c[1].parent, world);
+        assert_eq!((c[1].comm_rank, c[1].size), (rank / 2, ranks as i32 / 2));
+    }
+}
+
+#[test]
+fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (id, out) = run_job(tmp.path(), "nccl-basic", 4, &["basic"], &[]);
+    assert_eq!(
+        out.matches("capture violations: 0").count(),
+        4,
+        "no event was ever recorded on a capturing stream: {out}"
+    );
+    let world = nccl_hash::init_comm_hash(Version(23203), &unhex(&id));
+    let recs = by_rank(&tmp.path().join("nccl-basic"));
+    assert_eq!(
+        recs.keys().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3],
+        "RANK from the launcher's environment"
+    );
+    let mut world_ends: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (rank, (calls, comms, clean)) in &recs {
+        assert!(
+            clean,
+            "rank {rank}: reaching exit() is a clean end for an NCCL process"
+        );
+        let c = created(comms);
+        assert!(
+            c.iter()
+                .all(|c| c.flags & flags::NCCL_COMM != 0 && c.device == 0),
+            "{c:?}"
+        );
+        assert_eq!(c[0].comm_id, world);
+        let on_world: Vec<&Call> = calls.iter().filter(|c| c.comm_id == world).collect();
+        let count = |op: Op| on_world.iter().filter(|c| c.op() == op).count();
+        // ncclBcast is implemented by NCCL calling ncclBroadcast: still one record.
+        for (op, n) in [
+            (Op::Allreduce, 15),
+            (Op::Broadcast, 1),
+            (Op::Reduce, 1),
+            (Op::Allgather, 1),
+            (Op::Reducescatter, 1),
+            (Op::Alltoall, 1),
+            (Op::Send, 1),
+            (Op::Recv, 1),
+        ] {
+            assert_eq!(
+                count(op),
+                n,
+                "rank {rank}: {} calls of {}",
+                count(op),
+                op.name()
+            );
+        }
+        let colls: Vec<u64> = on_world
+            .iter()
+            .filter(|c| !c.op().is_p2p())
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(
+            colls,
+            (0..20).collect::<Vec<u64>>(),
+            "rank {rank}: seq counts every collective"
+        );
+        for c in calls {
+            assert_eq!(c.lib, lib::NCCL);
+            assert_eq!(c.status, 0);
+            let expect = if c.comm_id == world { *rank } else { rank / 2 };
+            assert_eq!(c.comm_rank, expect, "rank {rank}: {c:?}");
+            if c.flags & flags::GRAPH_CAPTURED != 0 {
+                assert!(
+                    !c.has_gpu_time(),
+                    "a captured call has no GPU interval: {c:?}"
+                );
+                continue;
+            }
+            assert!(c.has_gpu_time(), "rank {rank}: no GPU time: {c:?}");
+            let d = c.gpu_end - c.gpu_start;
+            assert!(d > 0 && d < 1_000_000_000, "GPU duration {d} ns: {c:?}");
+            // The GPU runs the work after the host enqueued it (anchor error allowed).
+            assert!(
+                c.gpu_start + 200_000 >= c.t_enter,
+                "GPU start before enqueue: {c:?}"
+            );
+        }
+        let captured: Vec<&&Call> = on_world
+            .iter()
+            .filter(|c| c.flags & flags::GRAPH_CAPTURED != 0)
+            .collect();
+        assert_eq!(captured.len(), 1);
+        assert_eq!((captured[0].op(), captured[0].count), (Op::Allreduce, 256));
+        // The two all-reduces of one group share the group's interval; so do the send and receive.
+        let g: Vec<&&Call> = on_world
+            .iter()
+            .filter(|c| c.seq == 17 || c.seq == 18)
+            .collect();
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            (g[0].gpu_start, g[0].gpu_end),
+            (g[1].gpu_start, g[1].gpu_end)
+        );
+        let p2p: Vec<&&Call> = on_world.iter().filter(|c| c.op().is_p2p()).collect();
+        assert_eq!(
+            (p2p[0].gpu_start, p2p[0].gpu_end),
+            (p2p[1].gpu_start, p2p[1].gpu_end)
+        );
+        assert_eq!(
+            p2p.iter().find(|c| c.op() == Op::Send).map(|c| c.peer),
+            Some((rank + 1) % 4)
+        );
+        // nccl-tests sizes: per-rank part × ranks for the gathering ops.
+        let bytes = |op: Op| on_world.iter().find(|c| c.op() == op).map(|c| c.bytes);
+        assert_eq!(bytes(Op::Allgather), Some(1000 * 4 * 4));
+        assert_eq!(bytes(Op::Reducescatter), Some(1000 * 4 * 4));
+        assert_eq!(bytes(Op::Broadcast), Some(4000));
+        for c in on_world.iter().filter(|c| c.seq < 12) {
+            world_ends.entry(c.seq).or_default().push(c.gpu_end);
+        }
+    }
+    // One all-reduce ends at the same moment everywhere: the GPU clocks of four processes map
+    // onto one host clock within a few milliseconds (the doubles' streams poll every 50 µs and
+    // share two cores with the other tests).
+    for (seq, ends) in &world_ends {
+        assert_eq!(ends.len(), 4);
+        let spread = ends.iter().max().unwrap_or(&0) - ends.iter().min().unwrap_or(&0);
+        assert!(
+            spread < 3_000_000,
+            "all-reduce #{seq}: ends spread over {spread} ns"
+        );
+    }
+}
+
+#[test]
+fn communicator_ids_follow_the_loaded_nccls_commhash_algorithm() {
+    check_ids(23203, 4);
+    // 2.24–2.25: legacy DJB2a with the split counter in the string; 2.18–2.23: without it.
+    check_ids(22503, 2);
+    check_ids(22304, 2);
+}
+
+#[test]
+fn a_straggler_on_the_gpu_is_named_from_gpu_times() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    run_job(tmp.path(), "nccl-slow", 4, &["slow", "1", "40"], &[]);
+    let v = analyze_json(&tmp.path().join("nccl-slow"));
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "slow-rank");
+    assert_eq!(f[0]["ranks"], serde_json::json!([1]));
+    // Rank 1 computes 30 ms where the others compute 2: they wait 28 ms for it at every
+    // all-reduce, which only the GPU intervals show (the host enqueues everything at once).
+    let e = &f[0]["evidence"];
+    let late = e["late_instances_total"].as_f64().expect("late instances");
+    let blame = e["blame_total_s"].as_f64().expect("blame");
+    assert!(
+        late >= 35.0,
+        "late at {late} of the 39 judged all-reduces: {v:#}"
+    );
+    let per = blame / late * 1e3;
+    assert!(
+        (24.0..=30.0).contains(&per),
+        "{per:.1} ms blamed per late all-reduce: {v:#}"
+    );
+}
+
+#[test]
+fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = doubles();
+    let job_bin = d.join("nccl_job");
+    let cmd: Vec<OsString> = ["timeout", "-s", "KILL", "8"]
+        .iter()
+        .map(OsString::from)
+        .chain([
+            job_bin.clone().into_os_string(),
+            "4".into(),
+            "hang".into(),
+            "2".into(),
+        ])
+        .collect();
+    let _ = run_traced(tmp.path(), "nccl-hang", &cmd, &[]);
+    // Only this test's processes (other tests run nccl_job at the same time).
+    let _ = Command::new("pkill")
+        .args(["-9", "-f", &format!("{} 4 hang 2", job_bin.display())])
+        .status();
+    let dir = tmp.path().join("nccl-hang");
+    // The three others show all-reduce #10 in flight (its end event never fired).
+    let job = load_job(&dir);
+    for p in &job.processes {
+        let stuck = p
+            .records
+            .iter()
+            .any(|r| matches!(r, Record::Enter(c) if c.seq == 10 && c.op() == Op::Allreduce));
+        assert_eq!(stuck, p.header.rank != 2, "rank {}", p.header.rank);
+    }
+    let v = analyze_json(&dir);
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "one root cause, one finding: {v:#}");
+    assert_eq!(f[0]["kind"], "hang");
+    assert_eq!(f[0]["ranks"], serde_json::json!([2]));
+    assert_eq!(f[0]["seq"], 10);
+    assert_eq!(f[0]["evidence"]["victims"], serde_json::json!([0, 1, 3]));
+    let s = f[0]["summary"].as_str().expect("summary");
+    assert!(
+        s.starts_with("rank 2 on ") && s.contains("never entered allreduce #10"),
+        "{s}"
+    );
+}
+
+#[test]
+fn asynchronous_nccl_errors_become_comm_error_findings() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    run_job(
+        tmp.path(),
+        "nccl-async",
+        4,
+        &["async"],
+        &[("TESTDOUBLE_NCCL_ASYNC_ERROR", "1:3")],
+    );
+    let v = analyze_json(&tmp.path().join("nccl-async"));
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "comm-error");
+    assert_eq!(f[0]["ranks"], serde_json::json!([1]));
+    assert_eq!(f[0]["evidence"]["source"], "async");
+    assert_eq!(f[0]["evidence"]["status"], 6);
+    let s = f[0]["summary"].as_str().expect("summary");
+    assert!(s.contains("asynchronous error 6, ncclRemoteError"), "{s}");
+}
+
+#[test]
+fn init_all_takes_the_id_nccl_drew() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    run_job(tmp.path(), "nccl-initall", 3, &["initall"], &[]);
+    let recs = by_rank(&tmp.path().join("nccl-initall"));
+    let (calls, comms, _) = recs.get(&0).expect("one process, rank 0");
+    let c = created(comms);
+    assert_eq!(c.len(), 3, "{c:?}");
+    assert!(
+        c.iter()
+            .all(|x| x.comm_id == c[0].comm_id && x.flags & flags::LOCAL_COMM_ID == 0)
+    );
+    let mut ranks: Vec<i32> = c.iter().map(|x| x.comm_rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, vec![0, 1, 2]);
+    assert_eq!(calls.len(), 9);
+    assert!(calls.iter().all(|c| c.has_gpu_time() && c.comm_size == 3));
+    // Each device's calls are counted on its own rank of the communicator.
+    for r in 0..3 {
+        let seqs: Vec<u64> = calls
+            .iter()
+            .filter(|c| c.comm_rank == r)
+            .map(|c| c.seq)
+            .collect();
+        assert_eq!(seqs, vec![0, 1, 2], "comm rank {r}");
+    }
+}
+
+#[test]
+fn real_nccl_passes_through_and_its_failed_init_is_a_comm_error() {
+    let prog = build_against_real_nccl("nccl_real");
+    let plain = Command::new(&prog).output().expect("run nccl_real");
+    assert_ok(&plain, "nccl_real without the shim");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let traced = run_traced(
+        tmp.path(),
+        "nccl-real",
+        &[prog.clone().into_os_string()],
+        &[],
+    );
+    assert_ok(&traced, "nccl_real under commscope run");
+    // Version, unique id, error strings, last error and the init's failure: all unchanged.
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&traced.stdout)
+    );
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(out.contains("ncclGetVersion: rc=0 version=23203"), "{out}");
+    assert!(
+        !out.contains("ncclCommInitRank: rc=0"),
+        "no GPU here, so the init must fail: {out}"
+    );
+    let err = String::from_utf8_lossy(&traced.stderr);
+    let id = err
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .expect("the unique id on stderr");
+    let hash = nccl_hash::init_comm_hash(Version(23203), &unhex(id));
+    let v = analyze_json(&tmp.path().join("nccl-real"));
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "comm-error");
+    assert_eq!(f[0]["comm"], format!("{hash:#x}"));
+    assert_eq!(f[0]["evidence"]["source"], "init");
+    let s = f[0]["summary"].as_str().expect("summary");
+    assert!(
+        s.starts_with("rank 0 on ")
+            && s.contains("could not create NCCL communicator")
+            && s.contains("CUDA driver version is insufficient"),
+        "{s}"
+    );
+}
