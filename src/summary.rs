@@ -23,6 +23,16 @@ pub struct CommSummary {
     pub ops: BTreeMap<String, u64>,
     /// Bytes per op, summed over records.
     pub bytes: BTreeMap<String, u64>,
+    /// Mean bus bandwidth per op in GB/s (10^9 bytes/s): Σ bytes × nccl-tests factor over
+    /// Σ duration (GPU interval for NCCL calls timed on the GPU, else time inside the call).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub busbw_gbps: BTreeMap<String, f64>,
+    /// Mean algorithm bandwidth per op in GB/s: Σ bytes over Σ duration.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub algbw_gbps: BTreeMap<String, f64>,
+    /// Per op: (Σ bytes, Σ bus bytes, Σ seconds) of calls with a duration.
+    #[serde(skip)]
+    bw: BTreeMap<String, (f64, f64, f64)>,
     /// Whether the id is local to one process (not agreed across members).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub local_id: bool,
@@ -95,6 +105,9 @@ fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSumma
         ranks: Vec::new(),
         ops: BTreeMap::new(),
         bytes: BTreeMap::new(),
+        busbw_gbps: BTreeMap::new(),
+        algbw_gbps: BTreeMap::new(),
+        bw: BTreeMap::new(),
         local_id: false,
     })
 }
@@ -160,6 +173,15 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     let op = c.op();
                     *cs.ops.entry(op.name().to_owned()).or_default() += 1;
                     *cs.bytes.entry(op.name().to_owned()).or_default() += c.bytes;
+                    if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size)
+                        && c.span_ns() > 0
+                        && c.flags & flags::GRAPH_CAPTURED == 0
+                    {
+                        let e = cs.bw.entry(op.name().to_owned()).or_default();
+                        e.0 += c.bytes as f64;
+                        e.1 += c.bytes as f64 * f;
+                        e.2 += c.span_ns() as f64 / 1e9;
+                    }
                     if !cs.ranks.contains(&c.rank) {
                         cs.ranks.push(c.rank);
                     }
@@ -253,6 +275,12 @@ pub fn summarize(job: &JobTrace) -> Summary {
         .collect();
     for c in &mut comms {
         c.ranks.sort_unstable();
+        for (op, (b, bus, secs)) in &c.bw {
+            if *secs > 0.0 && *b > 0.0 {
+                c.algbw_gbps.insert(op.clone(), b / secs / 1e9);
+                c.busbw_gbps.insert(op.clone(), bus / secs / 1e9);
+            }
+        }
     }
     // World first, then by size (largest first), then id.
     comms.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.comm_id.cmp(&b.comm_id)));
@@ -287,7 +315,14 @@ pub fn render_text(s: &Summary) -> String {
             .as_deref()
             .map(|n| format!(" \"{n}\""))
             .unwrap_or_default();
-        let ops: Vec<String> = c.ops.iter().map(|(op, n)| format!("{op} {n}")).collect();
+        let ops: Vec<String> = c
+            .ops
+            .iter()
+            .map(|(op, n)| match c.busbw_gbps.get(op) {
+                Some(bw) if c.size > 1 => format!("{op} {n} (busbw {})", gbps(*bw)),
+                _ => format!("{op} {n}"),
+            })
+            .collect();
         let local = if c.local_id {
             " (process-local id)"
         } else {
@@ -529,5 +564,16 @@ mod tests {
             text.contains("comm 0xc0 \"tp\", size 2: barrier 1"),
             "{text}"
         );
+    }
+}
+
+/// A bandwidth in GB/s with sensible precision.
+fn gbps(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0} GB/s")
+    } else if v >= 1.0 {
+        format!("{v:.1} GB/s")
+    } else {
+        format!("{v:.3} GB/s")
     }
 }

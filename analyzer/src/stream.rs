@@ -360,21 +360,6 @@ pub struct Detectors {
     pub incomplete: u64,
 }
 
-/// Ring size of the bus-bandwidth factor (nccl-tests `PERFORMANCE.md`): algorithm bandwidth ×
-/// factor = bus bandwidth; `bytes` is the per-rank buffer (all-reduce, broadcast, reduce) or
-/// the total gathered/scattered data.
-fn busbw_factor(op: Op, n: usize) -> Option<f64> {
-    let n = n as f64;
-    match op {
-        Op::Allreduce => Some(2.0 * (n - 1.0) / n),
-        Op::Allgather | Op::Allgatherv | Op::Reducescatter | Op::Alltoall | Op::Alltoallv => {
-            Some((n - 1.0) / n)
-        }
-        Op::Broadcast | Op::Reduce => Some(1.0),
-        _ => None,
-    }
-}
-
 fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -689,7 +674,9 @@ impl Detectors {
         // Bus bandwidth, from the last arriver's duration.
         if bytes >= self.tuning.degraded_min_bytes
             && d_min > 0
-            && let Some(f) = busbw_factor(op, p.size)
+            // Judged where every member moves the same volume (not gather/scatter).
+            && !matches!(op, Op::Gather | Op::Scatter)
+            && let Some(f) = commscope_wire::op::busbw_factor(op, p.size as i32)
         {
             let class = 64 - bytes.leading_zeros();
             let bw = bytes as f64 * f / (d_min as f64 / 1e9);

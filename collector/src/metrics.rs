@@ -372,6 +372,7 @@ pub fn render(s: &Shared) -> String {
     let mut calls = String::new();
     let mut bytes = String::new();
     let mut hist = String::new();
+    let mut bw = [String::new(), String::new(), String::new()];
     for j in &jobs {
         let mut comms: Vec<(&u64, u64)> = j
             .comms
@@ -391,6 +392,9 @@ pub fn render(s: &Shared) -> String {
                     e.calls += s.calls;
                     e.bytes += s.bytes;
                     e.duration_sum_s += s.duration_sum_s;
+                    e.bus_bytes += s.bus_bytes;
+                    e.algbw_avg = e.algbw_avg.max(s.algbw_avg);
+                    e.busbw_avg = e.busbw_avg.max(s.busbw_avg);
                     for (k, b) in s.buckets.iter().enumerate() {
                         e.buckets[k] += b;
                     }
@@ -401,7 +405,7 @@ pub fn render(s: &Shared) -> String {
                     format_comm_id(**id),
                     Op::from_code(*op).name()
                 );
-                series(&mut calls, &mut bytes, &mut hist, &labels, s);
+                series(&mut calls, &mut bytes, &mut hist, &mut bw, &labels, s);
             }
         }
         for (op, s) in &other {
@@ -409,7 +413,7 @@ pub fn render(s: &Shared) -> String {
                 "job_id=\"{job}\",comm=\"other\",op=\"{}\"",
                 Op::from_code(*op).name()
             );
-            series(&mut calls, &mut bytes, &mut hist, &labels, s);
+            series(&mut calls, &mut bytes, &mut hist, &mut bw, &labels, s);
         }
     }
     o.push_str(&calls);
@@ -424,9 +428,31 @@ pub fn render(s: &Shared) -> String {
         &mut o,
         "commscope_collective_duration_seconds",
         "histogram",
-        "Host-side duration of completed calls.",
+        "Duration of completed calls: their GPU interval when they have one (NCCL), else the time inside the call.",
     );
     o.push_str(&hist);
+    let [bus, alg, busbw] = bw;
+    family(
+        &mut o,
+        "commscope_collective_bus_bytes_total",
+        "counter",
+        "Bytes times the op's nccl-tests bus-bandwidth factor; over the duration sum, the mean bus bandwidth.",
+    );
+    o.push_str(&bus);
+    family(
+        &mut o,
+        "commscope_collective_algbw_bytes_per_second",
+        "gauge",
+        "Moving average of the calls' algorithm bandwidth (bytes over GPU time for NCCL, host time for MPI).",
+    );
+    o.push_str(&alg);
+    family(
+        &mut o,
+        "commscope_collective_busbw_bytes_per_second",
+        "gauge",
+        "Moving average of the calls' bus bandwidth (nccl-tests factors; 0 on one rank).",
+    );
+    o.push_str(&busbw);
 
     // Per (job, rank).
     let now = now_ns();
@@ -491,7 +517,31 @@ pub fn render(s: &Shared) -> String {
     o
 }
 
-fn series(calls: &mut String, bytes: &mut String, hist: &mut String, labels: &str, s: &OpStats) {
+fn series(
+    calls: &mut String,
+    bytes: &mut String,
+    hist: &mut String,
+    bw: &mut [String; 3],
+    labels: &str,
+    s: &OpStats,
+) {
+    let _ = writeln!(
+        bw[0],
+        "commscope_collective_bus_bytes_total{{{labels}}} {:.0}",
+        s.bus_bytes
+    );
+    if s.algbw_avg > 0.0 {
+        let _ = writeln!(
+            bw[1],
+            "commscope_collective_algbw_bytes_per_second{{{labels}}} {:.0}",
+            s.algbw_avg
+        );
+        let _ = writeln!(
+            bw[2],
+            "commscope_collective_busbw_bytes_per_second{{{labels}}} {:.0}",
+            s.busbw_avg
+        );
+    }
     let _ = writeln!(
         calls,
         "commscope_collective_calls_total{{{labels}}} {}",

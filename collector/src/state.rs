@@ -49,6 +49,12 @@ pub const BUCKETS: [f64; 14] = [
 pub struct OpStats {
     pub calls: u64,
     pub bytes: u64,
+    /// Σ bytes × the op's bus-bandwidth factor (nccl-tests): over `duration_sum_s`, the mean bus
+    /// bandwidth.
+    pub bus_bytes: f64,
+    /// Moving averages (weight 1/20 per call) of the calls' algorithm and bus bandwidth, bytes/s.
+    pub algbw_avg: f64,
+    pub busbw_avg: f64,
     pub duration_sum_s: f64,
     /// Cumulative counts per bucket of [`BUCKETS`] (plus +Inf = `calls`).
     pub buckets: [u64; BUCKETS.len()],
@@ -547,6 +553,18 @@ impl State {
                     s.bytes += c.bytes;
                     let d = c.span_ns() as f64 / 1e9;
                     s.duration_sum_s += d;
+                    if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size) {
+                        s.bus_bytes += c.bytes as f64 * f;
+                    }
+                    if let (Some(a), Some(b)) = (c.algbw(), c.busbw()) {
+                        const W: f64 = 0.05;
+                        if s.algbw_avg == 0.0 {
+                            (s.algbw_avg, s.busbw_avg) = (a, b);
+                        } else {
+                            s.algbw_avg += W * (a - s.algbw_avg);
+                            s.busbw_avg += W * (b - s.busbw_avg);
+                        }
+                    }
                     if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                         comm.max_duration_s = comm.max_duration_s.max(d);
                     }

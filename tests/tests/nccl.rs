@@ -11,8 +11,11 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 
+use std::time::{Duration, Instant};
+
 use commscope_tests::nccl::{build_against_real_nccl, doubles};
-use commscope_tests::{analyze_json, assert_ok, load_job, run_traced};
+use commscope_tests::services::{Services, run_with_agent};
+use commscope_tests::{analyze_json, assert_ok, load_job, run_traced, summary_json};
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Op, flags, lib};
 use commscope_wire::record::{Call, Comm, CommEvent, Record};
@@ -228,6 +231,20 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
             world_ends.entry(c.seq).or_default().push(c.gpu_end);
         }
     }
+    // Bandwidth per op in the summary (nccl-tests factors over GPU time).
+    let (v, _) = summary_json(&[&tmp.path().join("nccl-basic")]);
+    let world_s = v["comms"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["comm_id"] == format!("{world:#x}")))
+        .expect("the world communicator in the summary");
+    let (alg, bus) = (
+        world_s["algbw_gbps"]["allreduce"].as_f64().expect("algbw"),
+        world_s["busbw_gbps"]["allreduce"].as_f64().expect("busbw"),
+    );
+    assert!(
+        alg > 0.0 && (bus / alg - 1.5).abs() < 1e-9,
+        "all-reduce on 4 ranks: busbw = 1.5 × algbw ({alg}, {bus})"
+    );
     // One all-reduce ends at the same moment everywhere: the GPU clocks of four processes map
     // onto one host clock within a few milliseconds (the doubles' streams poll every 50 µs and
     // share two cores with the other tests).
@@ -409,5 +426,51 @@ fn real_nccl_passes_through_and_its_failed_init_is_a_comm_error() {
             && s.contains("could not create NCCL communicator")
             && s.contains("CUDA driver version is insufficient"),
         "{s}"
+    );
+}
+
+#[test]
+fn a_live_nccl_job_reports_bandwidth_and_its_async_error_through_agent_and_collector() {
+    let svc = Services::start("node-n", &[], &[]);
+    let job_bin = doubles().join("nccl_job");
+    let cmd: Vec<OsString> = vec![job_bin.into(), "4".into(), "async".into()];
+    let o = run_with_agent(
+        &svc.socket,
+        "live-nccl",
+        &cmd,
+        &[("TESTDOUBLE_NCCL_ASYNC_ERROR", "2:3")],
+    );
+    assert_ok(&o, "nccl_job under the agent");
+    let t = Instant::now();
+    let finding = loop {
+        let (_, body) = svc.get("/api/v1/findings?job=live-nccl");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("findings JSON");
+        if let Some(f) = v["findings"].as_array().and_then(|a| a.first()).cloned() {
+            break f;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no finding: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(finding["kind"], "comm-error", "{finding}");
+    assert_eq!(finding["ranks"], serde_json::json!([2]));
+    assert_eq!(finding["nodes"], serde_json::json!(["node-n"]));
+    let (_, m) = svc.get("/metrics");
+    let line = m
+        .lines()
+        .find(|l| {
+            l.starts_with("commscope_collective_busbw_bytes_per_second{job_id=\"live-nccl\"")
+                && l.contains("op=\"allreduce\"")
+        })
+        .unwrap_or_else(|| panic!("no bus bandwidth series: {m}"));
+    let bw: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("value");
+    // 4 KiB all-reduces over 4 ranks: 2·3/4 of 4096 bytes per GPU interval (tens of µs to ms).
+    assert!(bw > 1e5 && bw < 1e12, "{line}");
+    assert!(
+        m.contains("commscope_collective_bus_bytes_total{job_id=\"live-nccl\""),
+        "{m}"
     );
 }

@@ -284,6 +284,26 @@ pub mod flags {
     pub const OBSERVED: u16 = 1 << 0;
 }
 
+/// nccl-tests' bus-bandwidth factor (`PERFORMANCE.md`, NCCL Inspector's `inspectorComputeOpBw`):
+/// bus bandwidth = algorithm bandwidth × factor, for a communicator of `n` ranks. `None` for ops
+/// without one (barrier, scans, v/w variants whose volume differs per rank). For one rank the
+/// reducing and gathering factors are 0: no data crosses a bus.
+pub fn busbw_factor(op: Op, n: i32) -> Option<f64> {
+    let n = f64::from(n.max(1));
+    match op {
+        Op::Allreduce => Some(2.0 * (n - 1.0) / n),
+        Op::Allgather
+        | Op::Allgatherv
+        | Op::Reducescatter
+        | Op::Alltoall
+        | Op::Alltoallv
+        | Op::Gather
+        | Op::Scatter => Some((n - 1.0) / n),
+        Op::Broadcast | Op::Reduce | Op::Send | Op::Recv | Op::Sendrecv => Some(1.0),
+        _ => None,
+    }
+}
+
 /// The library a call went to (`Call::lib`).
 pub mod lib {
     pub const MPI: u8 = 0;

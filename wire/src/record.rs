@@ -164,6 +164,20 @@ impl Call {
         b.saturating_sub(a)
     }
 
+    /// Algorithm bandwidth in bytes per second: `bytes` over [`Call::span`] (nccl-tests'
+    /// `algbw`, with its size rule: `docs/trace-format.md`). `None` without a duration.
+    pub fn algbw(&self) -> Option<f64> {
+        let ns = self.span_ns();
+        (ns > 0 && self.bytes > 0).then(|| self.bytes as f64 / (ns as f64 / 1e9))
+    }
+
+    /// Bus bandwidth in bytes per second: [`Call::algbw`] × nccl-tests' factor for the op and
+    /// communicator size ([`crate::op::busbw_factor`]); 0 for one rank.
+    pub fn busbw(&self) -> Option<f64> {
+        let f = crate::op::busbw_factor(self.op(), self.comm_size)?;
+        Some(self.algbw()? * f)
+    }
+
     /// The sampling modulus the record was kept under (1: nothing left out).
     pub fn sample_modulus(&self) -> u64 {
         1u64 << self.sample_shift.min(32)
