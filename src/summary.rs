@@ -397,6 +397,17 @@ pub fn render_text(s: &Summary) -> String {
     o
 }
 
+/// A bandwidth in GB/s with sensible precision.
+fn gbps(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0} GB/s")
+    } else if v >= 1.0 {
+        format!("{v:.1} GB/s")
+    } else {
+        format!("{v:.3} GB/s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,16 +575,5 @@ mod tests {
             text.contains("comm 0xc0 \"tp\", size 2: barrier 1"),
             "{text}"
         );
-    }
-}
-
-/// A bandwidth in GB/s with sensible precision.
-fn gbps(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0} GB/s")
-    } else if v >= 1.0 {
-        format!("{v:.1} GB/s")
-    } else {
-        format!("{v:.3} GB/s")
     }
 }
