@@ -4,9 +4,36 @@
 #   scripts/bench.sh collector [options]    collector ingest, collector memory, agent CPU
 #   scripts/bench.sh accuracy [options]     detectors on randomized simulated jobs (virtual time)
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
+#   scripts/bench.sh nccl [CALLS]           host-side cost the shim adds per NCCL call (test doubles)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
+  nccl)
+    # The NCCL and CUDA test doubles in no-op mode (collectives return at once, events complete
+    # when recorded), so what is measured is the time inside ncclAllReduce: the double's few ns
+    # plus what the shim adds. The real event-record cost needs a GPU: tests/gpu/check.sh.
+    calls=${2:-200000}
+    cargo build --release --quiet -p commscope -p commscope-shim
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$dir/libcuda.so.1" tests/doubles/cuda_double.c -lpthread
+    cc -O2 -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$dir/libnccl.so.2" tests/doubles/nccl_double.c \
+      -L"$dir" -l:libcuda.so.1 -lpthread -lrt -Wl,-rpath,'$ORIGIN'
+    cc -O2 -o "$dir/nccl_job" tests/doubles/nccl_job.c -L"$dir" -l:libnccl.so.2 -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN'
+    export TESTDOUBLE_NCCL_NOOP=1 TESTDOUBLE_CUDA_NOOP_EVENTS=1
+    shim=target/release/libcommscope.so
+    run() { "$@" "$dir/nccl_job" 1 bench "$calls" | sed -n 's/^allreduce: \([0-9.]*\) ns.*/\1/p'; }
+    for i in 1 2 3; do
+      base=$(run env)
+      host=$(run env LD_PRELOAD="$shim" COMMSCOPE_TRACE_DIR="$dir/t" COMMSCOPE_GPU_TIMING=0)
+      gpu=$(run env LD_PRELOAD="$shim" COMMSCOPE_TRACE_DIR="$dir/t")
+      rec=$("$dir/nccl_job" 1 bench 100000 | sed -n 's/^cuEventRecord: \([0-9.]*\) ns.*/\1/p')
+      awk -v b="$base" -v h="$host" -v g="$gpu" -v r="$rec" 'BEGIN {
+        printf "run %d: without shim %.1f ns/call; shim, host timing only: +%.1f ns; shim with GPU timing: +%.1f ns, of which 2 event records (double) %.1f ns -> %.1f ns excluding them\n",
+          '"$i"', b, h - b, g - b, 2 * r, g - b - 2 * r }'
+    done
+    exit 0
+    ;;
   accuracy)
     shift
     cargo build --release --quiet -p commscope-sim

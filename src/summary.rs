@@ -30,9 +30,18 @@ pub struct CommSummary {
     /// Mean algorithm bandwidth per op in GB/s: Σ bytes over Σ duration.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub algbw_gbps: BTreeMap<String, f64>,
+    /// Calls per op that carry a GPU interval (NCCL calls timed with CUDA events).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub gpu_timed: BTreeMap<String, u64>,
+    /// Mean duration per op in µs (GPU interval where there is one, else time inside the call).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub mean_duration_us: BTreeMap<String, f64>,
     /// Per op: (Σ bytes, Σ bus bytes, Σ seconds) of calls with a duration.
     #[serde(skip)]
     bw: BTreeMap<String, (f64, f64, f64)>,
+    /// Per op: (calls, Σ seconds) of calls not captured into a graph.
+    #[serde(skip)]
+    dur: BTreeMap<String, (u64, f64)>,
     /// Whether the id is local to one process (not agreed across members).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub local_id: bool,
@@ -107,6 +116,9 @@ fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSumma
         bytes: BTreeMap::new(),
         busbw_gbps: BTreeMap::new(),
         algbw_gbps: BTreeMap::new(),
+        gpu_timed: BTreeMap::new(),
+        mean_duration_us: BTreeMap::new(),
+        dur: BTreeMap::new(),
         bw: BTreeMap::new(),
         local_id: false,
     })
@@ -173,6 +185,14 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     let op = c.op();
                     *cs.ops.entry(op.name().to_owned()).or_default() += 1;
                     *cs.bytes.entry(op.name().to_owned()).or_default() += c.bytes;
+                    if c.has_gpu_time() {
+                        *cs.gpu_timed.entry(op.name().to_owned()).or_default() += 1;
+                    }
+                    if c.flags & flags::GRAPH_CAPTURED == 0 || c.lib == commscope_wire::op::lib::MPI {
+                        let d = cs.dur.entry(op.name().to_owned()).or_default();
+                        d.0 += 1;
+                        d.1 += c.span_ns() as f64 / 1e9;
+                    }
                     if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size)
                         && c.span_ns() > 0
                         && c.flags & flags::GRAPH_CAPTURED == 0
@@ -275,6 +295,11 @@ pub fn summarize(job: &JobTrace) -> Summary {
         .collect();
     for c in &mut comms {
         c.ranks.sort_unstable();
+        for (op, (n, secs)) in &c.dur {
+            if *n > 0 {
+                c.mean_duration_us.insert(op.clone(), secs / *n as f64 * 1e6);
+            }
+        }
         for (op, (b, bus, secs)) in &c.bw {
             if *secs > 0.0 && *b > 0.0 {
                 c.algbw_gbps.insert(op.clone(), b / secs / 1e9);

@@ -18,6 +18,7 @@
  * Fault injection: TESTDOUBLE_NCCL_ASYNC_ERROR="RANK:OPS" makes that rank's communicators report
  * ncclRemoteError from ncclCommGetAsyncError once it has issued OPS operations.
  * TESTDOUBLE_NCCL_VERSION sets what ncclGetVersion reports (default 23203).
+ * TESTDOUBLE_NCCL_NOOP=1 makes every operation return at once without any work (benchmarks).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -338,8 +339,13 @@ static ncclResult_t launch_ops(struct pending *ops, int n) {
     return ncclSuccess;
 }
 
+static int noop_mode = -1;
+
 static ncclResult_t enqueue(struct op o, uintptr_t stream) {
     if (!o.comm) return ncclInvalidArgument;
+    /* TESTDOUBLE_NCCL_NOOP=1 (benchmarks): operations complete at once, nothing is queued. */
+    if (noop_mode < 0) noop_mode = getenv("TESTDOUBLE_NCCL_NOOP") != NULL;
+    if (noop_mode) return ncclSuccess;
     struct pending p = {o, stream};
     if (group_depth > 0) {
         if (group_n == group_cap) {

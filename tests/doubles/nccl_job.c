@@ -14,6 +14,9 @@
  *   async R      5 all-reduces, then 1.5 s of idling (the double reports ncclRemoteError on
  *                rank R: TESTDOUBLE_NCCL_ASYNC_ERROR).
  *   initall N    one process, ncclCommInitAll over N devices, one all-reduce group over them.
+ *   bench N      (1 rank, with TESTDOUBLE_NCCL_NOOP=1) N all-reduces in bursts of 64 with 1 ms
+ *                between bursts; prints the mean time inside ncclAllReduce, and the mean time
+ *                of one cuEventRecord, in ns.
  * Prints "capture violations: N" per rank (events recorded on a capturing stream).
  */
 #define _GNU_SOURCE
@@ -22,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int ncclResult_t;
@@ -53,6 +57,8 @@ int cuStreamEndCapture(stream_t, uintptr_t *);
 int cuGraphInstantiateWithFlags(uintptr_t *, uintptr_t, unsigned long long);
 int cuGraphLaunch(uintptr_t, stream_t);
 int testdouble_cuda_launch_busy(stream_t, unsigned long long);
+int cuEventCreate(uintptr_t *, unsigned);
+int cuEventRecord(uintptr_t, stream_t);
 long testdouble_cuda_capture_violations(void);
 
 enum { FLOAT = 7, SUM = 0 };
@@ -68,6 +74,29 @@ enum { FLOAT = 7, SUM = 0 };
     } while (0)
 
 static int rank, nranks;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void bench(ncclComm_t comm, stream_t s, int n) {
+    uint64_t inside = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t t0 = now_ns();
+        CHECK(ncclAllReduce(NULL, NULL, 1 << 20, FLOAT, SUM, comm, s));
+        inside += now_ns() - t0;
+        if (i % 64 == 63) usleep(1000);
+    }
+    uintptr_t ev;
+    CHECK(cuEventCreate(&ev, 0));
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < n; i++) CHECK(cuEventRecord(ev, s));
+    uint64_t rec = now_ns() - t0;
+    printf("allreduce: %.1f ns per call over %d calls\n", (double)inside / n, n);
+    printf("cuEventRecord: %.1f ns per call\n", (double)rec / n);
+}
 
 static void basic(ncclComm_t comm, stream_t s) {
     for (int i = 0; i < 12; i++) {
@@ -177,6 +206,8 @@ int main(int argc, char **argv) {
             }
             CHECK(ncclAllReduce(NULL, NULL, 1024, FLOAT, SUM, comm, s));
             CHECK(cuStreamSynchronize(s)); /* never returns */
+        } else if (strcmp(mode, "bench") == 0) {
+            bench(comm, s, arg > 0 ? arg : 100000);
         } else if (strcmp(mode, "async") == 0) {
             for (int i = 0; i < 5; i++) CHECK(ncclAllReduce(NULL, NULL, 1024, FLOAT, SUM, comm, s));
             CHECK(cuStreamSynchronize(s));
