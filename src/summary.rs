@@ -188,14 +188,14 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     if c.has_gpu_time() {
                         *cs.gpu_timed.entry(op.name().to_owned()).or_default() += 1;
                     }
-                    if c.flags & flags::GRAPH_CAPTURED == 0 || c.lib == commscope_wire::op::lib::MPI {
+                    if !c.graph_captured() {
                         let d = cs.dur.entry(op.name().to_owned()).or_default();
                         d.0 += 1;
                         d.1 += c.span_ns() as f64 / 1e9;
                     }
                     if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size)
                         && c.span_ns() > 0
-                        && c.flags & flags::GRAPH_CAPTURED == 0
+                        && !c.graph_captured()
                     {
                         let e = cs.bw.entry(op.name().to_owned()).or_default();
                         e.0 += c.bytes as f64;
@@ -297,7 +297,8 @@ pub fn summarize(job: &JobTrace) -> Summary {
         c.ranks.sort_unstable();
         for (op, (n, secs)) in &c.dur {
             if *n > 0 {
-                c.mean_duration_us.insert(op.clone(), secs / *n as f64 * 1e6);
+                c.mean_duration_us
+                    .insert(op.clone(), secs / *n as f64 * 1e6);
             }
         }
         for (op, (b, bus, secs)) in &c.bw {

@@ -141,6 +141,12 @@ impl Call {
         self.t_exit.saturating_sub(self.t_enter)
     }
 
+    /// An NCCL call issued while its stream was captured into a CUDA graph (it only recorded
+    /// work into the graph).
+    pub fn graph_captured(&self) -> bool {
+        self.lib != crate::op::lib::MPI && self.flags & crate::op::flags::GRAPH_CAPTURED != 0
+    }
+
     /// True when the call carries a GPU interval (`gpu_start`/`gpu_end`, on the host-mono clock
     /// of `t_enter`).
     pub fn has_gpu_time(&self) -> bool {
