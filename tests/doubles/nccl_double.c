@@ -19,8 +19,16 @@
  * ncclRemoteError from ncclCommGetAsyncError once it has issued OPS operations.
  * TESTDOUBLE_NCCL_VERSION sets what ncclGetVersion reports (default 23203).
  * TESTDOUBLE_NCCL_NOOP=1 makes every operation return at once without any work (benchmarks).
+ *
+ * Profiler plugin: like NCCL, NCCL_PROFILER_PLUGIN=<path> loads a library exporting
+ * ncclProfiler_v7; each communicator's init calls its init with the communicator's commHash
+ * (computed as NCCL >= 2.26 does: from the unique id, or from the parent's hash, split count and
+ * color), each operation starts a Coll/P2p event when enqueued (stopped right after) and a
+ * KernelCh event on channel 0 while its "kernel" runs, with a globaltimer-like clock (host
+ * CLOCK_MONOTONIC + 10^12 ns) at channel start and stop.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -55,6 +63,9 @@ struct shared {
 
 struct ncclComm {
     int rank, nranks, dev;
+    uint64_t hash;           /* commHash */
+    void *pctx;              /* the profiler plugin's context */
+    uint64_t fseq[16];       /* per-function sequence numbers (the profiler's seqNumber) */
     unsigned char id[128];
     struct shared *sh;
     uint64_t ops;            /* collectives issued */
@@ -107,6 +118,127 @@ static struct shared *attach(const unsigned char *id) {
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* NCCL >= 2.26's commHash accumulator (src/include/bitops.h). */
+struct acc { uint64_t a0, a1; };
+static void eat(struct acc *h, const void *bytes, size_t n) {
+    const unsigned char *b = bytes;
+    h->a0 ^= n;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t x = 0;
+        memcpy(&x, b + i, n - i < 8 ? n - i : 8);
+        h->a0 += h->a1;
+        h->a1 ^= h->a0;
+        h->a0 ^= h->a0 >> 31;
+        h->a0 *= 0x9de62bbc8cef3ce3ull;
+        h->a1 ^= h->a1 >> 32;
+        h->a1 *= 0x485cd6311b599e79ull;
+        h->a0 += x;
+    }
+}
+static uint64_t digest(const struct acc *h) {
+    uint64_t x = h->a0;
+    x ^= x >> 31;
+    x *= 0xbac3bd562846de6bull;
+    x += h->a1;
+    x ^= x >> 32;
+    x *= 0x995a187a14e7b445ull;
+    return x;
+}
+
+/* ----- profiler plugin ----------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int (*init)(void **ctx, uint64_t commId, int *mask, const char *commName, int nNodes, int nranks,
+                int rank, void *logfn);
+    int (*startEvent)(void *ctx, void **handle, void *descr);
+    int (*stopEvent)(void *handle);
+    int (*recordEventState)(void *handle, int state, void *args);
+    int (*finalize)(void *ctx);
+} profiler_v7;
+
+static profiler_v7 *prof;
+static int prof_mask;
+static pthread_once_t prof_once = PTHREAD_ONCE_INIT;
+
+static void prof_load(void) {
+    const char *p = getenv("NCCL_PROFILER_PLUGIN");
+    if (!p || !*p || strcmp(p, "none") == 0) return;
+    void *h = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    if (h) prof = dlsym(h, "ncclProfiler_v7");
+}
+
+static void prof_init(struct ncclComm *c) {
+    pthread_once(&prof_once, prof_load);
+    if (!prof) return;
+    int mask = 0;
+    if (prof->init(&c->pctx, c->hash, &mask, "", 1, c->nranks, c->rank, NULL) != 0) c->pctx = NULL;
+    prof_mask = mask;
+}
+
+static uint64_t gpu_timer(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + 1000000000000ull;
+}
+
+/* Starts a Coll (func < 0x100) or P2p event with a v7 descriptor; returns its handle. */
+static void *prof_op(struct ncclComm *c, int p2p, int fn, const char *func, size_t count, int dt, int root_or_peer) {
+    static const char *dts[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
+                                "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3",
+                                "ncclFloat8e5m2"};
+    if (!prof || !c->pctx || !(prof_mask & (p2p ? 4 : 2))) return NULL;
+    unsigned char d[160];
+    memset(d, 0, sizeof d);
+    const char *dtn = dt >= 0 && dt < 12 ? dts[dt] : "ncclInt8";
+    uint64_t type = p2p ? 4 : 2;
+    memcpy(d, &type, 8);
+    memcpy(d + 16, &c->rank, 4);
+    if (p2p) {
+        memcpy(d + 24, &func, 8);
+        memcpy(d + 40, &dtn, 8);
+        memcpy(d + 48, &count, 8);
+        memcpy(d + 56, &root_or_peer, 4);
+        d[60] = 1;
+    } else {
+        uint64_t sn = c->fseq[fn & 15]++;
+        const char *algo = "RING", *proto = "SIMPLE";
+        memcpy(d + 24, &sn, 8);
+        memcpy(d + 32, &func, 8);
+        memcpy(d + 56, &count, 8);
+        memcpy(d + 64, &root_or_peer, 4);
+        memcpy(d + 72, &dtn, 8);
+        d[80] = 1;
+        d[81] = 8;
+        memcpy(d + 88, &algo, 8);
+        memcpy(d + 96, &proto, 8);
+    }
+    void *h = NULL;
+    prof->startEvent(c->pctx, &h, d);
+    return h;
+}
+
+static void *prof_channel_start(struct ncclComm *c, void *parent) {
+    if (!prof || !parent || !(prof_mask & 64)) return NULL;
+    unsigned char d[160];
+    memset(d, 0, sizeof d);
+    uint64_t type = 64, t = gpu_timer();
+    memcpy(d, &type, 8);
+    memcpy(d + 8, &parent, 8);
+    memcpy(d + 16, &c->rank, 4);
+    memcpy(d + 32, &t, 8);
+    void *h = NULL;
+    prof->startEvent(c->pctx, &h, d);
+    return h;
+}
+
+static void prof_channel_stop(void *h) {
+    if (!prof || !h) return;
+    uint64_t args[2] = {gpu_timer(), 0};
+    prof->recordEventState(h, 22, args);
+    prof->stopEvent(h);
+}
+
 /* Every pnccl* twin below is an alias of the same code as its nccl* name, as in NCCL's
  * PROFAPI builds (src/include/core.h). */
 
@@ -143,12 +275,16 @@ const char * pncclGetErrorString(ncclResult_t r) __attribute__((alias("ncclGetEr
 const char *ncclGetLastError(ncclComm_t c) { (void)c; return ""; }
 const char * pncclGetLastError(ncclComm_t c) __attribute__((alias("ncclGetLastError")));
 
-static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after);
-static ncclComm_t make_comm(const unsigned char *id, int nranks, int rank) { return make_comm2(id, nranks, rank, 1); }
+static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after, uint64_t hash);
+static ncclComm_t make_comm(const unsigned char *id, int nranks, int rank) {
+    struct acc h = {1, 1};
+    eat(&h, id, 128);
+    return make_comm2(id, nranks, rank, 1, digest(&h));
+}
 
 /* ----- communicators ------------------------------------------------------------------------- */
 
-static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after) {
+static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int unlink_after, uint64_t hash) {
     if (nranks < 1 || nranks > MAXR || rank < 0 || rank >= nranks) return NULL;
     struct ncclComm *c = calloc(1, sizeof *c);
     c->rank = rank;
@@ -158,6 +294,7 @@ static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int 
     memcpy(c->id, id, 128);
     c->sh = attach(id);
     c->async_after = -1;
+    c->hash = hash;
     const char *ae = getenv("TESTDOUBLE_NCCL_ASYNC_ERROR");
     const char *r = getenv("RANK");
     int myrank = r ? atoi(r) : rank;
@@ -174,6 +311,7 @@ static ncclComm_t make_comm2(const unsigned char *id, int nranks, int rank, int 
         shm_name(id, name, sizeof name);
         shm_unlink(name);
     }
+    prof_init(c);
     return c;
 }
 
@@ -202,7 +340,9 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     /* One process holds every rank: no waiting for the others to join. */
     sh->joined = (uint64_t)ndev;
     for (int i = 0; i < ndev; i++) {
-        comms[i] = make_comm2((unsigned char *)id.internal, ndev, i, 0);
+        struct acc h = {1, 1};
+        eat(&h, id.internal, 128);
+        comms[i] = make_comm2((unsigned char *)id.internal, ndev, i, 0, digest(&h));
         if (!comms[i]) return ncclInvalidArgument;
         comms[i]->dev = devlist ? devlist[i] : i;
     }
@@ -235,7 +375,13 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     unsigned char id[128];
     memcpy(id, comm->id, 128);
     for (int i = 0; i < 16; i++) id[i] ^= (unsigned char)(0x5a + k * 7 + color * 13 + i);
-    *newcomm = make_comm(id, n, me);
+    /* NCCL's split commHash: the parent's hash, its split counter (1 for the first), the color. */
+    struct acc h = {1, 1};
+    int child = k + 1;
+    eat(&h, &comm->hash, 8);
+    eat(&h, &child, 4);
+    eat(&h, &color, 4);
+    *newcomm = make_comm2(id, n, me, 1, digest(&h));
     return *newcomm ? ncclSuccess : ncclInternalError;
 }
 ncclResult_t pncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *n, void *cfg) __attribute__((alias("ncclCommSplit")));
@@ -271,6 +417,7 @@ struct op {
     uint64_t k;      /* the collective's index, or the p2p message's index with its peer */
     int peer;
     uint64_t bytes;
+    void *ph;        /* the profiler's Coll/P2p event */
 };
 
 struct batch {
@@ -311,9 +458,15 @@ static void await(struct op *o) {
 static void run_batch(void *p) {
     struct batch *b = p;
     uint64_t bytes = 0;
+    void *ch[64] = {0};
+    for (int i = 0; i < b->n && i < 64; i++) ch[i] = prof_channel_start(b->ops[i].comm, b->ops[i].ph);
     for (int i = 0; i < b->n; i++) post(&b->ops[i]);
     for (int i = 0; i < b->n; i++) { await(&b->ops[i]); bytes += b->ops[i].bytes; }
     sleep_ns((uint64_t)((double)bytes / gbps()));
+    for (int i = 0; i < b->n && i < 64; i++) {
+        prof_channel_stop(ch[i]);
+        b->ops[i].ph = NULL; /* a graph replay reports no profiler events */
+    }
     /* Not freed: a batch captured into a CUDA graph runs again at every launch. */
 }
 
@@ -343,6 +496,7 @@ static int noop_mode = -1;
 
 static ncclResult_t enqueue(struct op o, uintptr_t stream) {
     if (!o.comm) return ncclInvalidArgument;
+    if (o.ph && prof) prof->stopEvent(o.ph); /* "stopped" = enqueued, as in NCCL */
     /* TESTDOUBLE_NCCL_NOOP=1 (benchmarks): operations complete at once, nothing is queued. */
     if (noop_mode < 0) noop_mode = getenv("TESTDOUBLE_NCCL_NOOP") != NULL;
     if (noop_mode) return ncclSuccess;
@@ -358,9 +512,11 @@ static ncclResult_t enqueue(struct op o, uintptr_t stream) {
     return launch_ops(&p, 1);
 }
 
-static ncclResult_t coll(ncclComm_t c, uint64_t bytes, uintptr_t stream) {
+static ncclResult_t coll(ncclComm_t c, uint64_t bytes, uintptr_t stream, int fn, const char *func, size_t count,
+                         int dt, int root) {
     if (!c) return ncclInvalidArgument;
-    struct op o = {COLL, c, c->ops++, -1, bytes};
+    struct op o = {COLL, c, c->ops++, -1, bytes, NULL};
+    o.ph = prof_op(c, 0, fn, func, count, dt, root);
     return enqueue(o, stream);
 }
 
@@ -380,13 +536,13 @@ ncclResult_t pncclGroupEnd(void) __attribute__((alias("ncclGroupEnd")));
 ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r; (void)op;
     if (!elem_size(dt)) return ncclInvalidArgument;
-    return coll(c, 2 * SZ(n, dt), st);
+    return coll(c, 2 * SZ(n, dt), st, 4, "AllReduce", n, dt, -1);
 }
 ncclResult_t pncclAllReduce(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAllReduce")));
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r;
     if (!c || root < 0 || root >= c->nranks) return ncclInvalidArgument;
-    return coll(c, SZ(n, dt), st);
+    return coll(c, SZ(n, dt), st, 0, "Broadcast", n, dt, root);
 }
 ncclResult_t pncclBroadcast(const void *s, void *r, size_t n, int dt, int root, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclBroadcast")));
 /* As in NCCL: the legacy in-place broadcast is implemented by calling the exported one. */
@@ -397,35 +553,37 @@ ncclResult_t pncclBcast(void *b, size_t n, int dt, int root, ncclComm_t c, uintp
 ncclResult_t ncclReduce(const void *s, void *r, size_t n, int dt, int op, int root, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r; (void)op;
     if (!c || root < 0 || root >= c->nranks) return ncclInvalidArgument;
-    return coll(c, SZ(n, dt), st);
+    return coll(c, SZ(n, dt), st, 1, "Reduce", n, dt, root);
 }
 ncclResult_t pncclReduce(const void *s, void *r, size_t n, int dt, int op, int root, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclReduce")));
 ncclResult_t ncclAllGather(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r;
-    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st, 2, "AllGather", n, dt, -1);
 }
 ncclResult_t pncclAllGather(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAllGather")));
 ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r; (void)op;
-    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st, 3, "ReduceScatter", n, dt, -1);
 }
 ncclResult_t pncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclReduceScatter")));
 ncclResult_t ncclAlltoAll(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) {
     (void)s; (void)r;
-    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st);
+    return coll(c, c ? SZ(n, dt) * (uint64_t)c->nranks : 0, st, 8, "AlltoAll", n, dt, -1);
 }
 ncclResult_t pncclAlltoAll(const void *s, void *r, size_t n, int dt, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclAlltoAll")));
 ncclResult_t ncclSend(const void *s, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) {
     (void)s;
     if (!c || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
-    struct op o = {SEND, c, c->sends[peer]++, peer, SZ(n, dt)};
+    struct op o = {SEND, c, c->sends[peer]++, peer, SZ(n, dt), NULL};
+    o.ph = prof_op(c, 1, 6, "Send", n, dt, peer);
     return enqueue(o, st);
 }
 ncclResult_t pncclSend(const void *s, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclSend")));
 ncclResult_t ncclRecv(void *r, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) {
     (void)r;
     if (!c || peer < 0 || peer >= c->nranks) return ncclInvalidArgument;
-    struct op o = {RECV, c, c->recvs[peer]++, peer, SZ(n, dt)};
+    struct op o = {RECV, c, c->recvs[peer]++, peer, SZ(n, dt), NULL};
+    o.ph = prof_op(c, 1, 7, "Recv", n, dt, peer);
     return enqueue(o, st);
 }
 ncclResult_t pncclRecv(void *r, size_t n, int dt, int peer, ncclComm_t c, uintptr_t st) __attribute__((alias("ncclRecv")));

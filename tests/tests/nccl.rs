@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use commscope_tests::nccl::{build_against_real_nccl, doubles};
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{analyze_json, assert_ok, load_job, run_traced, summary_json};
+use commscope_tests::{analyze_json, assert_ok, load_job, run_traced, shim, summary_json};
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Op, flags, lib};
 use commscope_wire::record::{Call, Comm, CommEvent, Record};
@@ -473,4 +473,123 @@ fn a_live_nccl_job_reports_bandwidth_and_its_async_error_through_agent_and_colle
         m.contains("commscope_collective_bus_bytes_total{job_id=\"live-nccl\""),
         "{m}"
     );
+}
+
+/// Calls per (rank, comm, op) of a job directory.
+fn counts(dir: &Path) -> BTreeMap<(i32, u64, u8), usize> {
+    let mut out = BTreeMap::new();
+    for (rank, (calls, _, _)) in by_rank(dir) {
+        for c in calls {
+            *out.entry((rank, c.comm_id, c.op)).or_default() += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_profiler_plugin_alone_records_calls_with_kernel_times() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = doubles();
+    // No preload: NCCL (the double) loads libcommscope.so as its profiler plugin.
+    let o = Command::new(d.join("nccl_job"))
+        .args(["4", "basic"])
+        .env("NCCL_PROFILER_PLUGIN", shim())
+        .env("COMMSCOPE_TRACE_DIR", tmp.path())
+        .env("COMMSCOPE_JOB_ID", "nccl-plugin")
+        .env_remove("LD_PRELOAD")
+        .env_remove("COMMSCOPE_AGENT_SOCKET")
+        .output()
+        .expect("run nccl_job");
+    assert_ok(&o, "nccl_job with the profiler plugin");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .expect("unique id");
+    let world = nccl_hash::init_comm_hash(Version(23203), &unhex(id));
+    let dir = tmp.path().join("nccl-plugin");
+    let recs = by_rank(&dir);
+    assert_eq!(recs.len(), 4);
+    let mut ends: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (rank, (calls, comms, _)) in &recs {
+        let made = created(comms);
+        assert!(
+            made.iter().any(|c| c.comm_id == world),
+            "rank {rank}: the plugin's commId is NCCL's commHash"
+        );
+        assert!(
+            made.iter().any(
+                |c| c.comm_id == nccl_hash::split_comm_hash(Version(23203), world, 1, rank % 2)
+            ),
+            "rank {rank}: the split's commHash: {made:?}"
+        );
+        let on_world: Vec<&Call> = calls.iter().filter(|c| c.comm_id == world).collect();
+        let n = |op: Op| on_world.iter().filter(|c| c.op() == op).count();
+        assert_eq!(
+            (n(Op::Allreduce), n(Op::Broadcast), n(Op::Send), n(Op::Recv)),
+            (15, 1, 1, 1),
+            "rank {rank}"
+        );
+        let ar: Vec<u64> = on_world
+            .iter()
+            .filter(|c| c.op() == Op::Allreduce)
+            .map(|c| c.op_seq)
+            .collect();
+        assert_eq!(
+            ar,
+            (0..15).collect::<Vec<u64>>(),
+            "op_seq is NCCL's seqNumber"
+        );
+        for c in &on_world {
+            assert!(c.has_gpu_time(), "rank {rank}: kernel timing: {c:?}");
+            assert!(
+                c.gpu_start + 1_000_000 >= c.t_enter,
+                "rank {rank}: kernel before enqueue: {c:?}"
+            );
+            if c.seq < 12 {
+                ends.entry(c.seq).or_default().push(c.gpu_end);
+            }
+        }
+    }
+    for (seq, e) in &ends {
+        let spread = e.iter().max().unwrap_or(&0) - e.iter().min().unwrap_or(&0);
+        assert!(
+            e.len() == 4 && spread < 3_000_000,
+            "all-reduce #{seq}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn with_both_the_preload_and_the_plugin_every_call_is_recorded_once() {
+    let (a, b) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    run_job(a.path(), "nccl-once", 4, &["basic"], &[]);
+    let plugin = shim();
+    let plugin = plugin.to_str().expect("utf-8");
+    run_job(
+        b.path(),
+        "nccl-once",
+        4,
+        &["basic"],
+        &[("NCCL_PROFILER_PLUGIN", plugin)],
+    );
+    let (only, both) = (
+        counts(&a.path().join("nccl-once")),
+        counts(&b.path().join("nccl-once")),
+    );
+    // Each run draws its own unique id: compare (rank, op, calls), sorted, not communicator ids.
+    let world_ops = |m: &BTreeMap<(i32, u64, u8), usize>| {
+        let mut v: Vec<(i32, u8, usize)> = m.iter().map(|(k, n)| (k.0, k.2, *n)).collect();
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(
+        world_ops(&only),
+        world_ops(&both),
+        "the same calls, once each"
+    );
+    assert_eq!(only.values().sum::<usize>(), both.values().sum::<usize>());
 }

@@ -756,6 +756,7 @@ mod tests {
         );
 
         let mut c = Comm::new(CommEvent::Failed, 0xabc, 0, 5, 1, 1, 4, 0);
+        c.rec_seq = 7;
         c.flags = flags::NCCL_COMM | flags::COMM_ASYNC_ERROR;
         c.status = 6;
         c.device = 3;
@@ -768,7 +769,9 @@ mod tests {
             (CommEvent::Failed, 6, 3, c.name())
         );
         // Records written before the device was recorded read as "no device".
-        let mut old = Record::Comm(Comm::new(CommEvent::Created, 1, 0, 5, 0, 0, 2, 0)).encode();
+        let mut made = Comm::new(CommEvent::Created, 1, 0, 5, 0, 0, 2, 0);
+        made.rec_seq = 8;
+        let mut old = Record::Comm(made).encode();
         old[60..64].fill(0);
         let Ok(Record::Comm(back)) = Record::decode(&old) else {
             panic!("not a comm record");

@@ -19,6 +19,7 @@ pub mod clock;
 pub mod cuda;
 pub mod mpi;
 pub mod nccl;
+pub mod profiler;
 pub mod state;
 pub mod tables;
 pub mod util;

@@ -339,6 +339,8 @@ pub struct NcclState {
     pub comms: CommTable,
     pending: Box<[PendingSlot]>,
     live: Mutex<Vec<Live>>,
+    /// Ids of the communicators the wrappers recorded (the profiler plugin leaves those alone).
+    wrapped: Mutex<std::collections::HashSet<u64>>,
     poller_started: AtomicBool,
     poller_done: AtomicBool,
     /// Pending records (the poller's view), for tests and the final drain.
@@ -346,11 +348,20 @@ pub struct NcclState {
 }
 
 impl NcclState {
+    /// Whether the wrappers record the communicator with this id.
+    pub fn is_wrapped(&self, id: u64) -> bool {
+        self.wrapped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+    }
+
     pub fn new(slots: usize) -> NcclState {
         NcclState {
             comms: CommTable::new(4096),
             pending: (0..slots).map(|_| PendingSlot::default()).collect(),
             live: Mutex::new(Vec::new()),
+            wrapped: Mutex::new(std::collections::HashSet::new()),
             poller_started: AtomicBool::new(false),
             poller_done: AtomicBool::new(false),
             busy: AtomicUsize::new(0),
@@ -449,6 +460,12 @@ impl Shim {
             return;
         };
         self.nccl_comm_record(CommEvent::Created, e, parent, name, device, 0);
+        {
+            let mut w = self.nccl.wrapped.lock().unwrap_or_else(|p| p.into_inner());
+            if w.len() < 1 << 16 {
+                w.insert(id);
+            }
+        }
         if let Some(n) = name.filter(|n| !n.is_empty()) {
             let _ = n; // the name travels on the `created` record
         }
@@ -889,6 +906,7 @@ fn poller(shim: &'static Shim) {
         if now.saturating_sub(last_async) >= 1_000_000_000 || stopping {
             last_async = now;
             poll_async_errors(shim);
+            crate::profiler::sweep(now);
         }
         if stopping {
             return;

@@ -1,0 +1,728 @@
+//! NCCL's profiler plugin interface, versions 4 to 7, exported by `libcommscope.so` itself:
+//! `NCCL_PROFILER_PLUGIN=/path/to/libcommscope.so` makes NCCL load it (with or without
+//! `LD_PRELOAD`). NCCL picks the newest `ncclProfiler_vN` the library exports.
+//!
+//! The plugin asks for `Coll`, `P2p` and `KernelCh` events. A `Coll`/`P2p` event starts when NCCL
+//! enqueues the operation and stops once it is enqueued; its `KernelCh` children carry the GPU's
+//! `globaltimer` at each channel's start and stop. An operation is complete when it stopped and
+//! every channel it announced (`nChannels`) reported its stop; the kernel interval is the earliest
+//! channel start to the latest channel stop, mapped onto host `CLOCK_MONOTONIC` with the tightest
+//! offset seen (`now − globaltimer` at the moment NCCL tells us, which can only overestimate it).
+//!
+//! - **Plugin only** (NCCL linked statically, or no preload): every completed operation becomes a
+//!   `call` record on the communicator's `commHash` (NCCL passes it to `init`), `op_seq` =
+//!   NCCL's per-function `seqNumber`, `seq` counted here per communicator; while the kernel runs
+//!   the operation is in the in-flight table, so a hang is as visible as with the wrappers.
+//! - **With the preload too** the wrappers already record every call, with CUDA-event timing: the
+//!   plugin then writes nothing for that communicator (no double counting).
+//!
+//! Events come from a fixed pool (a full pool hands NCCL a null handle, which it then passes back
+//! and which is ignored); a generation number guards against a late child of a finished operation.
+
+#![allow(non_upper_case_globals)]
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+use commscope_wire::op::{Clock, Op, dtype};
+use commscope_wire::record::Call;
+use commscope_wire::shm::in_flight_status;
+
+use crate::state::{self, Shim, Slot};
+use crate::tables::Dir;
+use crate::util::now_mono;
+
+/// Event type bits (`nccl_profiler.h`).
+mod ev {
+    pub const COLL: u64 = 1 << 1;
+    pub const P2P: u64 = 1 << 2;
+    pub const KERNEL_CH: u64 = 1 << 6;
+}
+
+/// `ncclProfilerKernelChStop`.
+const KERNEL_CH_STOP: c_int = 22;
+/// What the plugin asks NCCL for.
+const MASK: c_int = (ev::COLL | ev::P2P | ev::KERNEL_CH) as c_int;
+
+const SUCCESS: c_int = 0;
+
+// ----- the exported tables -----------------------------------------------------------------------
+
+type InitV5 = unsafe extern "C" fn(
+    *mut *mut c_void,
+    u64,
+    *mut c_int,
+    *const c_char,
+    c_int,
+    c_int,
+    c_int,
+    *const c_void,
+) -> c_int;
+type InitV4 = unsafe extern "C" fn(
+    *mut *mut c_void,
+    *mut c_int,
+    *const c_char,
+    u64,
+    c_int,
+    c_int,
+    c_int,
+    *const c_void,
+) -> c_int;
+type StartFn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *const u8) -> c_int;
+type StopFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type StateFn = unsafe extern "C" fn(*mut c_void, c_int, *const u8) -> c_int;
+type FinalizeFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+/// `ncclProfiler_v5_t` (the same table for v6 and v7).
+#[repr(C)]
+#[derive(Debug)]
+pub struct TableV5 {
+    name: *const c_char,
+    init: InitV5,
+    start_event: StartFn,
+    stop_event: StopFn,
+    record_event_state: StateFn,
+    finalize: FinalizeFn,
+}
+
+/// `ncclProfiler_v4_t`: `init` takes its arguments in another order.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TableV4 {
+    name: *const c_char,
+    init: InitV4,
+    start_event: StartFn,
+    stop_event: StopFn,
+    record_event_state: StateFn,
+    finalize: FinalizeFn,
+}
+
+// SAFETY: immutable tables of a string constant and function pointers.
+unsafe impl Sync for TableV5 {}
+// SAFETY: as above.
+unsafe impl Sync for TableV4 {}
+
+const NAME: *const c_char = c"commscope".as_ptr();
+
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v7: TableV5 = TableV5 {
+    name: NAME,
+    init: init_v5,
+    start_event: start_v5,
+    stop_event,
+    record_event_state: record_state,
+    finalize,
+};
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v6: TableV5 = TableV5 {
+    name: NAME,
+    init: init_v5,
+    start_event: start_v5,
+    stop_event,
+    record_event_state: record_state,
+    finalize,
+};
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v5: TableV5 = TableV5 {
+    name: NAME,
+    init: init_v5,
+    start_event: start_v5,
+    stop_event,
+    record_event_state: record_state,
+    finalize,
+};
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v4: TableV4 = TableV4 {
+    name: NAME,
+    init: init_v4,
+    start_event: start_v4,
+    stop_event,
+    record_event_state: record_state,
+    finalize,
+};
+
+// ----- per-communicator context ------------------------------------------------------------------
+
+/// One communicator as the plugin sees it.
+#[derive(Debug)]
+struct Ctx {
+    comm_id: u64,
+    rank: i32,
+    nranks: i32,
+    /// Collectives seen (the next one's `seq`).
+    seq: AtomicU64,
+    /// Whether the preload's wrappers record this communicator: 0 not yet known, 1 yes, 2 no.
+    wrapped: AtomicU8,
+}
+
+impl Ctx {
+    /// True when the wrappers record this communicator's calls already.
+    fn wrapped(&self, shim: &Shim) -> bool {
+        match self.wrapped.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                // Asked at the first operation: by then a wrapper has recorded the communicator
+                // (it does so when NCCL's init, and with it this plugin's, returned).
+                let w = shim.nccl.is_wrapped(self.comm_id);
+                if self
+                    .wrapped
+                    .compare_exchange(
+                        0,
+                        if w { 1 } else { 2 },
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                    && !w
+                {
+                    // Recorded by this plugin alone: its `comm` record too.
+                    let mut c = commscope_wire::record::Comm::new(
+                        commscope_wire::record::CommEvent::Created,
+                        self.comm_id,
+                        0,
+                        now_mono(),
+                        shim.rank,
+                        self.rank,
+                        self.nranks,
+                        0,
+                    );
+                    c.flags = commscope_wire::op::flags::NCCL_COMM;
+                    shim.push(&commscope_wire::record::Record::Comm(c));
+                }
+                w
+            }
+        }
+    }
+}
+
+/// Host-mono minus GPU globaltimer, the smallest seen (`i64::MAX`: none yet).
+static GPU_OFFSET: AtomicI64 = AtomicI64::new(i64::MAX);
+
+fn observe_gpu_time(ptimer: u64) {
+    if ptimer == 0 {
+        return;
+    }
+    let off = now_mono() as i64 - ptimer as i64;
+    GPU_OFFSET.fetch_min(off, Ordering::Relaxed);
+}
+
+fn gpu_to_host(ptimer: u64) -> u64 {
+    let off = GPU_OFFSET.load(Ordering::Relaxed);
+    if ptimer == 0 || off == i64::MAX {
+        return 0;
+    }
+    (i128::from(ptimer) + i128::from(off)).max(1) as u64
+}
+
+unsafe extern "C" fn init_v5(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    mask: *mut c_int,
+    _name: *const c_char,
+    _nnodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    _log: *const c_void,
+) -> c_int {
+    // SAFETY: NCCL's out-pointers.
+    unsafe { init(ctx, mask, comm_id, nranks, rank) }
+}
+
+unsafe extern "C" fn init_v4(
+    ctx: *mut *mut c_void,
+    mask: *mut c_int,
+    _name: *const c_char,
+    comm_id: u64,
+    _nnodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    _log: *const c_void,
+) -> c_int {
+    // SAFETY: NCCL's out-pointers.
+    unsafe { init(ctx, mask, comm_id, nranks, rank) }
+}
+
+/// # Safety
+/// `ctx` and `mask` are NCCL's valid out-pointers (or null).
+unsafe fn init(
+    ctx: *mut *mut c_void,
+    mask: *mut c_int,
+    comm_id: u64,
+    nranks: c_int,
+    rank: c_int,
+) -> c_int {
+    let r = std::panic::catch_unwind(|| {
+        if state::life() == state::life::DORMANT {
+            state::activate_nccl(rank, nranks, comm_id);
+        }
+        let on = state::life() == state::life::ACTIVE;
+        let c = Box::new(Ctx {
+            comm_id,
+            rank,
+            nranks,
+            seq: AtomicU64::new(0),
+            wrapped: AtomicU8::new(0),
+        });
+        if let Some(s) = state::shim() {
+            crate::nccl::start_poller(s);
+        }
+        (Box::into_raw(c), on)
+    });
+    let (c, on) = match r {
+        Ok(x) => x,
+        Err(_) => (std::ptr::null_mut(), false),
+    };
+    if !ctx.is_null() {
+        // SAFETY: NCCL's out-pointer.
+        unsafe { *ctx = c.cast() };
+    }
+    if !mask.is_null() {
+        // SAFETY: NCCL's event mask; a disabled recorder asks for nothing.
+        unsafe { *mask = if on && !c.is_null() { MASK } else { 0 } };
+    }
+    SUCCESS
+}
+
+unsafe extern "C" fn finalize(ctx: *mut c_void) -> c_int {
+    if !ctx.is_null() {
+        // Outstanding events keep a pointer to it: a context is small, and communicators are
+        // few, so it is left allocated.
+        let _ = ctx;
+    }
+    SUCCESS
+}
+
+// ----- the event pool ----------------------------------------------------------------------------
+
+const POOL: usize = 8192;
+
+mod kind {
+    pub const FREE: u8 = 0;
+    pub const OP: u8 = 1;
+    pub const CHANNEL: u8 = 2;
+}
+
+/// One event: an operation (`Coll`/`P2p`) or one of its kernel channels.
+#[derive(Debug)]
+struct Ev {
+    kind: AtomicU8,
+    generation: AtomicU32,
+    // operation
+    ctx: AtomicU64,
+    call: std::sync::Mutex<Call>,
+    slot: AtomicU64,
+    channels: AtomicU32,
+    channels_stopped: AtomicU32,
+    stopped: AtomicBool,
+    finished: AtomicBool,
+    k_start: AtomicU64,
+    k_end: AtomicU64,
+    stopped_at: AtomicU64,
+    // channel
+    parent: AtomicU64,
+    parent_gen: AtomicU32,
+}
+
+impl Ev {
+    fn new() -> Ev {
+        Ev {
+            kind: AtomicU8::new(kind::FREE),
+            generation: AtomicU32::new(0),
+            ctx: AtomicU64::new(0),
+            call: std::sync::Mutex::new(Call::default()),
+            slot: AtomicU64::new(u64::MAX),
+            channels: AtomicU32::new(0),
+            channels_stopped: AtomicU32::new(0),
+            stopped: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+            k_start: AtomicU64::new(u64::MAX),
+            k_end: AtomicU64::new(0),
+            stopped_at: AtomicU64::new(0),
+            parent: AtomicU64::new(0),
+            parent_gen: AtomicU32::new(0),
+        }
+    }
+}
+
+static EVENTS: std::sync::OnceLock<Box<[Ev]>> = std::sync::OnceLock::new();
+
+thread_local! {
+    static HINT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn pool() -> &'static [Ev] {
+    EVENTS.get_or_init(|| (0..POOL).map(|_| Ev::new()).collect())
+}
+
+/// Claims a free event for `k`.
+fn claim(k: u8) -> Option<&'static Ev> {
+    let p = pool();
+    let start = HINT.with(Cell::get);
+    for i in 0..p.len() {
+        let idx = (start + i) % p.len();
+        let e = &p[idx];
+        if e.kind.load(Ordering::Relaxed) == kind::FREE
+            && e.kind
+                .compare_exchange(kind::FREE, k, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            HINT.with(|h| h.set(idx + 1));
+            e.generation.fetch_add(1, Ordering::AcqRel);
+            return Some(e);
+        }
+    }
+    None
+}
+
+fn release(e: &Ev) {
+    e.kind.store(kind::FREE, Ordering::Release);
+}
+
+/// The event behind a handle NCCL passes back (null when it got none).
+fn event(h: *mut c_void) -> Option<&'static Ev> {
+    let p = pool();
+    let base = p.as_ptr() as usize;
+    let a = h as usize;
+    let size = std::mem::size_of::<Ev>();
+    if a < base || a >= base + std::mem::size_of_val(p) || !(a - base).is_multiple_of(size) {
+        return None;
+    }
+    p.get((a - base) / size)
+}
+
+// ----- descriptors -------------------------------------------------------------------------------
+
+/// Reads a field of a descriptor at a fixed offset.
+///
+/// # Safety
+/// `d` points to a descriptor at least `at + size_of::<T>()` bytes long.
+unsafe fn rd<T: Copy>(d: *const u8, at: usize) -> T {
+    // SAFETY: per the contract; descriptors are NCCL's own structs, read unaligned-safe.
+    unsafe { std::ptr::read_unaligned(d.add(at) as *const T) }
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn text<'a>(p: *const c_char) -> &'a [u8] {
+    if p.is_null() {
+        return b"";
+    }
+    // SAFETY: per the contract.
+    unsafe { CStr::from_ptr(p) }.to_bytes()
+}
+
+fn op_of(func: &[u8]) -> Op {
+    match func {
+        b"AllReduce" => Op::Allreduce,
+        b"Broadcast" => Op::Broadcast,
+        b"Reduce" => Op::Reduce,
+        b"AllGather" => Op::Allgather,
+        b"AllGatherV" => Op::Allgatherv,
+        b"ReduceScatter" => Op::Reducescatter,
+        b"AlltoAll" | b"AllToAll" => Op::Alltoall,
+        b"Gather" => Op::Gather,
+        b"Scatter" => Op::Scatter,
+        b"Send" => Op::Send,
+        b"Recv" => Op::Recv,
+        _ => Op::None,
+    }
+}
+
+fn dtype_of(name: &[u8]) -> (u64, u16) {
+    match name {
+        b"ncclInt8" | b"ncclChar" => (1, dtype::INT8),
+        b"ncclUint8" => (1, dtype::UINT8),
+        b"ncclInt32" | b"ncclInt" => (4, dtype::INT32),
+        b"ncclUint32" => (4, dtype::UINT32),
+        b"ncclInt64" => (8, dtype::INT64),
+        b"ncclUint64" => (8, dtype::UINT64),
+        b"ncclFloat16" | b"ncclHalf" => (2, dtype::FLOAT16),
+        b"ncclFloat32" | b"ncclFloat" => (4, dtype::FLOAT),
+        b"ncclFloat64" | b"ncclDouble" => (8, dtype::DOUBLE),
+        b"ncclBfloat16" => (2, dtype::BFLOAT16),
+        b"ncclFloat8e4m3" => (1, dtype::FLOAT8_E4M3),
+        b"ncclFloat8e5m2" => (1, dtype::FLOAT8_E5M2),
+        _ => (0, dtype::DERIVED),
+    }
+}
+
+// Offsets shared by v4–v7 (the union starts at 24; later versions only append fields).
+const PARENT: usize = 8;
+const U: usize = 24;
+
+unsafe extern "C" fn start_v5(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8) -> c_int {
+    // SAFETY: NCCL's descriptor, whose header starts with a u64 type in v5 and later.
+    let t = if d.is_null() {
+        0
+    } else {
+        unsafe { rd::<u64>(d, 0) }
+    };
+    // SAFETY: NCCL's arguments.
+    unsafe { start(ctx, h, d, t) }
+}
+
+unsafe extern "C" fn start_v4(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8) -> c_int {
+    // SAFETY: NCCL's descriptor, whose type is a u8 in v4.
+    let t = if d.is_null() {
+        0
+    } else {
+        u64::from(unsafe { rd::<u8>(d, 0) })
+    };
+    // SAFETY: NCCL's arguments.
+    unsafe { start(ctx, h, d, t) }
+}
+
+/// # Safety
+/// NCCL's `startEvent` arguments; `t` is the descriptor's event type.
+unsafe fn start(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8, t: u64) -> c_int {
+    let r = std::panic::catch_unwind(|| {
+        if d.is_null() || ctx.is_null() || state::life() != state::life::ACTIVE {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the context this plugin's init returned.
+        let c = unsafe { &*(ctx as *const Ctx) };
+        match t {
+            // SAFETY: a descriptor of that type.
+            ev::COLL | ev::P2P => unsafe { start_op(c, d, t == ev::P2P) },
+            // SAFETY: as above.
+            ev::KERNEL_CH => unsafe { start_channel(d) },
+            _ => std::ptr::null_mut(),
+        }
+    });
+    if !h.is_null() {
+        // SAFETY: NCCL's out-pointer.
+        unsafe { *h = r.unwrap_or(std::ptr::null_mut()) };
+    }
+    SUCCESS
+}
+
+/// # Safety
+/// `d` is a `Coll` (or, with `p2p`, a `P2p`) descriptor.
+unsafe fn start_op(c: &Ctx, d: *const u8, p2p: bool) -> *mut c_void {
+    let Some(shim) = state::shim() else {
+        return std::ptr::null_mut();
+    };
+    if c.wrapped(shim) {
+        return std::ptr::null_mut();
+    }
+    let t = now_mono();
+    // SAFETY: field offsets of `coll` / `p2p` (profiler_v4.h … v7).
+    let (op, count, dt, peer, op_seq, channels) = unsafe {
+        if p2p {
+            let func = text(rd::<*const c_char>(d, U));
+            let dt = text(rd::<*const c_char>(d, U + 16));
+            (
+                op_of(func),
+                rd::<usize>(d, U + 24),
+                dt,
+                rd::<c_int>(d, U + 32),
+                None,
+                rd::<u8>(d, U + 36),
+            )
+        } else {
+            let func = text(rd::<*const c_char>(d, U + 8));
+            let dt = text(rd::<*const c_char>(d, U + 48));
+            (
+                op_of(func),
+                rd::<usize>(d, U + 32),
+                dt,
+                rd::<c_int>(d, U + 40),
+                Some(rd::<u64>(d, U)),
+                rd::<u8>(d, U + 56),
+            )
+        }
+    };
+    if op == Op::None {
+        return std::ptr::null_mut();
+    }
+    let (size, code) = dtype_of(dt);
+    let n = c.nranks.max(1) as u64;
+    let per_rank_times_n = matches!(
+        op,
+        Op::Allgather | Op::Reducescatter | Op::Alltoall | Op::Gather | Op::Scatter
+    );
+    let count = count as u64;
+    let mut call = Call {
+        op: op as u8,
+        peer: if matches!(
+            op,
+            Op::Broadcast | Op::Reduce | Op::Gather | Op::Scatter | Op::Send | Op::Recv
+        ) {
+            peer
+        } else {
+            -1
+        },
+        tag: if p2p { 0 } else { -1 },
+        bytes: count * size * if per_rank_times_n { n } else { 1 },
+        count: count * if per_rank_times_n { n } else { 1 },
+        dtype: code,
+        rank: shim.rank,
+        comm_id: c.comm_id,
+        comm_rank: c.rank,
+        comm_size: c.nranks,
+        clock: Clock::HostMono as u8,
+        lib: crate::nccl::library_code(),
+        peer2: -1,
+        tag2: -1,
+        t_enter: t,
+        ..Default::default()
+    };
+    if p2p {
+        call.seq = c.seq.load(Ordering::Relaxed);
+        let dir = if op == Op::Send { Dir::Send } else { Dir::Recv };
+        shim.assign_p2p_seq(&mut call, dir);
+    } else {
+        call.seq = c.seq.fetch_add(1, Ordering::Relaxed);
+        call.op_seq = op_seq.unwrap_or(0);
+    }
+    let Some(e) = claim(kind::OP) else {
+        return std::ptr::null_mut();
+    };
+    let slot = shim.claim_in(&call, in_flight_status::ON_GPU, true);
+    *e.call.lock().unwrap_or_else(|p| p.into_inner()) = call;
+    e.ctx.store(c as *const Ctx as u64, Ordering::Relaxed);
+    e.slot.store(
+        match slot {
+            Slot::Owned(s) | Slot::Home(s) => s as u64,
+            Slot::None => u64::MAX,
+        },
+        Ordering::Relaxed,
+    );
+    e.channels.store(u32::from(channels), Ordering::Relaxed);
+    e.channels_stopped.store(0, Ordering::Relaxed);
+    e.stopped.store(false, Ordering::Relaxed);
+    e.finished.store(false, Ordering::Relaxed);
+    e.k_start.store(u64::MAX, Ordering::Relaxed);
+    e.k_end.store(0, Ordering::Relaxed);
+    e.stopped_at.store(0, Ordering::Release);
+    e as *const Ev as *mut c_void
+}
+
+/// # Safety
+/// `d` is a `KernelCh` descriptor.
+unsafe fn start_channel(d: *const u8) -> *mut c_void {
+    // SAFETY: header and `kernelCh` offsets (v4 … v7): parentObj at 8, pTimer at 32.
+    let (parent, ptimer) = unsafe { (rd::<*mut c_void>(d, PARENT), rd::<u64>(d, U + 8)) };
+    let Some(p) = event(parent).filter(|p| p.kind.load(Ordering::Acquire) == kind::OP) else {
+        return std::ptr::null_mut();
+    };
+    observe_gpu_time(ptimer);
+    if ptimer != 0 {
+        p.k_start.fetch_min(ptimer, Ordering::Relaxed);
+    }
+    let Some(e) = claim(kind::CHANNEL) else {
+        return std::ptr::null_mut();
+    };
+    e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
+    e.parent_gen
+        .store(p.generation.load(Ordering::Acquire), Ordering::Release);
+    e as *const Ev as *mut c_void
+}
+
+unsafe extern "C" fn record_state(h: *mut c_void, state: c_int, args: *const u8) -> c_int {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(e) = event(h) else { return };
+        if state != KERNEL_CH_STOP
+            || args.is_null()
+            || e.kind.load(Ordering::Acquire) != kind::CHANNEL
+        {
+            return;
+        }
+        // SAFETY: `kernelCh.pTimer` is the union's first field in v4 … v7 state arguments.
+        let ptimer = unsafe { rd::<u64>(args, 0) };
+        observe_gpu_time(ptimer);
+        if let Some(p) = parent_of(e) {
+            p.k_end.fetch_max(ptimer, Ordering::Relaxed);
+        }
+    });
+    SUCCESS
+}
+
+fn parent_of(e: &Ev) -> Option<&'static Ev> {
+    let p = event(e.parent.load(Ordering::Relaxed) as *mut c_void)?;
+    (p.generation.load(Ordering::Acquire) == e.parent_gen.load(Ordering::Acquire)
+        && p.kind.load(Ordering::Acquire) == kind::OP)
+        .then_some(p)
+}
+
+unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(e) = event(h) else { return };
+        match e.kind.load(Ordering::Acquire) {
+            kind::OP => {
+                e.stopped_at.store(now_mono(), Ordering::Relaxed);
+                e.stopped.store(true, Ordering::Release);
+                maybe_finish(e);
+            }
+            kind::CHANNEL => {
+                let p = parent_of(e);
+                release(e);
+                if let Some(p) = p {
+                    p.channels_stopped.fetch_add(1, Ordering::AcqRel);
+                    maybe_finish(p);
+                }
+            }
+            _ => {}
+        }
+    });
+    SUCCESS
+}
+
+/// Writes an operation once it stopped and every channel it announced stopped too.
+fn maybe_finish(e: &'static Ev) {
+    if !e.stopped.load(Ordering::Acquire)
+        || e.channels_stopped.load(Ordering::Acquire) < e.channels.load(Ordering::Relaxed)
+    {
+        return;
+    }
+    finish(e);
+}
+
+fn finish(e: &'static Ev) {
+    if e.finished.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Some(shim) = state::shim() else { return };
+    let mut call = *e.call.lock().unwrap_or_else(|p| p.into_inner());
+    call.t_exit = e.stopped_at.load(Ordering::Relaxed).max(call.t_enter);
+    let (a, b) = (
+        e.k_start.load(Ordering::Relaxed),
+        e.k_end.load(Ordering::Relaxed),
+    );
+    if a != u64::MAX && b >= a && b != 0 {
+        call.gpu_start = gpu_to_host(a);
+        call.gpu_end = gpu_to_host(b);
+    }
+    let slot = e.slot.load(Ordering::Relaxed);
+    release(e);
+    if state::life() == state::life::ACTIVE {
+        if slot != u64::MAX {
+            shim.unclaim(Slot::Owned(slot as usize));
+        }
+        let mut raw = [0u8; commscope_wire::record::RECORD_SIZE];
+        commscope_wire::record::encode_call(&mut raw, commscope_wire::record::kind::CALL, &call);
+        shim.shm.push(&raw);
+    }
+}
+
+/// Operations NCCL stopped long ago without any kernel channel reporting (none was launched,
+/// or the library does not send channel events): written with host times. Called by the GPU
+/// poller.
+pub fn sweep(now: u64) {
+    let Some(p) = EVENTS.get() else { return };
+    for e in p.iter() {
+        if e.kind.load(Ordering::Acquire) != kind::OP || !e.stopped.load(Ordering::Acquire) {
+            continue;
+        }
+        let at = e.stopped_at.load(Ordering::Relaxed);
+        // A kernel that started and never stopped is a hang: it stays in flight.
+        if at != 0
+            && now.saturating_sub(at) > 5_000_000_000
+            && e.k_start.load(Ordering::Relaxed) == u64::MAX
+        {
+            finish(e);
+        }
+    }
+}
