@@ -29,7 +29,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use commscope_wire::hash::{Hasher, domain};
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Clock, Op, dtype, flags, lib};
 use commscope_wire::record::{
@@ -466,9 +465,6 @@ impl Shim {
                 w.insert(id);
             }
         }
-        if let Some(n) = name.filter(|n| !n.is_empty()) {
-            let _ = n; // the name travels on the `created` record
-        }
         {
             let mut live = self.nccl.live.lock().unwrap_or_else(|p| p.into_inner());
             live.retain(|l| l.handle != handle);
@@ -603,13 +599,7 @@ impl Shim {
 }
 
 fn local_id(shim: &Shim, h: NComm) -> u64 {
-    Hasher::new()
-        .word(domain::LOCAL)
-        .str(&shim.job)
-        .word(shim.rank as u32 as u64)
-        .word(h as u64)
-        .word(shim.local_ids.fetch_add(1, Ordering::Relaxed))
-        .finish()
+    shim.local_comm_id(h as u64)
 }
 
 fn current_device() -> i32 {
@@ -639,13 +629,13 @@ struct Rec {
     grouped: bool,
 }
 
-/// How `bytes` follows from `count` (nccl-tests' sizes, `docs/trace-format.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Size {
-    /// `count × size`.
-    Plain,
-    /// `count × size × n` (allgather, reducescatter, alltoall, gather, scatter).
-    TimesRanks,
+/// Whether NCCL's `count` for `op` is the per-rank part, so that `bytes` is `count × size × n`
+/// (nccl-tests' sizes, `docs/trace-format.md`); else `count × size`.
+pub fn count_is_per_rank(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Allgather | Op::Reducescatter | Op::Alltoall | Op::Gather | Op::Scatter
+    )
 }
 
 #[inline]
@@ -656,7 +646,6 @@ fn begin(
     count: usize,
     dt: c_int,
     peer: i32,
-    size_rule: Size,
     stream: Stream,
     p2p: Option<Dir>,
 ) -> Option<Rec> {
@@ -666,20 +655,18 @@ fn begin(
         let (esize, code) = dtype_info(dt);
         let n = e.map_or(0, |e| e.size.load(Ordering::Relaxed)).max(0) as u64;
         let count = count as u64;
-        let bytes = match size_rule {
-            Size::Plain => count * esize,
-            Size::TimesRanks => count * esize * n,
+        let per_rank = count_is_per_rank(op);
+        let bytes = if per_rank {
+            count * esize * n
+        } else {
+            count * esize
         };
         let mut call = Call {
             op: op as u8,
             peer,
             tag: -1,
             bytes,
-            count: if size_rule == Size::TimesRanks {
-                count * n
-            } else {
-                count
-            },
+            count: if per_rank { count * n } else { count },
             dtype: code,
             rank: shim.rank,
             clock: Clock::HostMono as u8,
@@ -1507,7 +1494,7 @@ pub unsafe extern "C" fn ncclAllReduce(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allreduce, n, dt, -1, Size::Plain, st, None),
+        begin(comm, Op::Allreduce, n, dt, -1, st, None),
         real::all_reduce(s, r, n, dt, op, comm, st)
     )
 }
@@ -1523,7 +1510,7 @@ pub unsafe extern "C" fn ncclBroadcast(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Broadcast, n, dt, root, Size::Plain, st, None),
+        begin(comm, Op::Broadcast, n, dt, root, st, None),
         real::broadcast(s, r, n, dt, root, comm, st)
     )
 }
@@ -1538,7 +1525,7 @@ pub unsafe extern "C" fn ncclBcast(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Broadcast, n, dt, root, Size::Plain, st, None),
+        begin(comm, Op::Broadcast, n, dt, root, st, None),
         real::bcast(b, n, dt, root, comm, st)
     )
 }
@@ -1555,7 +1542,7 @@ pub unsafe extern "C" fn ncclReduce(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Reduce, n, dt, root, Size::Plain, st, None),
+        begin(comm, Op::Reduce, n, dt, root, st, None),
         real::reduce(s, r, n, dt, op, root, comm, st)
     )
 }
@@ -1570,7 +1557,7 @@ pub unsafe extern "C" fn ncclAllGather(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allgather, n, dt, -1, Size::TimesRanks, st, None),
+        begin(comm, Op::Allgather, n, dt, -1, st, None),
         real::all_gather(s, r, n, dt, comm, st)
     )
 }
@@ -1586,16 +1573,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(
-            comm,
-            Op::Reducescatter,
-            n,
-            dt,
-            -1,
-            Size::TimesRanks,
-            st,
-            None
-        ),
+        begin(comm, Op::Reducescatter, n, dt, -1, st, None),
         real::reduce_scatter(s, r, n, dt, op, comm, st)
     )
 }
@@ -1610,7 +1588,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Alltoall, n, dt, -1, Size::TimesRanks, st, None),
+        begin(comm, Op::Alltoall, n, dt, -1, st, None),
         real::all_to_all(s, r, n, dt, comm, st)
     )
 }
@@ -1626,7 +1604,7 @@ pub unsafe extern "C" fn ncclGather(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Gather, n, dt, root, Size::TimesRanks, st, None),
+        begin(comm, Op::Gather, n, dt, root, st, None),
         real::gather(s, r, n, dt, root, comm, st)
     )
 }
@@ -1642,7 +1620,7 @@ pub unsafe extern "C" fn ncclScatter(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Scatter, n, dt, root, Size::TimesRanks, st, None),
+        begin(comm, Op::Scatter, n, dt, root, st, None),
         real::scatter(s, r, n, dt, root, comm, st)
     )
 }
@@ -1657,16 +1635,7 @@ pub unsafe extern "C" fn ncclSend(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(
-            comm,
-            Op::Send,
-            n,
-            dt,
-            peer,
-            Size::Plain,
-            st,
-            Some(Dir::Send)
-        ),
+        begin(comm, Op::Send, n, dt, peer, st, Some(Dir::Send)),
         real::send(s, n, dt, peer, comm, st)
     )
 }
@@ -1681,16 +1650,7 @@ pub unsafe extern "C" fn ncclRecv(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(
-            comm,
-            Op::Recv,
-            n,
-            dt,
-            peer,
-            Size::Plain,
-            st,
-            Some(Dir::Recv)
-        ),
+        begin(comm, Op::Recv, n, dt, peer, st, Some(Dir::Recv)),
         real::recv(r, n, dt, peer, comm, st)
     )
 }
@@ -1707,7 +1667,7 @@ pub unsafe extern "C" fn ncclAllReduceConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allreduce, n, dt, -1, Size::Plain, st, None),
+        begin(comm, Op::Allreduce, n, dt, -1, st, None),
         real::all_reduce_config(s, r, n, dt, op, comm, st, cfg)
     )
 }
@@ -1724,7 +1684,7 @@ pub unsafe extern "C" fn ncclBroadcastConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Broadcast, n, dt, root, Size::Plain, st, None),
+        begin(comm, Op::Broadcast, n, dt, root, st, None),
         real::broadcast_config(s, r, n, dt, root, comm, st, cfg)
     )
 }
@@ -1742,7 +1702,7 @@ pub unsafe extern "C" fn ncclReduceConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Reduce, n, dt, root, Size::Plain, st, None),
+        begin(comm, Op::Reduce, n, dt, root, st, None),
         real::reduce_config(s, r, n, dt, op, root, comm, st, cfg)
     )
 }
@@ -1758,7 +1718,7 @@ pub unsafe extern "C" fn ncclAllGatherConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allgather, n, dt, -1, Size::TimesRanks, st, None),
+        begin(comm, Op::Allgather, n, dt, -1, st, None),
         real::all_gather_config(s, r, n, dt, comm, st, cfg)
     )
 }
@@ -1775,16 +1735,7 @@ pub unsafe extern "C" fn ncclReduceScatterConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(
-            comm,
-            Op::Reducescatter,
-            n,
-            dt,
-            -1,
-            Size::TimesRanks,
-            st,
-            None
-        ),
+        begin(comm, Op::Reducescatter, n, dt, -1, st, None),
         real::reduce_scatter_config(s, r, n, dt, op, comm, st, cfg)
     )
 }
@@ -1800,7 +1751,7 @@ pub unsafe extern "C" fn ncclAlltoAllConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Alltoall, n, dt, -1, Size::TimesRanks, st, None),
+        begin(comm, Op::Alltoall, n, dt, -1, st, None),
         real::all_to_all_config(s, r, n, dt, comm, st, cfg)
     )
 }
@@ -1817,7 +1768,7 @@ pub unsafe extern "C" fn ncclGatherConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Gather, n, dt, root, Size::TimesRanks, st, None),
+        begin(comm, Op::Gather, n, dt, root, st, None),
         real::gather_config(s, r, n, dt, root, comm, st, cfg)
     )
 }
@@ -1834,7 +1785,7 @@ pub unsafe extern "C" fn ncclScatterConfig(
     cfg: CP,
 ) -> c_int {
     record!(
-        begin(comm, Op::Scatter, n, dt, root, Size::TimesRanks, st, None),
+        begin(comm, Op::Scatter, n, dt, root, st, None),
         real::scatter_config(s, r, n, dt, root, comm, st, cfg)
     )
 }

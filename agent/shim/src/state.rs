@@ -674,13 +674,7 @@ impl Shim {
             return None;
         }
         let (inter, size, rank, remote) = self.comm_shape(h);
-        let id = Hasher::new()
-            .word(domain::LOCAL)
-            .str(&self.job)
-            .word(self.rank as u32 as u64)
-            .word(key)
-            .word(self.local_ids.fetch_add(1, Ordering::Relaxed))
-            .finish();
+        let id = self.local_comm_id(key);
         let flags = comm_flags::LOCAL_ID | if inter { comm_flags::INTERCOMM } else { 0 };
         match self.comms.insert(
             key,
@@ -701,6 +695,18 @@ impl Shim {
                 None
             }
         }
+    }
+
+    /// A process-local communicator id for handle `key` (MPI or NCCL), never repeated in this
+    /// process; records carrying it are flagged `LOCAL_COMM_ID`.
+    pub fn local_comm_id(&self, key: u64) -> u64 {
+        Hasher::new()
+            .word(domain::LOCAL)
+            .str(&self.job)
+            .word(self.rank as u32 as u64)
+            .word(key)
+            .word(self.local_ids.fetch_add(1, Ordering::Relaxed))
+            .finish()
     }
 
     /// (intercommunicator?, size, rank, remote size) of a communicator.
