@@ -488,22 +488,8 @@ impl Shim {
         device: i32,
         status: i32,
     ) {
-        let mut c = CommRec::new(
-            event,
-            e.id.load(Ordering::Relaxed),
-            parent,
-            now_mono(),
-            self.rank,
-            e.rank.load(Ordering::Relaxed),
-            e.size.load(Ordering::Relaxed),
-            0,
-        );
-        c.flags = flags::NCCL_COMM
-            | if e.flags.load(Ordering::Relaxed) & comm_flags::LOCAL_ID != 0 {
-                flags::LOCAL_COMM_ID
-            } else {
-                0
-            };
+        let mut c = self.comm_of(event, e, parent);
+        c.flags |= flags::NCCL_COMM;
         c.device = device;
         c.status = status;
         if let Some(n) = name {

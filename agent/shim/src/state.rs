@@ -368,18 +368,45 @@ fn build_nccl(rank_hint: i32, size_hint: i32, first_comm: u64) -> Result<Shim, S
         None if first_comm != 0 => format!("nccl-{first_comm:016x}"),
         None => util::sanitize_job(&format!("nccl-local-{pid}-{start_time}")),
     };
+    assemble(
+        Abi::absent(),
+        0,
+        crate::nccl::library_string(),
+        config,
+        (rank, size),
+        job,
+        (pid, start_time),
+    )
+}
+
+/// The recorder around its shared memory: `world_group` is MPI's world group (0 without MPI,
+/// which also sizes the MPI tables down to nothing).
+fn assemble(
+    abi: Abi,
+    world_group: H,
+    library: String,
+    config: Config,
+    (rank, size): (i32, i32),
+    job: String,
+    (pid, start_time): (u32, u64),
+) -> Result<Shim, String> {
     let node = util::env("COMMSCOPE_NODE")
         .or_else(|| util::env("NODE_NAME"))
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(hostname);
     let (shm, memfd) = create_region(&config)?;
     shm.set_identity(pid, start_time, rank, size, &job, &node);
-    let slots = config.in_flight_slots as usize;
+    let mpi = abi.flavour != crate::abi::Flavour::None;
+    let (comms, requests, persistent) = if mpi {
+        (4096, 8192, 1024)
+    } else {
+        (16, 16, 16)
+    };
     Ok(Shim {
-        library: crate::nccl::library_string(),
-        abi: Abi::absent(),
-        mpi: false,
-        nccl: crate::nccl::NcclState::new(slots),
+        library,
+        nccl: crate::nccl::NcclState::new(config.in_flight_slots as usize),
+        abi,
+        mpi,
         shm,
         memfd,
         config,
@@ -391,11 +418,11 @@ fn build_nccl(rank_hint: i32, size_hint: i32, first_comm: u64) -> Result<Shim, S
         start_time,
         mono_anchor: now_mono(),
         real_anchor: now_real(),
-        comms: CommTable::new(16),
-        requests: RequestTable::new(16),
-        persistent: RequestTable::new(16),
+        comms: CommTable::new(comms),
+        requests: RequestTable::new(requests),
+        persistent: RequestTable::new(persistent),
         p2p: P2pTable::new(16384),
-        world_group: 0,
+        world_group,
         set_counters: Mutex::new(HashMap::new()),
         local_ids: AtomicU64::new(0),
         local: Mutex::new(None),
@@ -451,47 +478,20 @@ fn build() -> Result<Shim, String> {
             util::sanitize_job(&String::from_utf8_lossy(&buf[..end]))
         }
     };
-    let node = util::env("COMMSCOPE_NODE")
-        .or_else(|| util::env("NODE_NAME"))
-        .filter(|s| !s.trim().is_empty())
-        .unwrap_or_else(hostname);
-    let (shm, memfd) = create_region(&config)?;
-    shm.set_identity(pid, start_time, rank, size, &job, &node);
-
     let mut world_group: u64 = 0;
     // SAFETY: valid out-pointer large enough for either handle width.
     unsafe { PMPI_Comm_group(world, (&mut world_group as *mut u64).cast()) };
     // SAFETY: the out-pointer was just written by MPI.
     let world_group = unsafe { abi.read_handle((&world_group as *const u64).cast()) } as H;
-
-    let slots = config.in_flight_slots as usize;
-    let shim = Shim {
-        library: crate::abi::library_version(),
+    let shim = assemble(
         abi,
-        mpi: true,
-        nccl: crate::nccl::NcclState::new(slots),
-        shm,
-        memfd,
-        config,
-        rank,
-        world_size: size,
-        job,
-        node,
-        pid,
-        start_time,
-        mono_anchor: now_mono(),
-        real_anchor: now_real(),
-        comms: CommTable::new(4096),
-        requests: RequestTable::new(8192),
-        persistent: RequestTable::new(1024),
-        p2p: P2pTable::new(16384),
         world_group,
-        set_counters: Mutex::new(HashMap::new()),
-        local_ids: AtomicU64::new(0),
-        local: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        background: Mutex::new(None),
-    };
+        crate::abi::library_version(),
+        config,
+        (rank, size),
+        job,
+        (pid, start_time),
+    )?;
     let world_id = hash::world_comm_id(&shim.job);
     let self_id = hash::self_comm_id(&shim.job, rank);
     shim.comms.insert(
@@ -639,6 +639,15 @@ impl Shim {
 
     /// Writes a `comm` record for an entry.
     pub fn comm_record(&self, event: CommEvent, e: &CommEntry, parent: u64, name: Option<&[u8]>) {
+        let mut c = self.comm_of(event, e, parent);
+        if let Some(n) = name {
+            c.set_name(n);
+        }
+        self.push(&Record::Comm(c));
+    }
+
+    /// A `comm` record of an entry (its id, rank, sizes and flags), stamped now.
+    pub fn comm_of(&self, event: CommEvent, e: &CommEntry, parent: u64) -> Comm {
         let mut c = Comm::new(
             event,
             e.id.load(Ordering::Relaxed),
@@ -650,10 +659,7 @@ impl Shim {
             e.remote_size.load(Ordering::Relaxed),
         );
         c.flags = comm_call_flags(e.flags.load(Ordering::Relaxed));
-        if let Some(n) = name {
-            c.set_name(n);
-        }
-        self.push(&Record::Comm(c));
+        c
     }
 
     /// The entry of a communicator handle; one the shim has not seen created (a constructor it
