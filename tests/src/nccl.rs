@@ -106,6 +106,39 @@ pub fn doubles() -> PathBuf {
     dir
 }
 
+/// `tests/doubles/nccl_mpi_job.c` built with a flavour's `mpicc` against the NCCL and CUDA
+/// test doubles.
+pub fn build_mpi_job(flavour: crate::Flavour) -> PathBuf {
+    let dir = doubles();
+    let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    let src = doubles_src().join("nccl_mpi_job.c");
+    let out = dir.join(format!("nccl_mpi_job-{}", flavour.name()));
+    if newer(&[&src, &dir.join("libnccl.so.2")], &out) {
+        let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
+        let d = dir.to_str().expect("utf-8 path");
+        let o = Command::new(&flavour.mpi().cc)
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .args([
+                &format!("-L{d}"),
+                "-l:libnccl.so.2",
+                "-l:libcuda.so.1",
+                "-Wl,-rpath,$ORIGIN",
+            ])
+            .output()
+            .expect("run mpicc");
+        assert!(
+            o.status.success(),
+            "compiling {} failed:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::rename(&tmp, &out).expect("rename build output");
+    }
+    out
+}
+
 /// The directory of the real `libnccl.so.2` (`COMMSCOPE_NCCL_LIB_DIR`, else the cache
 /// `scripts/setup.sh` fills).
 pub fn real_nccl_dir() -> PathBuf {

@@ -13,9 +13,11 @@ use std::process::Command;
 
 use std::time::{Duration, Instant};
 
-use commscope_tests::nccl::{build_against_real_nccl, doubles};
+use commscope_tests::nccl::{build_against_real_nccl, build_mpi_job, doubles};
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{analyze_json, assert_ok, load_job, run_traced, shim, summary_json};
+use commscope_tests::{
+    Flavour, analyze_json, assert_ok, launch, load_job, run_traced, shim, summary_json,
+};
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Op, flags, lib};
 use commscope_wire::record::{Call, Comm, CommEvent, Record};
@@ -592,4 +594,45 @@ fn with_both_the_preload_and_the_plugin_every_call_is_recorded_once() {
         "the same calls, once each"
     );
     assert_eq!(only.values().sum::<usize>(), both.values().sum::<usize>());
+}
+
+#[test]
+fn an_mpi_job_using_nccl_records_both_libraries_under_one_identity() {
+    let prog = build_mpi_job(Flavour::OpenMpi);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let o = run_traced(
+        tmp.path(),
+        "mpi-nccl",
+        &launch(Flavour::OpenMpi, 2, &prog, &[]),
+        &[],
+    );
+    assert_ok(&o, "MPI + NCCL job");
+    let recs = by_rank(&tmp.path().join("mpi-nccl"));
+    assert_eq!(
+        recs.keys().copied().collect::<Vec<_>>(),
+        vec![0, 1],
+        "ranks from MPI"
+    );
+    for (rank, (calls, comms, clean)) in &recs {
+        assert!(clean, "rank {rank}: MPI_Finalize");
+        let by = |l: u8, op: Op| calls.iter().filter(|c| c.lib == l && c.op() == op).count();
+        assert_eq!(by(lib::MPI, Op::Allreduce), 3, "rank {rank}");
+        assert_eq!(
+            by(lib::MPI, Op::Broadcast),
+            1,
+            "rank {rank}: the unique id's broadcast"
+        );
+        assert_eq!(by(lib::NCCL, Op::Allreduce), 5, "rank {rank}");
+        assert!(
+            calls
+                .iter()
+                .filter(|c| c.lib == lib::NCCL)
+                .all(|c| c.has_gpu_time() && c.rank == *rank)
+        );
+        assert!(
+            created(comms)
+                .iter()
+                .any(|c| c.flags & flags::NCCL_COMM != 0 && c.comm_rank == *rank)
+        );
+    }
 }

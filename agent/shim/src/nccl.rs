@@ -736,8 +736,12 @@ fn start_events(shim: &Shim, cu: &cuda::Cuda, s: usize, stream: Stream) -> Optio
         renew_events(cu, d, ctx)?;
     }
     if !cu.record(d.ev[0], stream) {
-        // A stale context cache (a stream handle reused in another context): forget it.
+        // A stale context cache (a stream handle reused in another context), or events of a
+        // context that was destroyed and whose address came back: forget both, so the next call
+        // on this slot creates fresh events (the old handles are leaked, never reused).
         STREAM_CTX.with(|x| x.set((usize::MAX, 0)));
+        d.ctx = 0;
+        d.ev = [0, 0];
         return None;
     }
     Some(s)
