@@ -92,6 +92,10 @@ pub struct Summary {
     pub comms: Vec<CommSummary>,
     pub p2p: P2pSummary,
     pub in_flight: Vec<InFlight>,
+    /// Per link (communicator, rank, peer, direction): what NCCL's proxy moved over it, from
+    /// `link` records (the profiler plugin); heaviest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkSummary>,
     pub dropped: Dropped,
     /// Processes without a clean shutdown (no final heartbeat), by global rank.
     pub unfinished_ranks: Vec<i32>,
@@ -100,6 +104,27 @@ pub struct Summary {
     #[serde(skip_serializing_if = "is_zero")]
     pub sampled_out: u64,
     pub warnings: Vec<String>,
+}
+
+/// (comm, rank, peer, send) of a link; totals are (ops, bytes, busy ns).
+type LinkKey = (u64, i32, i32, bool);
+
+/// One link's traffic.
+#[derive(Debug, Serialize)]
+pub struct LinkSummary {
+    pub comm_id: String,
+    /// Global rank of the recording process.
+    pub rank: i32,
+    /// The peer's rank in the communicator.
+    pub peer: i32,
+    /// `send` or `recv`.
+    pub direction: &'static str,
+    pub ops: u64,
+    pub bytes: u64,
+    /// Time the proxy worked on them (summed intervals), seconds.
+    pub busy_s: f64,
+    /// bytes / busy time, GB/s.
+    pub gbps: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -133,6 +158,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
     let mut sends: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
     let mut recvs: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
     let mut in_flight = Vec::new();
+    let mut links: BTreeMap<LinkKey, (u64, u64, u64)> = BTreeMap::new();
     let mut dropped = Dropped::default();
     let mut unfinished = Vec::new();
     let mut sampled_out = 0;
@@ -262,6 +288,14 @@ pub fn summarize(job: &JobTrace) -> Summary {
                         _ => {}
                     }
                 }
+                Record::Link(l) => {
+                    let e = links
+                        .entry((l.comm_id, l.rank, l.peer, l.flags & flags::LINK_SEND != 0))
+                        .or_insert((0u64, 0u64, 0u64));
+                    e.0 += 1;
+                    e.1 += l.bytes;
+                    e.2 += l.t_end.saturating_sub(l.t_start);
+                }
                 Record::Enter(c) if !completed.contains(&(c.comm_id, c.t_enter)) => {
                     let op = c.op();
                     in_flight.push(InFlight {
@@ -288,6 +322,29 @@ pub fn summarize(job: &JobTrace) -> Summary {
         }
     }
     in_flight.sort_by(|a, b| (a.rank, &a.comm_id, a.seq).cmp(&(b.rank, &b.comm_id, b.seq)));
+    let mut links: Vec<LinkSummary> = links
+        .into_iter()
+        .map(|((comm, rank, peer, send), (ops, bytes, ns))| LinkSummary {
+            comm_id: format_comm_id(comm),
+            rank,
+            peer,
+            direction: if send { "send" } else { "recv" },
+            ops,
+            bytes,
+            busy_s: ns as f64 / 1e9,
+            gbps: if ns > 0 {
+                bytes as f64 / ns as f64
+            } else {
+                0.0
+            },
+        })
+        .collect();
+    links.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(a.rank.cmp(&b.rank))
+            .then(a.peer.cmp(&b.peer))
+    });
     unfinished.sort_unstable();
     let mut comms: Vec<CommSummary> = comms
         .into_values()
@@ -318,6 +375,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
         comms,
         p2p,
         in_flight,
+        links,
         dropped,
         unfinished_ranks: unfinished,
         sampled_out,
@@ -374,6 +432,29 @@ pub fn render_text(s: &Summary) -> String {
             "  point-to-point: {} sends, {} receives; {} matched, {} unmatched",
             s.p2p.send, s.p2p.recv, s.p2p.matched, s.p2p.unmatched
         );
+    }
+    if !s.links.is_empty() {
+        let _ = writeln!(
+            o,
+            "  links ({}; NCCL proxy, heaviest first):",
+            s.links.len()
+        );
+        for l in s.links.iter().take(8) {
+            let arrow = if l.direction == "send" { "→" } else { "←" };
+            let _ = writeln!(
+                o,
+                "    rank {} {arrow} peer {} on {}: {} ops, {} bytes, {}",
+                l.rank,
+                l.peer,
+                l.comm_id,
+                l.ops,
+                l.bytes,
+                gbps(l.gbps)
+            );
+        }
+        if s.links.len() > 8 {
+            let _ = writeln!(o, "    … {} more", s.links.len() - 8);
+        }
     }
     if s.in_flight.is_empty() {
         let _ = writeln!(o, "  in flight: nothing");

@@ -577,6 +577,8 @@ impl State {
                         comm.local_id = true;
                     }
                 }
+                // Stored with the job; the live state does not aggregate them yet.
+                Record::Link(_) => {}
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;

@@ -232,6 +232,31 @@ static void *prof_channel_start(struct ncclComm *c, void *parent) {
     return h;
 }
 
+/* A ProxyOp event (v7 descriptor) for a send to, or a receive from, `peer`. */
+static void *prof_proxy_start(struct ncclComm *c, void *parent, int peer, int is_send, uint64_t bytes) {
+    if (!prof || !parent || !(prof_mask & 8)) return NULL;
+    unsigned char d[160];
+    memset(d, 0, sizeof d);
+    uint64_t type = 8;
+    int pid = (int)getpid(), steps = 4, chunk = (int)(bytes / 4 > 0 ? bytes / 4 : 1);
+    memcpy(d, &type, 8);
+    memcpy(d + 8, &parent, 8);
+    memcpy(d + 16, &c->rank, 4);
+    memcpy(d + 24, &pid, 4);
+    d[28] = 0;
+    memcpy(d + 32, &peer, 4);
+    memcpy(d + 36, &steps, 4);
+    memcpy(d + 40, &chunk, 4);
+    memcpy(d + 44, &is_send, 4);
+    void *h = NULL;
+    prof->startEvent(c->pctx, &h, d);
+    return h;
+}
+
+static void prof_stop(void *h) {
+    if (prof && h) prof->stopEvent(h);
+}
+
 static void prof_channel_stop(void *h) {
     if (!prof || !h) return;
     uint64_t args[2] = {gpu_timer(), 0};
@@ -458,12 +483,25 @@ static void await(struct op *o) {
 static void run_batch(void *p) {
     struct batch *b = p;
     uint64_t bytes = 0;
-    void *ch[64] = {0};
-    for (int i = 0; i < b->n && i < 64; i++) ch[i] = prof_channel_start(b->ops[i].comm, b->ops[i].ph);
+    void *ch[64] = {0}, *px[64][2] = {{0}};
+    for (int i = 0; i < b->n && i < 64; i++) {
+        struct op *o = &b->ops[i];
+        int n = o->comm->nranks, me = o->comm->rank;
+        ch[i] = prof_channel_start(o->comm, o->ph);
+        /* The proxy's view: a ring for collectives, the peer for point-to-point. */
+        if (o->kind == COLL && n > 1) {
+            px[i][0] = prof_proxy_start(o->comm, o->ph, (me + 1) % n, 1, o->bytes);
+            px[i][1] = prof_proxy_start(o->comm, o->ph, (me + n - 1) % n, 0, o->bytes);
+        } else if (o->kind != COLL) {
+            px[i][0] = prof_proxy_start(o->comm, o->ph, o->peer, o->kind == SEND, o->bytes);
+        }
+    }
     for (int i = 0; i < b->n; i++) post(&b->ops[i]);
     for (int i = 0; i < b->n; i++) { await(&b->ops[i]); bytes += b->ops[i].bytes; }
     sleep_ns((uint64_t)((double)bytes / gbps()));
     for (int i = 0; i < b->n && i < 64; i++) {
+        prof_stop(px[i][0]);
+        prof_stop(px[i][1]);
         prof_channel_stop(ch[i]);
         b->ops[i].ph = NULL; /* a graph replay reports no profiler events */
     }

@@ -273,6 +273,9 @@ pub mod flags {
     /// that was working (`ncclCommGetAsyncError`), rather than failing to create it.
     pub const COMM_ASYNC_ERROR: u16 = 1 << 1;
 
+    /// Link: the proxy operation sent (else it received).
+    pub const LINK_SEND: u16 = 1 << 0;
+
     /// Heartbeat: the last heartbeat of a process that shut down cleanly.
     pub const FINAL: u16 = 1 << 0;
     /// Heartbeat: written by the node agent after the process ended, from the counters in its

@@ -155,6 +155,9 @@ pub fn schema() -> SchemaRef {
         u64f("skip_inside_ns", true),
         u64f("skip_from_rec_seq", true),
         u64f("skip_through_rec_seq", true),
+        // link
+        i32f("channels", true),
+        Field::new("steps", DataType::UInt32, true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -220,6 +223,8 @@ struct Columns {
     skip_inside_ns: UInt64Builder,
     skip_from_rec_seq: UInt64Builder,
     skip_through_rec_seq: UInt64Builder,
+    channel: Int32Builder,
+    steps: UInt32Builder,
     rows: usize,
     /// The last communicator id and its printed form (rows of a process mostly repeat it).
     comm_text: (u64, String),
@@ -263,16 +268,25 @@ impl Columns {
         } else {
             None
         };
+        let link = if let Record::Link(l) = r {
+            Some(l)
+        } else {
+            None
+        };
         let flags = match r {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
             Record::Heartbeat(b) => b.flags,
             Record::Process(p) => p.flags,
             Record::Skip(k) => k.flags,
+            Record::Link(l) => l.flags,
         };
         self.flags.append_value(u32::from(flags));
-        self.op
-            .append_option(call.map(|c| c.op().name()).or(skip.map(|k| k.op().name())));
+        self.op.append_option(
+            call.map(|c| c.op().name())
+                .or(skip.map(|k| k.op().name()))
+                .or(link.map(|l| Op::from_code(l.op).name())),
+        );
         self.status.append_option(
             call.map(|c| c.status).or(comm
                 .filter(|c| c.event == CommEvent::Failed)
@@ -281,7 +295,8 @@ impl Columns {
         let comm_id = call
             .map(|c| c.comm_id)
             .or(comm.map(|c| c.comm_id))
-            .or(skip.map(|k| k.comm_id));
+            .or(skip.map(|k| k.comm_id))
+            .or(link.map(|l| l.comm_id));
         self.comm_id.append_option(comm_id);
         match comm_id {
             Some(id) => {
@@ -292,24 +307,36 @@ impl Columns {
             }
             None => self.comm.append_null(),
         }
-        self.seq
-            .append_option(call.map(|c| c.seq).or(skip.map(|k| k.last_seq)));
-        self.op_seq.append_option(call.map(|c| c.op_seq));
-        self.bytes
-            .append_option(call.map(|c| c.bytes).or(skip.map(|k| k.bytes)));
+        self.seq.append_option(
+            call.map(|c| c.seq)
+                .or(skip.map(|k| k.last_seq))
+                .or(link.map(|l| l.seq)),
+        );
+        self.op_seq
+            .append_option(call.map(|c| c.op_seq).or(link.map(|l| l.op_seq)));
+        self.bytes.append_option(
+            call.map(|c| c.bytes)
+                .or(skip.map(|k| k.bytes))
+                .or(link.map(|l| l.bytes)),
+        );
         self.count.append_option(call.map(|c| c.count));
         self.dtype.append_option(call.map(|c| dtype::name(c.dtype)));
-        self.peer.append_option(call.map(|c| c.peer));
+        self.peer
+            .append_option(call.map(|c| c.peer).or(link.map(|l| l.peer)));
         self.tag.append_option(call.map(|c| c.tag));
         self.peer2.append_option(call.map(|c| c.peer2));
         self.tag2.append_option(call.map(|c| c.tag2));
         self.op_seq2.append_option(call.map(|c| c.op_seq2));
-        self.t_enter
-            .append_option(call.map(|c| c.t_enter).or(skip.map(|k| k.t_first)));
+        self.t_enter.append_option(
+            call.map(|c| c.t_enter)
+                .or(skip.map(|k| k.t_first))
+                .or(link.map(|l| l.t_start)),
+        );
         self.t_exit.append_option(
             call.filter(|_| matches!(r, Record::Call(_)))
                 .map(|c| c.t_exit)
-                .or(skip.map(|k| k.t_last)),
+                .or(skip.map(|k| k.t_last))
+                .or(link.map(|l| l.t_end)),
         );
         self.gpu_start
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
@@ -323,7 +350,8 @@ impl Columns {
         self.comm_rank.append_option(
             call.map(|c| c.comm_rank)
                 .or(comm.map(|c| c.comm_rank))
-                .or(skip.map(|k| k.comm_rank)),
+                .or(skip.map(|k| k.comm_rank))
+                .or(link.map(|l| l.comm_rank)),
         );
         self.comm_size.append_option(
             call.map(|c| c.comm_size)
@@ -384,6 +412,9 @@ impl Columns {
             .append_option(skip.map(|k| k.from_rec_seq));
         self.skip_through_rec_seq
             .append_option(skip.map(|k| k.through_rec_seq));
+        self.channel
+            .append_option(link.map(|l| i32::from(l.channels)));
+        self.steps.append_option(link.map(|l| l.steps));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -446,6 +477,8 @@ impl Columns {
             Arc::new(self.skip_inside_ns.finish()),
             Arc::new(self.skip_from_rec_seq.finish()),
             Arc::new(self.skip_through_rec_seq.finish()),
+            Arc::new(self.channel.finish()),
+            Arc::new(self.steps.finish()),
         ]
     }
 }
@@ -722,6 +755,9 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let skip_inside_ns = c.get::<UInt64Array>("skip_inside_ns", false)?;
         let skip_from_rec_seq = c.get::<UInt64Array>("skip_from_rec_seq", false)?;
         let skip_through_rec_seq = c.get::<UInt64Array>("skip_through_rec_seq", false)?;
+        // Written since link records exist.
+        let channel = c.get::<Int32Array>("channels", false)?;
+        let steps = c.get::<UInt32Array>("steps", false)?;
 
         for i in 0..batch.num_rows() {
             let key = (
@@ -868,6 +904,22 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     comm_rank: opt_i32(comm_rank, i, -1),
                     comm_size: opt_i32(comm_size, i, 0),
                     modulus: modulus(i),
+                }),
+                "link" => Record::Link(crate::record::Link {
+                    rec_seq: rec_seq.value(i),
+                    op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                    flags: fl,
+                    comm_id: opt_u64(comm_id, i),
+                    seq: opt_u64(seq, i),
+                    op_seq: opt_u64(op_seq, i),
+                    bytes: opt_u64(bytes, i),
+                    steps: steps.filter(|a| !a.is_null(i)).map_or(0, |a| a.value(i)),
+                    channels: opt_i32(channel, i, 0).clamp(0, 255) as u8,
+                    peer: opt_i32(peer, i, -1),
+                    t_start: opt_u64(t_enter, i),
+                    t_end: opt_u64(t_exit, i),
+                    rank: rank.value(i),
+                    comm_rank: opt_i32(comm_rank, i, -1),
                 }),
                 _ => {
                     unknown += 1;

@@ -21,6 +21,7 @@ pub mod kind {
     pub const HEARTBEAT: u8 = 4;
     pub const PROCESS: u8 = 5;
     pub const SKIP: u8 = 6;
+    pub const LINK: u8 = 7;
 }
 
 /// `comm` record events (byte 9).
@@ -369,6 +370,36 @@ pub enum Record {
     Heartbeat(Heartbeat),
     Process(Process),
     Skip(Skip),
+    Link(Link),
+}
+
+/// One link's share of an operation (kind `link`), from NCCL's profiler plugin: a proxy
+/// operation — one channel's sends to, or receives from, one peer for one collective or
+/// point-to-point call — with its bytes and when the proxy thread worked on it. Joined to its
+/// call by `(comm_id, op, op_seq)` (NCCL's per-function sequence number).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Link {
+    pub rec_seq: u64,
+    pub op: u8,
+    /// [`crate::op::flags::LINK_SEND`] for sends (else receives).
+    pub flags: u16,
+    pub comm_id: u64,
+    /// The call's `seq` when the recorder knows it (0 otherwise).
+    pub seq: u64,
+    /// The call's `op_seq`.
+    pub op_seq: u64,
+    /// Bytes the proxy announced for it (steps × chunk size).
+    pub bytes: u64,
+    pub steps: u32,
+    /// Channels whose proxy operations were folded into this record.
+    pub channels: u8,
+    /// The peer's rank in the communicator.
+    pub peer: i32,
+    /// Host-mono times the proxy started and finished the operation.
+    pub t_start: u64,
+    pub t_end: u64,
+    pub rank: i32,
+    pub comm_rank: i32,
 }
 
 impl Record {
@@ -380,6 +411,7 @@ impl Record {
             Record::Heartbeat(h) => h.rec_seq,
             Record::Process(p) => p.rec_seq,
             Record::Skip(k) => k.rec_seq,
+            Record::Link(l) => l.rec_seq,
         }
     }
 
@@ -391,6 +423,7 @@ impl Record {
             Record::Heartbeat(h) => h.rec_seq = seq,
             Record::Process(p) => p.rec_seq = seq,
             Record::Skip(k) => k.rec_seq = seq,
+            Record::Link(l) => l.rec_seq = seq,
         }
     }
 
@@ -403,6 +436,7 @@ impl Record {
             Record::Heartbeat(_) => "heartbeat",
             Record::Process(_) => "process",
             Record::Skip(_) => "skip",
+            Record::Link(_) => "link",
         }
     }
 
@@ -480,6 +514,24 @@ impl Record {
                 b[108..112].fill(0);
                 put_u64(b, 112, k.from_rec_seq);
                 b[120..128].fill(0);
+            }
+            Record::Link(l) => {
+                header(b, kind::LINK, l.op, l.flags, 0);
+                put_u64(b, 16, l.comm_id);
+                put_u64(b, 24, l.seq);
+                put_u64(b, 32, l.op_seq);
+                put_u64(b, 40, l.bytes);
+                put_u32(b, 48, l.steps);
+                b[52] = l.channels;
+                b[53..56].fill(0);
+                put_i32(b, 56, l.peer);
+                b[60..64].fill(0);
+                put_u64(b, 64, l.t_start);
+                put_u64(b, 72, l.t_end);
+                b[80..96].fill(0);
+                put_i32(b, 96, l.rank);
+                put_i32(b, 100, l.comm_rank);
+                b[104..128].fill(0);
             }
         }
     }
@@ -584,6 +636,22 @@ impl Record {
                     comm_size: get_i32(b, 104),
                 }))
             }
+            kind::LINK => Ok(Record::Link(Link {
+                rec_seq,
+                op: b[9],
+                flags,
+                comm_id: get_u64(b, 16),
+                seq: get_u64(b, 24),
+                op_seq: get_u64(b, 32),
+                bytes: get_u64(b, 40),
+                steps: get_u32(b, 48),
+                channels: b[52],
+                peer: get_i32(b, 56),
+                t_start: get_u64(b, 64),
+                t_end: get_u64(b, 72),
+                rank: get_i32(b, 96),
+                comm_rank: get_i32(b, 100),
+            })),
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -724,6 +792,29 @@ mod tests {
             op_seq2: 0,
             sample_shift: 0,
         }
+    }
+
+    #[test]
+    fn link_records_round_trip() {
+        let l = Link {
+            rec_seq: 9,
+            op: Op::Allreduce as u8,
+            flags: crate::op::flags::LINK_SEND,
+            comm_id: 0xfeed,
+            seq: 4,
+            op_seq: 3,
+            bytes: 1 << 20,
+            steps: 8,
+            channels: 5,
+            peer: 2,
+            t_start: 100,
+            t_end: 900,
+            rank: 7,
+            comm_rank: 1,
+        };
+        let raw = Record::Link(l).encode();
+        assert_eq!(raw[8], kind::LINK);
+        assert_eq!(Record::decode(&raw), Ok(Record::Link(l)));
     }
 
     #[test]

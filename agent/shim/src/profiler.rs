@@ -37,13 +37,17 @@ use crate::util::now_mono;
 mod ev {
     pub const COLL: u64 = 1 << 1;
     pub const P2P: u64 = 1 << 2;
+    pub const PROXY_OP: u64 = 1 << 3;
     pub const KERNEL_CH: u64 = 1 << 6;
 }
 
 /// `ncclProfilerKernelChStop`.
 const KERNEL_CH_STOP: c_int = 22;
 /// What the plugin asks NCCL for.
-const MASK: c_int = (ev::COLL | ev::P2P | ev::KERNEL_CH) as c_int;
+const MASK: c_int = (ev::COLL | ev::P2P | ev::PROXY_OP | ev::KERNEL_CH) as c_int;
+/// Links (peer, direction) one operation keeps apart; more are left out (counted nowhere: an
+/// all-to-all over hundreds of peers is summarized by its call record).
+const LINKS_MAX: usize = 8;
 
 const SUCCESS: c_int = 0;
 
@@ -299,6 +303,20 @@ mod kind {
     pub const FREE: u8 = 0;
     pub const OP: u8 = 1;
     pub const CHANNEL: u8 = 2;
+    pub const PROXY: u8 = 3;
+}
+
+/// What an operation's proxy moved over one link: (peer, send?) → interval, bytes, steps,
+/// channels.
+#[derive(Clone, Copy, Debug, Default)]
+struct LinkAgg {
+    peer: i32,
+    send: bool,
+    t_start: u64,
+    t_end: u64,
+    bytes: u64,
+    steps: u32,
+    channels: u8,
 }
 
 /// One event: an operation (`Coll`/`P2p`) or one of its kernel channels.
@@ -317,9 +335,16 @@ struct Ev {
     k_start: AtomicU64,
     k_end: AtomicU64,
     stopped_at: AtomicU64,
-    // channel
+    /// Whether the operation becomes a call record (not when the wrappers record its
+    /// communicator: then only its links are written).
+    emit_call: AtomicBool,
+    proxies_open: AtomicU32,
+    links: std::sync::Mutex<Vec<LinkAgg>>,
+    // channel and proxy operation
     parent: AtomicU64,
     parent_gen: AtomicU32,
+    // proxy operation
+    proxy: std::sync::Mutex<LinkAgg>,
 }
 
 impl Ev {
@@ -337,8 +362,12 @@ impl Ev {
             k_start: AtomicU64::new(u64::MAX),
             k_end: AtomicU64::new(0),
             stopped_at: AtomicU64::new(0),
+            emit_call: AtomicBool::new(false),
+            proxies_open: AtomicU32::new(0),
+            links: std::sync::Mutex::new(Vec::new()),
             parent: AtomicU64::new(0),
             parent_gen: AtomicU32::new(0),
+            proxy: std::sync::Mutex::new(LinkAgg::default()),
         }
     }
 }
@@ -485,6 +514,8 @@ unsafe fn start(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8, t: u64) -> 
             ev::COLL | ev::P2P => unsafe { start_op(c, d, t == ev::P2P) },
             // SAFETY: as above.
             ev::KERNEL_CH => unsafe { start_channel(d) },
+            // SAFETY: as above.
+            ev::PROXY_OP => unsafe { start_proxy(d) },
             _ => std::ptr::null_mut(),
         }
     });
@@ -501,9 +532,8 @@ unsafe fn start_op(c: &Ctx, d: *const u8, p2p: bool) -> *mut c_void {
     let Some(shim) = state::shim() else {
         return std::ptr::null_mut();
     };
-    if c.wrapped(shim) {
-        return std::ptr::null_mut();
-    }
+    // The wrappers record this communicator's calls: keep the operation for its links only.
+    let emit_call = !c.wrapped(shim);
     let t = now_mono();
     // SAFETY: field offsets of `coll` / `p2p` (profiler_v4.h … v7).
     let (op, count, dt, peer, op_seq, channels) = unsafe {
@@ -568,16 +598,26 @@ unsafe fn start_op(c: &Ctx, d: *const u8, p2p: bool) -> *mut c_void {
     };
     if p2p {
         call.seq = c.seq.load(Ordering::Relaxed);
-        let dir = if op == Op::Send { Dir::Send } else { Dir::Recv };
-        shim.assign_p2p_seq(&mut call, dir);
+        if emit_call {
+            let dir = if op == Op::Send { Dir::Send } else { Dir::Recv };
+            shim.assign_p2p_seq(&mut call, dir);
+        }
     } else {
         call.seq = c.seq.fetch_add(1, Ordering::Relaxed);
         call.op_seq = op_seq.unwrap_or(0);
     }
+    if !emit_call {
+        // The wrappers' own `seq` for it is not known here.
+        call.seq = 0;
+    }
     let Some(e) = claim(kind::OP) else {
         return std::ptr::null_mut();
     };
-    let slot = shim.claim_in(&call, in_flight_status::ON_GPU, true);
+    let slot = if emit_call {
+        shim.claim_in(&call, in_flight_status::ON_GPU, true)
+    } else {
+        Slot::None
+    };
     *e.call.lock().unwrap_or_else(|p| p.into_inner()) = call;
     e.ctx.store(c as *const Ctx as u64, Ordering::Relaxed);
     e.slot.store(
@@ -593,7 +633,51 @@ unsafe fn start_op(c: &Ctx, d: *const u8, p2p: bool) -> *mut c_void {
     e.finished.store(false, Ordering::Relaxed);
     e.k_start.store(u64::MAX, Ordering::Relaxed);
     e.k_end.store(0, Ordering::Relaxed);
+    e.emit_call.store(emit_call, Ordering::Relaxed);
+    e.proxies_open.store(0, Ordering::Relaxed);
+    e.links.lock().unwrap_or_else(|p| p.into_inner()).clear();
     e.stopped_at.store(0, Ordering::Release);
+    e as *const Ev as *mut c_void
+}
+
+/// # Safety
+/// `d` is a `ProxyOp` descriptor.
+unsafe fn start_proxy(d: *const u8) -> *mut c_void {
+    // SAFETY: header and `proxyOp` offsets (v4 … v7): pid 24, channelId 28, peer 32, nSteps 36,
+    // chunkSize 40, isSend 44.
+    let (parent, pid, peer, steps, chunk, send) = unsafe {
+        (
+            rd::<*mut c_void>(d, PARENT),
+            rd::<i32>(d, U),
+            rd::<c_int>(d, U + 8),
+            rd::<c_int>(d, U + 12),
+            rd::<c_int>(d, U + 16),
+            rd::<c_int>(d, U + 20),
+        )
+    };
+    // PXN: a proxy operation run for another process has that process's parent object.
+    if pid != std::process::id() as i32 {
+        return std::ptr::null_mut();
+    }
+    let Some(p) = event(parent).filter(|p| p.kind.load(Ordering::Acquire) == kind::OP) else {
+        return std::ptr::null_mut();
+    };
+    let Some(e) = claim(kind::PROXY) else {
+        return std::ptr::null_mut();
+    };
+    p.proxies_open.fetch_add(1, Ordering::AcqRel);
+    *e.proxy.lock().unwrap_or_else(|x| x.into_inner()) = LinkAgg {
+        peer,
+        send: send != 0,
+        t_start: now_mono(),
+        t_end: 0,
+        bytes: steps.max(0) as u64 * chunk.max(0) as u64,
+        steps: steps.max(0) as u32,
+        channels: 1,
+    };
+    e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
+    e.parent_gen
+        .store(p.generation.load(Ordering::Acquire), Ordering::Release);
     e as *const Ev as *mut c_void
 }
 
@@ -661,6 +745,31 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
                     maybe_finish(p);
                 }
             }
+            kind::PROXY => {
+                let mut l = *e.proxy.lock().unwrap_or_else(|x| x.into_inner());
+                l.t_end = now_mono();
+                let p = parent_of(e);
+                release(e);
+                if let Some(p) = p {
+                    {
+                        let mut links = p.links.lock().unwrap_or_else(|x| x.into_inner());
+                        if let Some(a) = links
+                            .iter_mut()
+                            .find(|a| a.peer == l.peer && a.send == l.send)
+                        {
+                            a.t_start = a.t_start.min(l.t_start);
+                            a.t_end = a.t_end.max(l.t_end);
+                            a.bytes += l.bytes;
+                            a.steps += l.steps;
+                            a.channels = a.channels.saturating_add(1);
+                        } else if links.len() < LINKS_MAX {
+                            links.push(l);
+                        }
+                    }
+                    p.proxies_open.fetch_sub(1, Ordering::AcqRel);
+                    maybe_finish(p);
+                }
+            }
             _ => {}
         }
     });
@@ -671,6 +780,7 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
 fn maybe_finish(e: &'static Ev) {
     if !e.stopped.load(Ordering::Acquire)
         || e.channels_stopped.load(Ordering::Acquire) < e.channels.load(Ordering::Relaxed)
+        || e.proxies_open.load(Ordering::Acquire) > 0
     {
         return;
     }
@@ -693,14 +803,46 @@ fn finish(e: &'static Ev) {
         call.gpu_end = gpu_to_host(b);
     }
     let slot = e.slot.load(Ordering::Relaxed);
+    let emit_call = e.emit_call.load(Ordering::Relaxed);
+    let links = std::mem::take(&mut *e.links.lock().unwrap_or_else(|x| x.into_inner()));
     release(e);
     if state::life() == state::life::ACTIVE {
         if slot != u64::MAX {
             shim.unclaim(Slot::Owned(slot as usize));
         }
-        let mut raw = [0u8; commscope_wire::record::RECORD_SIZE];
-        commscope_wire::record::encode_call(&mut raw, commscope_wire::record::kind::CALL, &call);
-        shim.shm.push(&raw);
+        if emit_call {
+            let mut raw = [0u8; commscope_wire::record::RECORD_SIZE];
+            commscope_wire::record::encode_call(
+                &mut raw,
+                commscope_wire::record::kind::CALL,
+                &call,
+            );
+            shim.shm.push(&raw);
+        }
+        for l in links {
+            shim.push(&commscope_wire::record::Record::Link(
+                commscope_wire::record::Link {
+                    rec_seq: 0,
+                    op: call.op,
+                    flags: if l.send {
+                        commscope_wire::op::flags::LINK_SEND
+                    } else {
+                        0
+                    },
+                    comm_id: call.comm_id,
+                    seq: call.seq,
+                    op_seq: call.op_seq,
+                    bytes: l.bytes,
+                    steps: l.steps,
+                    channels: l.channels,
+                    peer: l.peer,
+                    t_start: l.t_start,
+                    t_end: l.t_end,
+                    rank: call.rank,
+                    comm_rank: call.comm_rank,
+                },
+            ));
+        }
     }
 }
 
