@@ -1053,6 +1053,38 @@ mod tests {
                 comm_size: 4,
                 modulus: 4,
             }),
+            Record::Call(Call {
+                rec_seq: 11,
+                lib: crate::op::lib::NCCL,
+                gpu_start: 150,
+                gpu_end: 190,
+                ..call
+            }),
+            Record::Link(crate::record::Link {
+                rec_seq: 12,
+                op: Op::Allgather as u8,
+                flags: flags::LINK_SEND,
+                comm_id: 0xabc,
+                seq: 3,
+                op_seq: 1,
+                bytes: 4096,
+                steps: 8,
+                channels: 2,
+                peer: 2,
+                t_start: 160,
+                t_end: 185,
+                rank: 2,
+                comm_rank: 1,
+            }),
+            Record::Comm({
+                let mut c = Comm::new(CommEvent::Failed, 0xdef, 0, 950, 2, 1, 4, 0);
+                c.rec_seq = 13;
+                c.flags = flags::NCCL_COMM;
+                c.status = 2;
+                c.device = 1;
+                c.set_name(b"unhandled system error");
+                c
+            }),
         ];
         let clock = Some(ClockAlignment {
             offset_ns: -1234,
