@@ -26,11 +26,16 @@ fn newer(src: &[&Path], out: &Path) -> bool {
     })
 }
 
-/// Compiles with the system C compiler into `out` (through a temporary name and a rename, so
-/// parallel tests never see half a file).
+/// Compiles with the system C compiler into `out`.
 fn cc(args: &[&str], src: &Path, out: &Path, libs: &[&str]) {
+    compile(Path::new("cc"), args, src, out, libs);
+}
+
+/// Compiles with `compiler` into `out` (through a temporary name and a rename, so parallel tests
+/// never see half a file).
+fn compile(compiler: &Path, args: &[&str], src: &Path, out: &Path, libs: &[&str]) {
     let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
-    let o = Command::new("cc")
+    let o = Command::new(compiler)
         .args(["-O1", "-Wall", "-Werror"])
         .args(args)
         .arg("-o")
@@ -38,7 +43,12 @@ fn cc(args: &[&str], src: &Path, out: &Path, libs: &[&str]) {
         .arg(src)
         .args(libs)
         .output()
-        .expect("run cc (install gcc: scripts/setup.sh)");
+        .unwrap_or_else(|e| {
+            panic!(
+                "run {}: {e} (scripts/setup.sh installs it)",
+                compiler.display()
+            )
+        });
     assert!(
         o.status.success(),
         "compiling {} failed:\n{}",
@@ -114,27 +124,19 @@ pub fn build_mpi_job(flavour: crate::Flavour) -> PathBuf {
     let src = doubles_src().join("nccl_mpi_job.c");
     let out = dir.join(format!("nccl_mpi_job-{}", flavour.name()));
     if newer(&[&src, &dir.join("libnccl.so.2")], &out) {
-        let tmp = out.with_extension(format!("{}.tmp", std::process::id()));
         let d = dir.to_str().expect("utf-8 path");
-        let o = Command::new(&flavour.mpi().cc)
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .args([
+        compile(
+            &flavour.mpi().cc,
+            &[],
+            &src,
+            &out,
+            &[
                 &format!("-L{d}"),
                 "-l:libnccl.so.2",
                 "-l:libcuda.so.1",
                 "-Wl,-rpath,$ORIGIN",
-            ])
-            .output()
-            .expect("run mpicc");
-        assert!(
-            o.status.success(),
-            "compiling {} failed:\n{}",
-            src.display(),
-            String::from_utf8_lossy(&o.stderr)
+            ],
         );
-        std::fs::rename(&tmp, &out).expect("rename build output");
     }
     out
 }

@@ -63,25 +63,32 @@ pub fn lookup_data(name: &CStr) -> *mut c_void {
 pub struct Real {
     name: &'static CStr,
     ptr: AtomicUsize,
+    resolve: fn(&'static CStr) -> *mut c_void,
 }
 
 impl Real {
-    /// A function named `name`, resolved on first use.
+    /// A function named `name`, resolved on first use with [`lookup`].
     pub const fn new(name: &'static CStr) -> Self {
+        Real::with(name, lookup)
+    }
+
+    /// A function named `name`, resolved on first use by `resolve` (which may try other names).
+    pub const fn with(name: &'static CStr, resolve: fn(&'static CStr) -> *mut c_void) -> Self {
         Real {
             name,
             ptr: AtomicUsize::new(0),
+            resolve,
         }
     }
 
-    /// The function's address, or 0 when the loaded MPI does not have it.
+    /// The function's address, or 0 when the loaded library does not have it.
     #[inline]
     pub fn get(&self) -> usize {
         let p = self.ptr.load(Ordering::Relaxed);
         if p != 0 {
             return p;
         }
-        let p = lookup(self.name) as usize;
+        let p = (self.resolve)(self.name) as usize;
         self.ptr.store(p, Ordering::Relaxed);
         p
     }

@@ -68,48 +68,27 @@ pub struct UniqueId {
 
 // ----- the real functions --------------------------------------------------------------------
 
-/// A real NCCL function: `pncclX`, else the next definition of `ncclX` after this library.
-#[derive(Debug)]
-pub struct Real {
-    twin: &'static CStr,
-    name: &'static CStr,
-    ptr: AtomicUsize,
+/// A real NCCL function, declared by its `pncclX` twin.
+type Real = crate::abi::Real;
+
+/// The public name of a twin (`pncclX` → `ncclX`).
+fn plain(twin: &'static CStr) -> &'static CStr {
+    CStr::from_bytes_with_nul(&twin.to_bytes_with_nul()[1..]).unwrap_or(twin)
 }
 
-impl Real {
-    pub const fn new(twin: &'static CStr, name: &'static CStr) -> Real {
-        Real {
-            twin,
-            name,
-            ptr: AtomicUsize::new(0),
+/// Resolves `pncclX`, else the next definition of `ncclX` after this library.
+fn resolve(twin: &'static CStr) -> *mut c_void {
+    // SAFETY: dlsym with NUL-terminated names. The twins are never defined by this library, so
+    // the global scope is safe to search for them; the plain name only after this library
+    // (RTLD_NEXT), never in the global scope, which would find this very wrapper.
+    unsafe {
+        let mut p = libc::dlsym(libc::RTLD_NEXT, twin.as_ptr());
+        if p.is_null() {
+            p = libc::dlsym(libc::RTLD_DEFAULT, twin.as_ptr());
         }
-    }
-
-    #[inline]
-    pub fn get(&self) -> usize {
-        let p = self.ptr.load(Ordering::Relaxed);
-        if p != 0 {
-            return p;
+        if p.is_null() {
+            p = libc::dlsym(libc::RTLD_NEXT, plain(twin).as_ptr());
         }
-        self.resolve()
-    }
-
-    #[cold]
-    fn resolve(&self) -> usize {
-        // SAFETY: dlsym with NUL-terminated names. The twins are never defined by this library,
-        // so the global scope is safe to search for them; the plain name only after this library
-        // (RTLD_NEXT), never in the global scope, which would find this very wrapper.
-        let p = unsafe {
-            let mut p = libc::dlsym(libc::RTLD_NEXT, self.twin.as_ptr());
-            if p.is_null() {
-                p = libc::dlsym(libc::RTLD_DEFAULT, self.twin.as_ptr());
-            }
-            if p.is_null() {
-                p = libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr());
-            }
-            p as usize
-        };
-        self.ptr.store(p, Ordering::Relaxed);
         p
     }
 }
@@ -127,15 +106,15 @@ fn missing(name: &CStr) -> c_int {
 }
 
 macro_rules! real {
-    ($(fn $name:ident = $twin:literal, $plain:literal ($($arg:ident: $ty:ty),* $(,)?);)*) => {
+    ($(fn $name:ident = $twin:literal ($($arg:ident: $ty:ty),* $(,)?);)*) => {
         $(
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             #[inline]
             pub unsafe fn $name($($arg: $ty),*) -> c_int {
-                static REAL: Real = Real::new($twin, $plain);
+                static REAL: Real = Real::with($twin, resolve);
                 let p = REAL.get();
                 if p == 0 {
-                    return missing($plain);
+                    return missing(plain($twin));
                 }
                 // SAFETY: `p` is the NCCL library's function of this name, whose C signature is
                 // the one declared here (handles and enums as machine words / ints).
@@ -151,48 +130,48 @@ macro_rules! real {
 pub mod real {
     use super::*;
     real! {
-        fn get_version = c"pncclGetVersion", c"ncclGetVersion" (v: *mut c_int);
-        fn get_unique_id = c"pncclGetUniqueId", c"ncclGetUniqueId" (id: *mut UniqueId);
-        fn comm_init_rank = c"pncclCommInitRank", c"ncclCommInitRank" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int);
-        fn comm_init_rank_config = c"pncclCommInitRankConfig", c"ncclCommInitRankConfig" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int, config: P);
-        fn comm_init_rank_scalable = c"pncclCommInitRankScalable", c"ncclCommInitRankScalable" (comm: *mut NComm, n: c_int, rank: c_int, nid: c_int, ids: *mut UniqueId, config: P);
-        fn comm_init_all = c"pncclCommInitAll", c"ncclCommInitAll" (comms: *mut NComm, ndev: c_int, devlist: *const c_int);
-        fn comm_split = c"pncclCommSplit", c"ncclCommSplit" (comm: NComm, color: c_int, key: c_int, newcomm: *mut NComm, config: P);
-        fn comm_shrink = c"pncclCommShrink", c"ncclCommShrink" (comm: NComm, exclude: *mut c_int, n: c_int, newcomm: *mut NComm, config: P, flags: c_int);
-        fn comm_finalize = c"pncclCommFinalize", c"ncclCommFinalize" (comm: NComm);
-        fn comm_destroy = c"pncclCommDestroy", c"ncclCommDestroy" (comm: NComm);
-        fn comm_abort = c"pncclCommAbort", c"ncclCommAbort" (comm: NComm);
-        fn comm_get_async_error = c"pncclCommGetAsyncError", c"ncclCommGetAsyncError" (comm: NComm, err: *mut c_int);
-        fn comm_user_rank = c"pncclCommUserRank", c"ncclCommUserRank" (comm: NComm, rank: *mut c_int);
-        fn comm_count = c"pncclCommCount", c"ncclCommCount" (comm: NComm, count: *mut c_int);
-        fn comm_cu_device = c"pncclCommCuDevice", c"ncclCommCuDevice" (comm: NComm, dev: *mut c_int);
-        fn group_start = c"pncclGroupStart", c"ncclGroupStart" ();
-        fn group_end = c"pncclGroupEnd", c"ncclGroupEnd" ();
-        fn all_reduce = c"pncclAllReduce", c"ncclAllReduce" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream);
-        fn broadcast = c"pncclBroadcast", c"ncclBroadcast" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
-        fn bcast = c"pncclBcast", c"ncclBcast" (b: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
-        fn reduce = c"pncclReduce", c"ncclReduce" (s: CP, r: P, n: usize, dt: c_int, op: c_int, root: c_int, comm: NComm, stream: Stream);
-        fn all_gather = c"pncclAllGather", c"ncclAllGather" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream);
-        fn reduce_scatter = c"pncclReduceScatter", c"ncclReduceScatter" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream);
-        fn all_to_all = c"pncclAlltoAll", c"ncclAlltoAll" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream);
-        fn gather = c"pncclGather", c"ncclGather" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
-        fn scatter = c"pncclScatter", c"ncclScatter" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
-        fn send = c"pncclSend", c"ncclSend" (s: CP, n: usize, dt: c_int, peer: c_int, comm: NComm, stream: Stream);
-        fn recv = c"pncclRecv", c"ncclRecv" (r: P, n: usize, dt: c_int, peer: c_int, comm: NComm, stream: Stream);
-        fn all_reduce_config = c"pncclAllReduceConfig", c"ncclAllReduceConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn broadcast_config = c"pncclBroadcastConfig", c"ncclBroadcastConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn reduce_config = c"pncclReduceConfig", c"ncclReduceConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn all_gather_config = c"pncclAllGatherConfig", c"ncclAllGatherConfig" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn reduce_scatter_config = c"pncclReduceScatterConfig", c"ncclReduceScatterConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn all_to_all_config = c"pncclAlltoAllConfig", c"ncclAlltoAllConfig" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn gather_config = c"pncclGatherConfig", c"ncclGatherConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
-        fn scatter_config = c"pncclScatterConfig", c"ncclScatterConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn get_version = c"pncclGetVersion" (v: *mut c_int);
+        fn get_unique_id = c"pncclGetUniqueId" (id: *mut UniqueId);
+        fn comm_init_rank = c"pncclCommInitRank" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int);
+        fn comm_init_rank_config = c"pncclCommInitRankConfig" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int, config: P);
+        fn comm_init_rank_scalable = c"pncclCommInitRankScalable" (comm: *mut NComm, n: c_int, rank: c_int, nid: c_int, ids: *mut UniqueId, config: P);
+        fn comm_init_all = c"pncclCommInitAll" (comms: *mut NComm, ndev: c_int, devlist: *const c_int);
+        fn comm_split = c"pncclCommSplit" (comm: NComm, color: c_int, key: c_int, newcomm: *mut NComm, config: P);
+        fn comm_shrink = c"pncclCommShrink" (comm: NComm, exclude: *mut c_int, n: c_int, newcomm: *mut NComm, config: P, flags: c_int);
+        fn comm_finalize = c"pncclCommFinalize" (comm: NComm);
+        fn comm_destroy = c"pncclCommDestroy" (comm: NComm);
+        fn comm_abort = c"pncclCommAbort" (comm: NComm);
+        fn comm_get_async_error = c"pncclCommGetAsyncError" (comm: NComm, err: *mut c_int);
+        fn comm_user_rank = c"pncclCommUserRank" (comm: NComm, rank: *mut c_int);
+        fn comm_count = c"pncclCommCount" (comm: NComm, count: *mut c_int);
+        fn comm_cu_device = c"pncclCommCuDevice" (comm: NComm, dev: *mut c_int);
+        fn group_start = c"pncclGroupStart" ();
+        fn group_end = c"pncclGroupEnd" ();
+        fn all_reduce = c"pncclAllReduce" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream);
+        fn broadcast = c"pncclBroadcast" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
+        fn bcast = c"pncclBcast" (b: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
+        fn reduce = c"pncclReduce" (s: CP, r: P, n: usize, dt: c_int, op: c_int, root: c_int, comm: NComm, stream: Stream);
+        fn all_gather = c"pncclAllGather" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream);
+        fn reduce_scatter = c"pncclReduceScatter" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream);
+        fn all_to_all = c"pncclAlltoAll" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream);
+        fn gather = c"pncclGather" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
+        fn scatter = c"pncclScatter" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream);
+        fn send = c"pncclSend" (s: CP, n: usize, dt: c_int, peer: c_int, comm: NComm, stream: Stream);
+        fn recv = c"pncclRecv" (r: P, n: usize, dt: c_int, peer: c_int, comm: NComm, stream: Stream);
+        fn all_reduce_config = c"pncclAllReduceConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn broadcast_config = c"pncclBroadcastConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn reduce_config = c"pncclReduceConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn all_gather_config = c"pncclAllGatherConfig" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn reduce_scatter_config = c"pncclReduceScatterConfig" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn all_to_all_config = c"pncclAlltoAllConfig" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn gather_config = c"pncclGatherConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
+        fn scatter_config = c"pncclScatterConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
     }
 }
 
 /// `ncclGetLastError(comm)`: the library's text for its last error (empty when none).
 fn last_error(comm: NComm) -> Vec<u8> {
-    static REAL: Real = Real::new(c"pncclGetLastError", c"ncclGetLastError");
+    static REAL: Real = Real::with(c"pncclGetLastError", resolve);
     let p = REAL.get();
     if p == 0 {
         return Vec::new();
@@ -244,7 +223,7 @@ pub fn library_code() -> u8 {
     if l != u8::MAX {
         return l;
     }
-    static PROBE: Real = Real::new(c"pncclAllReduce", c"ncclAllReduce");
+    static PROBE: Real = Real::with(c"pncclAllReduce", resolve);
     let p = PROBE.get();
     let mut code = lib::NCCL;
     if p != 0 {

@@ -109,8 +109,8 @@ unsafe impl Sync for TableV4 {}
 
 const NAME: *const c_char = c"commscope".as_ptr();
 
-#[unsafe(no_mangle)]
-pub static ncclProfiler_v7: TableV5 = TableV5 {
+/// The v5 table; v6 and v7 are the same table (their descriptors only append fields).
+const TABLE_V5: TableV5 = TableV5 {
     name: NAME,
     init: init_v5,
     start_event: start_v5,
@@ -118,24 +118,13 @@ pub static ncclProfiler_v7: TableV5 = TableV5 {
     record_event_state: record_state,
     finalize,
 };
+
 #[unsafe(no_mangle)]
-pub static ncclProfiler_v6: TableV5 = TableV5 {
-    name: NAME,
-    init: init_v5,
-    start_event: start_v5,
-    stop_event,
-    record_event_state: record_state,
-    finalize,
-};
+pub static ncclProfiler_v7: TableV5 = TABLE_V5;
 #[unsafe(no_mangle)]
-pub static ncclProfiler_v5: TableV5 = TableV5 {
-    name: NAME,
-    init: init_v5,
-    start_event: start_v5,
-    stop_event,
-    record_event_state: record_state,
-    finalize,
-};
+pub static ncclProfiler_v6: TableV5 = TABLE_V5;
+#[unsafe(no_mangle)]
+pub static ncclProfiler_v5: TableV5 = TABLE_V5;
 #[unsafe(no_mangle)]
 pub static ncclProfiler_v4: TableV4 = TableV4 {
     name: NAME,
