@@ -5,6 +5,7 @@
 #   scripts/bench.sh accuracy [options]     detectors on randomized simulated jobs (virtual time)
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
 #   scripts/bench.sh nccl [CALLS]           host-side cost the shim adds per NCCL call (test doubles)
+#   scripts/bench.sh plugin [OPS]           cost of the profiler plugin's callbacks per NCCL operation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -31,6 +32,24 @@ case "${1:-}" in
       awk -v b="$base" -v h="$host" -v g="$gpu" -v r="$rec" 'BEGIN {
         printf "run %d: without shim %.1f ns/call; shim, host timing only: +%.1f ns; shim with GPU timing: +%.1f ns, of which 2 event records (double) %.1f ns -> %.1f ns excluding them\n",
           '"$i"', b, h - b, g - b, 2 * r, g - b - 2 * r }'
+    done
+    exit 0
+    ;;
+  plugin)
+    # NCCL's callback sequence for one network all-reduce on 2 channels (160 callbacks, incl. 32
+    # proxy steps), driven straight into libcommscope.so's ncclProfiler_v7 with the recorder on.
+    ops=${2:-200000}
+    cargo build --release --quiet -p commscope-shim
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    cc -O2 -o "$dir/plugin_bench" tests/doubles/plugin_bench.c -ldl
+    for i in 1 2 3; do
+      env -u LD_PRELOAD COMMSCOPE_TRACE_DIR="$dir/t" COMMSCOPE_JOB_ID=plugin-bench RANK=0 WORLD_SIZE=2 \
+        "$dir/plugin_bench" "$PWD/target/release/libcommscope.so" "$ops" 2>/dev/null | sed "s/^/run $i: /"
+      env -u LD_PRELOAD COMMSCOPE_TRACE_DIR="$dir/t" COMMSCOPE_JOB_ID=plugin-bench RANK=0 WORLD_SIZE=2 \
+        COMMSCOPE_PROFILER_STEPS=0 "$dir/plugin_bench" "$PWD/target/release/libcommscope.so" "$ops" 2>/dev/null |
+        sed "s/^/run $i, COMMSCOPE_PROFILER_STEPS=0: /"
+      rm -rf "$dir/t"
     done
     exit 0
     ;;

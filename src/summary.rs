@@ -106,8 +106,20 @@ pub struct Summary {
     pub warnings: Vec<String>,
 }
 
-/// (comm, rank, peer, send) of a link; totals are (ops, bytes, busy ns).
+/// (comm, rank, peer, send) of a link.
 type LinkKey = (u64, i32, i32, bool);
+
+/// A link's totals.
+#[derive(Debug, Default)]
+struct LinkTotals {
+    ops: u64,
+    bytes: u64,
+    busy_ns: u64,
+    xfer_bytes: u64,
+    net_ns: u64,
+    gpu_wait_ns: u64,
+    peer_wait_ns: u64,
+}
 
 /// One link's traffic.
 #[derive(Debug, Serialize)]
@@ -125,6 +137,15 @@ pub struct LinkSummary {
     pub busy_s: f64,
     /// bytes / busy time, GB/s.
     pub gbps: f64,
+    /// From the proxy's steps (0 without them): bytes moved, channel-seconds on the network,
+    /// waiting for the GPU and (sends) waiting for the receiver.
+    pub xfer_bytes: u64,
+    pub net_s: f64,
+    pub gpu_wait_s: f64,
+    pub peer_wait_s: f64,
+    /// xfer_bytes / network time: the rate a channel moved data while it had data on the
+    /// network, GB/s (0 without step timing).
+    pub net_gbps: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -158,7 +179,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
     let mut sends: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
     let mut recvs: HashMap<(u64, i32, i32, i32, u64), u64> = HashMap::new();
     let mut in_flight = Vec::new();
-    let mut links: BTreeMap<LinkKey, (u64, u64, u64)> = BTreeMap::new();
+    let mut links: BTreeMap<LinkKey, LinkTotals> = BTreeMap::new();
     let mut dropped = Dropped::default();
     let mut unfinished = Vec::new();
     let mut sampled_out = 0;
@@ -291,10 +312,14 @@ pub fn summarize(job: &JobTrace) -> Summary {
                 Record::Link(l) => {
                     let e = links
                         .entry((l.comm_id, l.rank, l.peer, l.flags & flags::LINK_SEND != 0))
-                        .or_insert((0u64, 0u64, 0u64));
-                    e.0 += 1;
-                    e.1 += l.bytes;
-                    e.2 += l.t_end.saturating_sub(l.t_start);
+                        .or_default();
+                    e.ops += 1;
+                    e.bytes += l.bytes;
+                    e.busy_ns += l.t_end.saturating_sub(l.t_start);
+                    e.xfer_bytes += l.xfer_bytes;
+                    e.net_ns += l.net_ns;
+                    e.gpu_wait_ns += l.gpu_wait_ns;
+                    e.peer_wait_ns += l.peer_wait_ns;
                 }
                 Record::Enter(c) if !completed.contains(&(c.comm_id, c.t_enter)) => {
                     let op = c.op();
@@ -324,16 +349,25 @@ pub fn summarize(job: &JobTrace) -> Summary {
     in_flight.sort_by(|a, b| (a.rank, &a.comm_id, a.seq).cmp(&(b.rank, &b.comm_id, b.seq)));
     let mut links: Vec<LinkSummary> = links
         .into_iter()
-        .map(|((comm, rank, peer, send), (ops, bytes, ns))| LinkSummary {
+        .map(|((comm, rank, peer, send), t)| LinkSummary {
             comm_id: format_comm_id(comm),
             rank,
             peer,
             direction: if send { "send" } else { "recv" },
-            ops,
-            bytes,
-            busy_s: ns as f64 / 1e9,
-            gbps: if ns > 0 {
-                bytes as f64 / ns as f64
+            ops: t.ops,
+            bytes: t.bytes,
+            busy_s: t.busy_ns as f64 / 1e9,
+            gbps: if t.busy_ns > 0 {
+                t.bytes as f64 / t.busy_ns as f64
+            } else {
+                0.0
+            },
+            xfer_bytes: t.xfer_bytes,
+            net_s: t.net_ns as f64 / 1e9,
+            gpu_wait_s: t.gpu_wait_ns as f64 / 1e9,
+            peer_wait_s: t.peer_wait_ns as f64 / 1e9,
+            net_gbps: if t.net_ns > 0 {
+                t.xfer_bytes as f64 / t.net_ns as f64
             } else {
                 0.0
             },
@@ -441,9 +475,24 @@ pub fn render_text(s: &Summary) -> String {
         );
         for l in s.links.iter().take(8) {
             let arrow = if l.direction == "send" { "→" } else { "←" };
+            let steps = if l.net_s > 0.0 {
+                format!(
+                    "; on the network {} ({:.1} ms), waiting for the GPU {:.1} ms{}",
+                    gbps(l.net_gbps),
+                    l.net_s * 1e3,
+                    l.gpu_wait_s * 1e3,
+                    if l.direction == "send" {
+                        format!(", for the receiver {:.1} ms", l.peer_wait_s * 1e3)
+                    } else {
+                        String::new()
+                    }
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 o,
-                "    rank {} {arrow} peer {} on {}: {} ops, {} bytes, {}",
+                "    rank {} {arrow} peer {} on {}: {} ops, {} bytes, {}{steps}",
                 l.rank,
                 l.peer,
                 l.comm_id,

@@ -91,6 +91,7 @@ fn feed_in_time_order(
                 Record::Comm(c) if c.event == CommEvent::Failed => {
                     real_time(p, c.t, Clock::HostMono)
                 }
+                Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
                 _ => continue,
             };
             order.push((t, pi as u32, ri as u32));
@@ -104,6 +105,7 @@ fn feed_in_time_order(
             Record::Skip(k) => det.skip(k, t),
             Record::Process(x) => det.step_marker(x.rank, x.step, t),
             Record::Comm(c) => det.comm_failed(c, t),
+            Record::Link(l) => det.link(l, t),
             _ => {}
         }
     }

@@ -354,6 +354,8 @@ pub struct Detectors {
     /// `commscope_step` markers: per rank (last step, its time), and the latest step intervals.
     markers: HashMap<i32, (u64, f64)>,
     step_intervals: VecDeque<f64>,
+    /// The slow-link detector (link records of NCCL's profiler plugin).
+    pub links: crate::links::Links,
     now_s: f64,
     /// Instances judged, and instances dropped before all members arrived.
     pub instances: u64,
@@ -418,6 +420,7 @@ impl Detectors {
             slow_open: Vec::new(),
             markers: HashMap::new(),
             step_intervals: VecDeque::new(),
+            links: crate::links::Links::default(),
             now_s: 0.0,
             instances: 0,
             incomplete: 0,
@@ -430,6 +433,15 @@ impl Detectors {
         if r.node != node {
             r.node = node.to_owned();
         }
+    }
+
+    /// One link record (NCCL's profiler plugin), at `now_ns` on the common time base.
+    pub fn link(&mut self, l: &commscope_wire::record::Link, now_ns: u64) {
+        let now = now_ns as f64 / 1e9;
+        if now > self.now_s {
+            self.now_s = now;
+        }
+        self.links.record(l, now);
     }
 
     /// One completed call of `rank`, in the rank's own order; `now_ns` is the common time base
@@ -785,6 +797,18 @@ impl Detectors {
         let now_ns = (self.now_s * 1e9) as u64;
         let mut out = Vec::new();
         self.slow_findings(now_ns, &mut out);
+        let ranks = &self.ranks;
+        self.links.findings(
+            &self.job,
+            self.now_s,
+            |r| {
+                ranks
+                    .get(&r)
+                    .map(|x| x.node.clone())
+                    .filter(|n| !n.is_empty())
+            },
+            &mut out,
+        );
         self.degraded_findings(now_ns, &mut out);
         // One finding per communicator and diverging ranks: their first mismatched instance
         // (the ones after it follow from it).
@@ -1095,11 +1119,14 @@ impl Detectors {
             .collect();
         let t = self.tuning.clone();
         let now = self.now_s;
+        // A communicator with a slow link is that finding's (one finding per root cause).
+        let slow_links = self.links.slow_comms();
         let mut degraded: Vec<&Perf> = Vec::new();
         for perf in self.perf.values_mut() {
             let Some(base) = perf.base else { continue };
             let cur = perf.current;
-            let member_slow = perf.members.iter().any(|m| slow.contains(m));
+            let member_slow = perf.members.iter().any(|m| slow.contains(m))
+                || slow_links.binary_search(&perf.comm).is_ok();
             match perf.degraded_since {
                 None if cur < t.degraded_ratio * base && !member_slow => {
                     perf.degraded_since = Some(now);

@@ -577,8 +577,7 @@ impl State {
                         comm.local_id = true;
                     }
                 }
-                // Stored with the job; the live state does not aggregate them yet.
-                Record::Link(_) => {}
+                Record::Link(l) => job.detectors.link(l, at(l.t_end)),
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;

@@ -25,7 +25,16 @@
  * (computed as NCCL >= 2.26 does: from the unique id, or from the parent's hash, split count and
  * color), each operation starts a Coll/P2p event when enqueued (stopped right after) and a
  * KernelCh event on channel 0 while its "kernel" runs, with a globaltimer-like clock (host
- * CLOCK_MONOTONIC + 10^12 ns) at channel start and stop.
+ * CLOCK_MONOTONIC + 10^12 ns) at channel start and stop. A collective's proxy sends to the next
+ * rank of the ring and receives from the previous one (ProxyOp events, 4 steps each); with
+ * ProxyStep asked for, each step goes through NCCL's states (send: SendGPUWait, SendPeerWait,
+ * SendWait with transSize, stop; receive: RecvWait, RecvGPUWait with transSize, stop).
+ *
+ * A slow link: TESTDOUBLE_NCCL_SLOW_LINK="SRC:DST:FACTOR" (communicator ranks, DST the next rank
+ * of SRC's ring) makes every collective of a communicator with that link take FACTOR times
+ * longer, as a ring runs at its slowest link's pace: SRC's send steps spend the extra time on
+ * the network, every other rank's send steps spend it waiting for their GPU (for data from
+ * upstream).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -264,6 +273,63 @@ static void prof_channel_stop(void *h) {
     prof->stopEvent(h);
 }
 
+/* A ProxyStep event (v7 descriptor) under a proxy operation. */
+static void *prof_step_start(struct ncclComm *c, void *proxy, int step) {
+    if (!prof || !proxy || !(prof_mask & 16)) return NULL;
+    unsigned char d[160];
+    memset(d, 0, sizeof d);
+    uint64_t type = 16;
+    memcpy(d, &type, 8);
+    memcpy(d + 8, &proxy, 8);
+    memcpy(d + 16, &c->rank, 4);
+    memcpy(d + 24, &step, 4);
+    void *h = NULL;
+    prof->startEvent(c->pctx, &h, d);
+    return h;
+}
+
+static void prof_state(void *h, int state, uint64_t trans_size) {
+    if (!prof || !h) return;
+    uint64_t args[2] = {trans_size, 0};
+    prof->recordEventState(h, state, args);
+}
+
+/* TESTDOUBLE_NCCL_SLOW_LINK: the slow link's sender, its receiver and factor (or factor 1). */
+static int slow_src = -1, slow_dst = -1;
+static double slow_factor = 1.0;
+static pthread_once_t slow_once = PTHREAD_ONCE_INIT;
+static void slow_load(void) {
+    const char *s = getenv("TESTDOUBLE_NCCL_SLOW_LINK");
+    if (s && sscanf(s, "%d:%d:%lf", &slow_src, &slow_dst, &slow_factor) != 3) slow_factor = 1.0;
+    if (slow_factor < 1.0) slow_factor = 1.0;
+}
+
+/* Transfers one collective's bytes over the ring, step by step, reporting the proxy's steps. */
+static void ring_transfer(struct ncclComm *c, void *send_px, void *recv_px, uint64_t bytes) {
+    enum { STEPS = 4 };
+    pthread_once(&slow_once, slow_load);
+    int n = c->nranks, me = c->rank;
+    double base = (double)bytes / gbps();
+    int slow_ring = slow_factor > 1.0 && slow_src < n && slow_dst == (slow_src + 1) % n;
+    double total = slow_ring ? base * slow_factor : base;
+    uint64_t on_wire = (uint64_t)((me == slow_src && slow_ring ? total : base) / STEPS);
+    uint64_t gpu_wait = (uint64_t)(total / STEPS) - on_wire;
+    uint64_t chunk = bytes / STEPS;
+    for (int k = 0; k < STEPS; k++) {
+        void *ss = prof_step_start(c, send_px, k);
+        void *rs = prof_step_start(c, recv_px, k);
+        prof_state(ss, 8, 0);
+        prof_state(rs, 10, 0);
+        sleep_ns(gpu_wait);
+        prof_state(ss, 20, chunk);
+        prof_state(ss, 9, chunk);
+        sleep_ns(on_wire);
+        prof_stop(ss);
+        prof_state(rs, 12, chunk);
+        prof_stop(rs);
+    }
+}
+
 /* Every pnccl* twin below is an alias of the same code as its nccl* name, as in NCCL's
  * PROFAPI builds (src/include/core.h). */
 
@@ -497,7 +563,14 @@ static void run_batch(void *p) {
         }
     }
     for (int i = 0; i < b->n; i++) post(&b->ops[i]);
-    for (int i = 0; i < b->n; i++) { await(&b->ops[i]); bytes += b->ops[i].bytes; }
+    for (int i = 0; i < b->n; i++) await(&b->ops[i]);
+    for (int i = 0; i < b->n; i++) {
+        struct op *o = &b->ops[i];
+        if (o->kind == COLL && o->comm->nranks > 1 && i < 64)
+            ring_transfer(o->comm, px[i][0], px[i][1], o->bytes);
+        else
+            bytes += o->bytes;
+    }
     sleep_ns((uint64_t)((double)bytes / gbps()));
     for (int i = 0; i < b->n && i < 64; i++) {
         prof_stop(px[i][0]);

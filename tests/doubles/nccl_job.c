@@ -9,6 +9,8 @@
  *                send/recv, a split into even/odd ranks with an all-reduce on each half, and an
  *                all-reduce captured into a CUDA graph that is then launched 3 times.
  *   slow R [N]   N (20) all-reduces; rank R computes 30 ms before each where the others compute 2 ms.
+ *   ring N C     N all-reduces of C floats, 1 ms of "compute" before each (for the link view:
+ *                TESTDOUBLE_NCCL_SLOW_LINK throttles one link of the ring).
  *   hang R       10 all-reduces; then rank R sleeps while the others issue one more and wait
  *                for their stream, which never finishes.
  *   async R      5 all-reduces, then 1.5 s of idling (the double reports ncclRemoteError on
@@ -194,6 +196,14 @@ int main(int argc, char **argv) {
             for (int i = 0; i < iters; i++) {
                 testdouble_cuda_launch_busy(s, (rank == arg ? 30 : 2) * MS);
                 CHECK(ncclAllReduce(NULL, NULL, 1 << 16, FLOAT, SUM, comm, s));
+            }
+            CHECK(cuStreamSynchronize(s));
+        } else if (strcmp(mode, "ring") == 0) {
+            int iters = arg > 0 ? arg : 20;
+            size_t count = argc > 4 ? (size_t)atol(argv[4]) : (size_t)1 << 20;
+            for (int i = 0; i < iters; i++) {
+                testdouble_cuda_launch_busy(s, 1 * MS);
+                CHECK(ncclAllReduce(NULL, NULL, count, FLOAT, SUM, comm, s));
             }
             CHECK(cuStreamSynchronize(s));
         } else if (strcmp(mode, "hang") == 0) {

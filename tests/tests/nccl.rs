@@ -18,9 +18,10 @@ use commscope_tests::services::{Services, run_with_agent};
 use commscope_tests::{
     Flavour, analyze_json, assert_ok, launch, load_job, run_traced, shim, summary_json,
 };
+use commscope_wire::hash::format_comm_id;
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Op, flags, lib};
-use commscope_wire::record::{Call, Comm, CommEvent, Record};
+use commscope_wire::record::{Call, Comm, CommEvent, Link, Record};
 
 /// Runs `nccl_job RANKS MODE ARGS…` under `commscope run`; returns the unique id it printed.
 fn run_job(
@@ -477,6 +478,49 @@ fn a_live_nccl_job_reports_bandwidth_and_its_async_error_through_agent_and_colle
     );
 }
 
+#[test]
+fn a_live_job_with_a_slow_link_gets_one_slow_link_finding_from_the_collector() {
+    let svc = Services::start("node-n", &[], &[]);
+    let cmd: Vec<OsString> = vec![
+        doubles().join("nccl_job").into(),
+        "4".into(),
+        "ring".into(),
+        "40".into(),
+        "4194304".into(),
+    ];
+    let plugin = shim();
+    let o = run_with_agent(
+        &svc.socket,
+        "live-link",
+        &cmd,
+        &[
+            ("NCCL_PROFILER_PLUGIN", plugin.to_str().expect("utf-8")),
+            ("TESTDOUBLE_NCCL_SLOW_LINK", "1:2:8"),
+        ],
+    );
+    assert_ok(&o, "nccl_job under the agent");
+    let t = Instant::now();
+    let findings = loop {
+        let (_, body) = svc.get("/api/v1/findings?job=live-link");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("findings JSON");
+        let f = v["findings"].as_array().cloned().unwrap_or_default();
+        if !f.is_empty() {
+            break f;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no finding: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(findings.len(), 1, "{findings:#?}");
+    let f = &findings[0];
+    assert_eq!(f["kind"], "slow-link", "{f}");
+    assert_eq!(f["ranks"], serde_json::json!([1, 2]));
+    assert_eq!(f["nodes"], serde_json::json!(["node-n"]));
+    assert_eq!(
+        f["link"],
+        serde_json::json!({"src": "node-n", "dst": "node-n"})
+    );
+}
+
 /// Calls per (rank, comm, op) of a job directory.
 fn counts(dir: &Path) -> BTreeMap<(i32, u64, u8), usize> {
     let mut out = BTreeMap::new();
@@ -560,6 +604,178 @@ fn the_profiler_plugin_alone_records_calls_with_kernel_times() {
             "all-reduce #{seq}: {e:?}"
         );
     }
+}
+
+/// Per rank: its link records.
+fn links_by_rank(dir: &Path) -> BTreeMap<i32, Vec<Link>> {
+    let job = load_job(dir);
+    let mut out: BTreeMap<i32, Vec<Link>> = BTreeMap::new();
+    for p in &job.processes {
+        for r in &p.records {
+            if let Record::Link(l) = r {
+                out.entry(p.header.rank).or_default().push(*l);
+            }
+        }
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs a 4-rank ring of 30 all-reduces of 16 MiB with libcommscope.so as NCCL's profiler
+/// plugin (and the preload too with `preload`); returns the job's trace directory and the world
+/// communicator's id.
+fn ring_job(
+    tmp: &Path,
+    job: &str,
+    preload: bool,
+    env: &[(&str, &str)],
+) -> (std::path::PathBuf, u64) {
+    let d = doubles();
+    let mut cmd = Command::new(d.join("nccl_job"));
+    cmd.args(["4", "ring", "30", "4194304"])
+        .env("NCCL_PROFILER_PLUGIN", shim())
+        .env("COMMSCOPE_TRACE_DIR", tmp)
+        .env("COMMSCOPE_JOB_ID", job)
+        .env_remove("COMMSCOPE_AGENT_SOCKET")
+        .envs(env.iter().copied());
+    if preload {
+        cmd.env("LD_PRELOAD", shim());
+    } else {
+        cmd.env_remove("LD_PRELOAD");
+    }
+    let o = cmd.output().expect("run nccl_job");
+    assert_ok(&o, "nccl_job ring");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .expect("unique id");
+    (
+        tmp.join(job),
+        nccl_hash::init_comm_hash(Version(23203), &unhex(id)),
+    )
+}
+
+/// The link view: each world all-reduce gives every rank one send link to the next rank and one
+/// receive link from the previous one, joined to the call by `op_seq`, each with the proxy's
+/// four steps timed and their bytes.
+fn check_link_view(dir: &Path, world: u64) -> BTreeMap<i32, Vec<Link>> {
+    // The double moves an all-reduce's 2 × 16 MiB of ring traffic.
+    const BYTES: u64 = 32 << 20;
+    let calls = by_rank(dir);
+    let links = links_by_rank(dir);
+    assert_eq!(links.len(), 4, "every rank has links");
+    for (rank, ls) in &links {
+        let seqs: Vec<u64> = calls[rank]
+            .0
+            .iter()
+            .filter(|c| c.comm_id == world && c.op() == Op::Allreduce)
+            .map(|c| c.op_seq)
+            .collect();
+        assert_eq!(seqs, (0..30).collect::<Vec<u64>>(), "rank {rank}");
+        for (send, peer) in [(true, (rank + 1) % 4), (false, (rank + 3) % 4)] {
+            let mut got: Vec<u64> = ls
+                .iter()
+                .filter(|l| (l.flags & flags::LINK_SEND != 0) == send)
+                .map(|l| {
+                    assert_eq!(
+                        (l.comm_id, l.peer, l.op),
+                        (world, peer, Op::Allreduce as u8)
+                    );
+                    assert_eq!(
+                        (l.steps, l.steps_done, l.xfer_bytes),
+                        (4, 4, BYTES),
+                        "rank {rank}: {l:?}"
+                    );
+                    assert!(l.net_ns > 0 && l.t_end > l.t_start, "rank {rank}: {l:?}");
+                    l.op_seq
+                })
+                .collect();
+            got.sort_unstable();
+            assert_eq!(
+                got, seqs,
+                "rank {rank}, send {send}: one link per all-reduce"
+            );
+        }
+    }
+    links
+}
+
+#[test]
+fn the_plugin_times_each_links_proxy_steps_and_names_a_slow_link() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Plugin alone; the link from rank 2 to rank 3 is 8 times slower.
+    let (dir, world) = ring_job(
+        tmp.path(),
+        "nccl-slow-link",
+        false,
+        &[("TESTDOUBLE_NCCL_SLOW_LINK", "2:3:8")],
+    );
+    let links = check_link_view(&dir, world);
+    let sends = |rank: i32| -> Vec<&Link> {
+        links[&rank]
+            .iter()
+            .filter(|l| l.flags & flags::LINK_SEND != 0)
+            .collect()
+    };
+    let rate = |rank: i32| median(sends(rank).iter().filter_map(|l| l.net_rate()).collect());
+    let gpu_wait = |rank: i32| median(sends(rank).iter().map(|l| l.gpu_wait_ns as f64).collect());
+    let others = median(vec![rate(0), rate(1), rate(3)]);
+    assert!(
+        rate(2) < 0.3 * others,
+        "rank 2's sends move {:.2} GB/s on the network, the others {:.2}",
+        rate(2) / 1e9,
+        others / 1e9
+    );
+    // The others' extra time is spent waiting for their GPU, not on the network.
+    for r in [0, 1, 3] {
+        assert!(
+            gpu_wait(r) > 4.0 * gpu_wait(2).max(1.0),
+            "rank {r} waits {:.0} µs for its GPU per send, rank 2 {:.0} µs",
+            gpu_wait(r) / 1e3,
+            gpu_wait(2) / 1e3
+        );
+    }
+    let v = analyze_json(&dir);
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "one finding, the link: {v:#}");
+    assert_eq!(f[0]["kind"], "slow-link");
+    assert_eq!(f[0]["ranks"], serde_json::json!([2, 3]));
+    assert_eq!(f[0]["comm"], format_comm_id(world).as_str());
+    let summary = f[0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("rank 2 → rank 3"), "{summary}");
+    let ratio = f[0]["evidence"]["links"][0]["ratio"]
+        .as_f64()
+        .unwrap_or(1.0);
+    assert!(ratio < 0.3, "{v:#}");
+
+    let (s, o) = summary_json(&[&dir]);
+    assert_ok(&o, "trace summary");
+    let ls = s["links"].as_array().expect("links in the summary");
+    assert_eq!(ls.len(), 8, "4 ranks × (send, recv): {s:#}");
+    assert!(
+        ls.iter()
+            .all(|l| l["net_gbps"].as_f64().unwrap_or(0.0) > 0.0),
+        "{s:#}"
+    );
+
+    // The same ring with every link healthy, the preload on too: links, and no finding.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (dir, world) = ring_job(tmp.path(), "nccl-ring", true, &[]);
+    let links = check_link_view(&dir, world);
+    let rates: Vec<f64> = links
+        .values()
+        .flatten()
+        .filter(|l| l.flags & flags::LINK_SEND != 0)
+        .filter_map(|l| l.net_rate())
+        .collect();
+    assert_eq!(rates.len(), 120);
+    let v = analyze_json(&dir);
+    assert_eq!(v["findings"], serde_json::json!([]), "{v:#}");
 }
 
 #[test]

@@ -158,6 +158,11 @@ pub fn schema() -> SchemaRef {
         // link
         i32f("channels", true),
         Field::new("steps", DataType::UInt32, true),
+        u64f("link_net_ns", true),
+        u64f("link_gpu_wait_ns", true),
+        u64f("link_peer_wait_ns", true),
+        u64f("link_xfer_bytes", true),
+        Field::new("link_steps_done", DataType::UInt32, true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -225,6 +230,11 @@ struct Columns {
     skip_through_rec_seq: UInt64Builder,
     channel: Int32Builder,
     steps: UInt32Builder,
+    link_net_ns: UInt64Builder,
+    link_gpu_wait_ns: UInt64Builder,
+    link_peer_wait_ns: UInt64Builder,
+    link_xfer_bytes: UInt64Builder,
+    link_steps_done: UInt32Builder,
     rows: usize,
     /// The last communicator id and its printed form (rows of a process mostly repeat it).
     comm_text: (u64, String),
@@ -415,6 +425,15 @@ impl Columns {
         self.channel
             .append_option(link.map(|l| i32::from(l.channels)));
         self.steps.append_option(link.map(|l| l.steps));
+        self.link_net_ns.append_option(link.map(|l| l.net_ns));
+        self.link_gpu_wait_ns
+            .append_option(link.map(|l| l.gpu_wait_ns));
+        self.link_peer_wait_ns
+            .append_option(link.map(|l| l.peer_wait_ns));
+        self.link_xfer_bytes
+            .append_option(link.map(|l| l.xfer_bytes));
+        self.link_steps_done
+            .append_option(link.map(|l| l.steps_done));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -479,6 +498,11 @@ impl Columns {
             Arc::new(self.skip_through_rec_seq.finish()),
             Arc::new(self.channel.finish()),
             Arc::new(self.steps.finish()),
+            Arc::new(self.link_net_ns.finish()),
+            Arc::new(self.link_gpu_wait_ns.finish()),
+            Arc::new(self.link_peer_wait_ns.finish()),
+            Arc::new(self.link_xfer_bytes.finish()),
+            Arc::new(self.link_steps_done.finish()),
         ]
     }
 }
@@ -758,6 +782,12 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         // Written since link records exist.
         let channel = c.get::<Int32Array>("channels", false)?;
         let steps = c.get::<UInt32Array>("steps", false)?;
+        // Written since links carry step timing.
+        let link_net_ns = c.get::<UInt64Array>("link_net_ns", false)?;
+        let link_gpu_wait_ns = c.get::<UInt64Array>("link_gpu_wait_ns", false)?;
+        let link_peer_wait_ns = c.get::<UInt64Array>("link_peer_wait_ns", false)?;
+        let link_xfer_bytes = c.get::<UInt64Array>("link_xfer_bytes", false)?;
+        let link_steps_done = c.get::<UInt32Array>("link_steps_done", false)?;
 
         for i in 0..batch.num_rows() {
             let key = (
@@ -920,6 +950,13 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     t_end: opt_u64(t_exit, i),
                     rank: rank.value(i),
                     comm_rank: opt_i32(comm_rank, i, -1),
+                    net_ns: opt_u64(link_net_ns, i),
+                    gpu_wait_ns: opt_u64(link_gpu_wait_ns, i),
+                    peer_wait_ns: opt_u64(link_peer_wait_ns, i),
+                    xfer_bytes: opt_u64(link_xfer_bytes, i),
+                    steps_done: link_steps_done
+                        .filter(|a| !a.is_null(i))
+                        .map_or(0, |a| a.value(i)),
                 }),
                 _ => {
                     unknown += 1;
@@ -1075,6 +1112,11 @@ mod tests {
                 t_end: 185,
                 rank: 2,
                 comm_rank: 1,
+                net_ns: 18,
+                gpu_wait_ns: 4,
+                peer_wait_ns: 1,
+                xfer_bytes: 4000,
+                steps_done: 8,
             }),
             Record::Comm({
                 let mut c = Comm::new(CommEvent::Failed, 0xdef, 0, 950, 2, 1, 4, 0);

@@ -400,6 +400,34 @@ pub struct Link {
     pub t_end: u64,
     pub rank: i32,
     pub comm_rank: i32,
+    /// From the proxy's steps (0 when NCCL sent no `ProxyStep` events). Network time: the union,
+    /// per channel, of the intervals a step was on the network — a send from its post to the
+    /// network until the network completed it, a receive from its post until its data arrived —
+    /// summed over the folded channels (channel-nanoseconds).
+    pub net_ns: u64,
+    /// Time steps waited for the GPU, the same way: a send for the kernel to fill its buffer, a
+    /// receive for the kernel to drain it.
+    pub gpu_wait_ns: u64,
+    /// Time send steps whose data was ready waited before the network took them (the receiver's
+    /// buffer was not yet free).
+    pub peer_wait_ns: u64,
+    /// Bytes the steps moved (NCCL's `transSize`).
+    pub xfer_bytes: u64,
+    /// Steps that completed.
+    pub steps_done: u32,
+}
+
+impl Link {
+    /// True when it carries step timing.
+    pub fn step_timed(&self) -> bool {
+        self.steps_done > 0 && self.net_ns > 0
+    }
+
+    /// Bytes per second while on the network, per channel (`xfer_bytes / net_ns`).
+    pub fn net_rate(&self) -> Option<f64> {
+        (self.step_timed() && self.xfer_bytes > 0)
+            .then(|| self.xfer_bytes as f64 * 1e9 / self.net_ns as f64)
+    }
 }
 
 impl Record {
@@ -528,10 +556,14 @@ impl Record {
                 b[60..64].fill(0);
                 put_u64(b, 64, l.t_start);
                 put_u64(b, 72, l.t_end);
-                b[80..96].fill(0);
+                put_u64(b, 80, l.net_ns);
+                put_u64(b, 88, l.gpu_wait_ns);
                 put_i32(b, 96, l.rank);
                 put_i32(b, 100, l.comm_rank);
-                b[104..128].fill(0);
+                put_u64(b, 104, l.xfer_bytes);
+                put_u64(b, 112, l.peer_wait_ns);
+                put_u32(b, 120, l.steps_done);
+                b[124..128].fill(0);
             }
         }
     }
@@ -651,6 +683,11 @@ impl Record {
                 t_end: get_u64(b, 72),
                 rank: get_i32(b, 96),
                 comm_rank: get_i32(b, 100),
+                net_ns: get_u64(b, 80),
+                gpu_wait_ns: get_u64(b, 88),
+                peer_wait_ns: get_u64(b, 112),
+                xfer_bytes: get_u64(b, 104),
+                steps_done: get_u32(b, 120),
             })),
             other => Err(DecodeError::UnknownKind(other)),
         }
@@ -811,7 +848,14 @@ mod tests {
             t_end: 900,
             rank: 7,
             comm_rank: 1,
+            net_ns: 600,
+            gpu_wait_ns: 150,
+            peer_wait_ns: 20,
+            xfer_bytes: 3 << 18,
+            steps_done: 7,
         };
+        assert_eq!(l.net_rate(), Some((3u64 << 18) as f64 * 1e9 / 600.0));
+        assert_eq!(Link { steps_done: 0, ..l }.net_rate(), None);
         let raw = Record::Link(l).encode();
         assert_eq!(raw[8], kind::LINK);
         assert_eq!(Record::decode(&raw), Ok(Record::Link(l)));

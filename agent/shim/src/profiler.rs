@@ -16,6 +16,17 @@
 //! - **With the preload too** the wrappers already record every call, with CUDA-event timing: the
 //!   plugin then writes nothing for that communicator (no double counting).
 //!
+//! The link view: each `ProxyOp` (one channel's sends to, or receives from, one peer) is folded
+//! per (peer, direction) into a `link` record joined to its operation by `op_seq`. Its
+//! `ProxyStep` children — one network transfer each — say where the time went: a send step
+//! waits for the kernel to fill its buffer (`SendGPUWait`), may wait for the receiver's buffer
+//! (`SendPeerWait`), then is on the network (`SendWait`) until the network completes it; a
+//! receive step is posted (`RecvWait`), its data arrives (`RecvFlushWait`/`RecvGPUWait`), then it
+//! waits for the kernel to drain it. Per channel the network intervals are united (steps
+//! overlap: up to eight are in flight), so `xfer_bytes / net_ns` is the rate a channel moved
+//! data while it had data on the network — the measure a slow link shows up in, while the
+//! ranks around it only wait longer for their GPUs.
+//!
 //! Events come from a fixed pool (a full pool hands NCCL a null handle, which it then passes back
 //! and which is ignored); a generation number guards against a late child of a finished operation.
 
@@ -38,13 +49,32 @@ mod ev {
     pub const COLL: u64 = 1 << 1;
     pub const P2P: u64 = 1 << 2;
     pub const PROXY_OP: u64 = 1 << 3;
+    pub const PROXY_STEP: u64 = 1 << 4;
     pub const KERNEL_CH: u64 = 1 << 6;
 }
 
-/// `ncclProfilerKernelChStop`.
-const KERNEL_CH_STOP: c_int = 22;
-/// What the plugin asks NCCL for.
+/// Event states (`ncclProfilerEventState_t`).
+mod st {
+    use std::ffi::c_int;
+    pub const SEND_GPU_WAIT: c_int = 8;
+    pub const SEND_WAIT: c_int = 9;
+    pub const RECV_WAIT: c_int = 10;
+    pub const RECV_FLUSH_WAIT: c_int = 11;
+    pub const RECV_GPU_WAIT: c_int = 12;
+    pub const SEND_PEER_WAIT: c_int = 20;
+    pub const KERNEL_CH_STOP: c_int = 22;
+}
+/// What the plugin asks NCCL for (`ProxyStep` unless `COMMSCOPE_PROFILER_STEPS=0`).
 const MASK: c_int = (ev::COLL | ev::P2P | ev::PROXY_OP | ev::KERNEL_CH) as c_int;
+
+fn event_mask() -> c_int {
+    static STEPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *STEPS.get_or_init(|| crate::util::env_flag("COMMSCOPE_PROFILER_STEPS", true)) {
+        MASK | ev::PROXY_STEP as c_int
+    } else {
+        MASK
+    }
+}
 /// Links (peer, direction) one operation keeps apart; more are left out (counted nowhere: an
 /// all-to-all over hundreds of peers is summarized by its call record).
 const LINKS_MAX: usize = 8;
@@ -273,7 +303,7 @@ unsafe fn init(
     }
     if !mask.is_null() {
         // SAFETY: NCCL's event mask; a disabled recorder asks for nothing.
-        unsafe { *mask = if on && !c.is_null() { MASK } else { 0 } };
+        unsafe { *mask = if on && !c.is_null() { event_mask() } else { 0 } };
     }
     SUCCESS
 }
@@ -286,17 +316,18 @@ unsafe extern "C" fn finalize(_ctx: *mut c_void) -> c_int {
 
 // ----- the event pool ----------------------------------------------------------------------------
 
-const POOL: usize = 8192;
+const POOL: usize = 16384;
 
 mod kind {
     pub const FREE: u8 = 0;
     pub const OP: u8 = 1;
     pub const CHANNEL: u8 = 2;
     pub const PROXY: u8 = 3;
+    pub const STEP: u8 = 4;
 }
 
 /// What an operation's proxy moved over one link: (peer, send?) → interval, bytes, steps,
-/// channels.
+/// channels, and from the steps where the time went.
 #[derive(Clone, Copy, Debug, Default)]
 struct LinkAgg {
     peer: i32,
@@ -306,6 +337,80 @@ struct LinkAgg {
     bytes: u64,
     steps: u32,
     channels: u8,
+    net_ns: u64,
+    gpu_wait_ns: u64,
+    peer_wait_ns: u64,
+    xfer_bytes: u64,
+    steps_done: u32,
+    /// Ends of the united network and GPU-wait intervals so far (one proxy operation's steps
+    /// complete in order).
+    net_until: u64,
+    gpu_until: u64,
+}
+
+impl LinkAgg {
+    /// Adds `[a, b]` to a union whose intervals so far end at `until`.
+    fn unite(total: &mut u64, until: &mut u64, a: u64, b: u64) {
+        if a == 0 || b <= a || b <= *until {
+            return;
+        }
+        *total += b - a.max(*until);
+        *until = b;
+    }
+
+    /// Folds one completed step.
+    fn step(&mut self, s: &StepT, stop: u64) {
+        self.steps_done += 1;
+        self.xfer_bytes += s.bytes;
+        if self.send {
+            let ready = if s.peer_wait != 0 { s.peer_wait } else { s.net };
+            if ready != 0 {
+                Self::unite(
+                    &mut self.gpu_wait_ns,
+                    &mut self.gpu_until,
+                    s.gpu_wait,
+                    ready,
+                );
+            }
+            if s.peer_wait != 0 && s.net > s.peer_wait {
+                self.peer_wait_ns += s.net - s.peer_wait;
+            }
+            Self::unite(&mut self.net_ns, &mut self.net_until, s.net, stop);
+        } else {
+            let arrived = if s.flush != 0 { s.flush } else { s.gpu_wait };
+            if arrived != 0 {
+                Self::unite(&mut self.net_ns, &mut self.net_until, s.net, arrived);
+            }
+            Self::unite(&mut self.gpu_wait_ns, &mut self.gpu_until, s.gpu_wait, stop);
+        }
+    }
+
+    /// Folds another channel's proxy operation on the same link.
+    fn fold(&mut self, l: &LinkAgg) {
+        self.t_start = self.t_start.min(l.t_start);
+        self.t_end = self.t_end.max(l.t_end);
+        self.bytes += l.bytes;
+        self.steps += l.steps;
+        self.channels = self.channels.saturating_add(1);
+        self.net_ns += l.net_ns;
+        self.gpu_wait_ns += l.gpu_wait_ns;
+        self.peer_wait_ns += l.peer_wait_ns;
+        self.xfer_bytes += l.xfer_bytes;
+        self.steps_done += l.steps_done;
+    }
+}
+
+/// One proxy step's timeline (host-mono; 0 = not reached). `gpu_wait`: a send began waiting
+/// for the kernel's data, or a receive's data is waiting for the kernel; `peer_wait`: a send's
+/// data was ready; `net`: on the network (a send posted, a receive posted); `flush`: a receive's
+/// data arrived and is being flushed.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepT {
+    gpu_wait: u64,
+    peer_wait: u64,
+    net: u64,
+    flush: u64,
+    bytes: u64,
 }
 
 /// One event: an operation (`Coll`/`P2p`) or one of its kernel channels.
@@ -334,6 +439,8 @@ struct Ev {
     parent_gen: AtomicU32,
     // proxy operation
     proxy: std::sync::Mutex<LinkAgg>,
+    // proxy step
+    step: std::sync::Mutex<StepT>,
 }
 
 impl Ev {
@@ -357,6 +464,7 @@ impl Ev {
             parent: AtomicU64::new(0),
             parent_gen: AtomicU32::new(0),
             proxy: std::sync::Mutex::new(LinkAgg::default()),
+            step: std::sync::Mutex::new(StepT::default()),
         }
     }
 }
@@ -505,6 +613,8 @@ unsafe fn start(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8, t: u64) -> 
             ev::KERNEL_CH => unsafe { start_channel(d) },
             // SAFETY: as above.
             ev::PROXY_OP => unsafe { start_proxy(d) },
+            // SAFETY: as above.
+            ev::PROXY_STEP => unsafe { start_step(d) },
             _ => std::ptr::null_mut(),
         }
     });
@@ -663,7 +773,27 @@ unsafe fn start_proxy(d: *const u8) -> *mut c_void {
         bytes: steps.max(0) as u64 * chunk.max(0) as u64,
         steps: steps.max(0) as u32,
         channels: 1,
+        ..LinkAgg::default()
     };
+    e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
+    e.parent_gen
+        .store(p.generation.load(Ordering::Acquire), Ordering::Release);
+    e as *const Ev as *mut c_void
+}
+
+/// # Safety
+/// `d` is a `ProxyStep` descriptor.
+unsafe fn start_step(d: *const u8) -> *mut c_void {
+    // SAFETY: header offsets (v4 … v7): parentObj at 8 (the step's proxy operation).
+    let parent = unsafe { rd::<*mut c_void>(d, PARENT) };
+    // Steps of a proxy operation left out (PXN, or a full pool) are left out too.
+    let Some(p) = event(parent).filter(|p| p.kind.load(Ordering::Acquire) == kind::PROXY) else {
+        return std::ptr::null_mut();
+    };
+    let Some(e) = claim(kind::STEP) else {
+        return std::ptr::null_mut();
+    };
+    *e.step.lock().unwrap_or_else(|x| x.into_inner()) = StepT::default();
     e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
     e.parent_gen
         .store(p.generation.load(Ordering::Acquire), Ordering::Release);
@@ -694,26 +824,62 @@ unsafe fn start_channel(d: *const u8) -> *mut c_void {
 unsafe extern "C" fn record_state(h: *mut c_void, state: c_int, args: *const u8) -> c_int {
     let _ = std::panic::catch_unwind(|| {
         let Some(e) = event(h) else { return };
-        if state != KERNEL_CH_STOP
-            || args.is_null()
-            || e.kind.load(Ordering::Acquire) != kind::CHANNEL
-        {
-            return;
-        }
-        // SAFETY: `kernelCh.pTimer` is the union's first field in v4 … v7 state arguments.
-        let ptimer = unsafe { rd::<u64>(args, 0) };
-        observe_gpu_time(ptimer);
-        if let Some(p) = parent_of(e) {
-            p.k_end.fetch_max(ptimer, Ordering::Relaxed);
+        match e.kind.load(Ordering::Acquire) {
+            kind::CHANNEL if state == st::KERNEL_CH_STOP && !args.is_null() => {
+                // SAFETY: `kernelCh.pTimer` is the union's first field in v4 … v7 state
+                // arguments.
+                let ptimer = unsafe { rd::<u64>(args, 0) };
+                observe_gpu_time(ptimer);
+                if let Some(p) = parent_of(e, kind::OP) {
+                    p.k_end.fetch_max(ptimer, Ordering::Relaxed);
+                }
+            }
+            kind::STEP => {
+                let t = now_mono();
+                // SAFETY: `proxyStep.transSize` (a size_t) is the union's first field.
+                let size = if args.is_null() {
+                    0
+                } else {
+                    unsafe { rd::<usize>(args, 0) as u64 }
+                };
+                let mut s = e.step.lock().unwrap_or_else(|x| x.into_inner());
+                let first = |f: &mut u64| {
+                    if *f == 0 {
+                        *f = t;
+                    }
+                };
+                match state {
+                    st::SEND_GPU_WAIT => first(&mut s.gpu_wait),
+                    st::SEND_PEER_WAIT => first(&mut s.peer_wait),
+                    st::SEND_WAIT => {
+                        first(&mut s.net);
+                        s.bytes = size;
+                    }
+                    st::RECV_WAIT => first(&mut s.net),
+                    st::RECV_FLUSH_WAIT => {
+                        first(&mut s.flush);
+                        s.bytes = size;
+                    }
+                    st::RECV_GPU_WAIT => {
+                        first(&mut s.gpu_wait);
+                        if s.bytes == 0 {
+                            s.bytes = size;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
         }
     });
     SUCCESS
 }
 
-fn parent_of(e: &Ev) -> Option<&'static Ev> {
+/// The live parent of `e`, of kind `k` (none when it was finished and reused since).
+fn parent_of(e: &Ev, k: u8) -> Option<&'static Ev> {
     let p = event(e.parent.load(Ordering::Relaxed) as *mut c_void)?;
     (p.generation.load(Ordering::Acquire) == e.parent_gen.load(Ordering::Acquire)
-        && p.kind.load(Ordering::Acquire) == kind::OP)
+        && p.kind.load(Ordering::Acquire) == k)
         .then_some(p)
 }
 
@@ -727,7 +893,7 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
                 maybe_finish(e);
             }
             kind::CHANNEL => {
-                let p = parent_of(e);
+                let p = parent_of(e, kind::OP);
                 release(e);
                 if let Some(p) = p {
                     p.channels_stopped.fetch_add(1, Ordering::AcqRel);
@@ -737,7 +903,7 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
             kind::PROXY => {
                 let mut l = *e.proxy.lock().unwrap_or_else(|x| x.into_inner());
                 l.t_end = now_mono();
-                let p = parent_of(e);
+                let p = parent_of(e, kind::OP);
                 release(e);
                 if let Some(p) = p {
                     {
@@ -746,17 +912,25 @@ unsafe extern "C" fn stop_event(h: *mut c_void) -> c_int {
                             .iter_mut()
                             .find(|a| a.peer == l.peer && a.send == l.send)
                         {
-                            a.t_start = a.t_start.min(l.t_start);
-                            a.t_end = a.t_end.max(l.t_end);
-                            a.bytes += l.bytes;
-                            a.steps += l.steps;
-                            a.channels = a.channels.saturating_add(1);
+                            a.fold(&l);
                         } else if links.len() < LINKS_MAX {
                             links.push(l);
                         }
                     }
                     p.proxies_open.fetch_sub(1, Ordering::AcqRel);
                     maybe_finish(p);
+                }
+            }
+            kind::STEP => {
+                let t = now_mono();
+                let s = *e.step.lock().unwrap_or_else(|x| x.into_inner());
+                let p = parent_of(e, kind::PROXY);
+                release(e);
+                if let Some(p) = p {
+                    p.proxy
+                        .lock()
+                        .unwrap_or_else(|x| x.into_inner())
+                        .step(&s, t);
                 }
             }
             _ => {}
@@ -829,6 +1003,11 @@ fn finish(e: &'static Ev) {
                     t_end: l.t_end,
                     rank: call.rank,
                     comm_rank: call.comm_rank,
+                    net_ns: l.net_ns,
+                    gpu_wait_ns: l.gpu_wait_ns,
+                    peer_wait_ns: l.peer_wait_ns,
+                    xfer_bytes: l.xfer_bytes,
+                    steps_done: l.steps_done,
                 },
             ));
         }
