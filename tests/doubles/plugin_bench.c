@@ -61,6 +61,7 @@ int main(int argc, char **argv) {
     const char *func = "AllReduce", *dt = "ncclFloat32", *algo = "RING", *proto = "SIMPLE";
     int pid = (int)getpid();
     long callbacks = 0;
+    uint64_t app = 0; /* time in the callbacks NCCL makes on the application's thread */
     uint64_t t0 = now_ns();
     for (long i = 0; i < ops; i++) {
         void *coll = NULL;
@@ -75,8 +76,10 @@ int main(int argc, char **argv) {
         descr[81] = 8;
         memcpy(descr + 88, &algo, 8);
         memcpy(descr + 96, &proto, 8);
+        uint64_t a = now_ns();
         p->startEvent(ctx, &coll, descr);
         p->stopEvent(coll);
+        app += now_ns() - a;
         callbacks += 2;
         for (int ch = 0; ch < 2; ch++) {
             void *k = NULL, *px[2] = {NULL, NULL};
@@ -125,7 +128,8 @@ int main(int argc, char **argv) {
         }
     }
     uint64_t t = now_ns() - t0;
-    printf("plugin: %.1f ns per operation, %.1f ns per callback (%ld operations, %ld callbacks each)\n",
-           (double)t / (double)ops, (double)t / (double)callbacks, ops, callbacks / ops);
+    printf("plugin: %.1f ns per operation, %.1f ns per callback (%ld operations, %ld callbacks each); "
+           "on the application's thread (Coll start and stop, incl. 2 clock reads): %.1f ns\n",
+           (double)t / (double)ops, (double)t / (double)callbacks, ops, callbacks / ops, (double)app / (double)ops);
     return 0;
 }
