@@ -141,6 +141,11 @@ impl Links {
         }
     }
 
+    /// The global rank of `comm_rank` in `comm`, once a link record of it was seen.
+    pub fn global_rank(&self, comm: u64, comm_rank: i32) -> Option<i32> {
+        self.members.get(&(comm, comm_rank)).copied()
+    }
+
     /// Updates every link's state at `now_s`; returns the slow ones' keys.
     fn evaluate(&mut self, now_s: f64) -> Vec<Key> {
         let t = self.tuning.clone();

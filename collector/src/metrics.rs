@@ -23,6 +23,8 @@ use crate::state::{BUCKETS, JobState, OpStats, now_ns};
 
 /// Communicators with their own series per job.
 pub const MAX_COMM_SERIES: usize = 32;
+/// Node pairs per job with their own link series; the rest are summed under `other`.
+pub const MAX_LINK_SERIES: usize = 64;
 /// Ranks with their own series per job.
 pub const MAX_RANK_SERIES: usize = 4096;
 
@@ -453,6 +455,96 @@ pub fn render(s: &Shared) -> String {
         "Moving average of the calls' bus bandwidth (nccl-tests factors; 0 on one rank).",
     );
     o.push_str(&busbw);
+
+    // Per (job, sending node, receiving node): NCCL's step-timed proxy sends.
+    let mut lbytes = String::new();
+    let mut lnet = String::new();
+    let mut lwait = String::new();
+    for j in &jobs {
+        if j.links.is_empty() {
+            continue;
+        }
+        let node_of: std::collections::HashMap<i32, &str> = j
+            .ranks
+            .values()
+            .map(|r| (r.rank, r.node.as_str()))
+            .collect();
+        let mut pairs: std::collections::BTreeMap<(String, String), crate::state::LinkTotals> =
+            Default::default();
+        for (&(comm, src, peer), t) in &j.links {
+            let dst = j.detectors.links.global_rank(comm, peer);
+            let name = |r: Option<i32>| {
+                r.and_then(|r| node_of.get(&r).copied())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("unknown")
+                    .to_owned()
+            };
+            let e = pairs.entry((name(Some(src)), name(dst))).or_default();
+            e.bytes += t.bytes;
+            e.net_ns += t.net_ns;
+            e.gpu_wait_ns += t.gpu_wait_ns;
+            e.peer_wait_ns += t.peer_wait_ns;
+        }
+        let mut pairs: Vec<_> = pairs.into_iter().collect();
+        pairs.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
+        let mut rest = crate::state::LinkTotals::default();
+        let job = esc(&j.job);
+        for (i, ((src, dst), t)) in pairs.iter().enumerate() {
+            if i >= MAX_LINK_SERIES {
+                rest.bytes += t.bytes;
+                rest.net_ns += t.net_ns;
+                rest.gpu_wait_ns += t.gpu_wait_ns;
+                continue;
+            }
+            let l = format!("job_id=\"{job}\",src=\"{}\",dst=\"{}\"", esc(src), esc(dst));
+            let _ = writeln!(lbytes, "commscope_link_bytes_total{{{l}}} {}", t.bytes);
+            let _ = writeln!(
+                lnet,
+                "commscope_link_network_seconds_total{{{l}}} {:.6}",
+                t.net_ns as f64 / 1e9
+            );
+            let _ = writeln!(
+                lwait,
+                "commscope_link_gpu_wait_seconds_total{{{l}}} {:.6}",
+                t.gpu_wait_ns as f64 / 1e9
+            );
+        }
+        if pairs.len() > MAX_LINK_SERIES {
+            let l = format!("job_id=\"{job}\",src=\"other\",dst=\"other\"");
+            let _ = writeln!(lbytes, "commscope_link_bytes_total{{{l}}} {}", rest.bytes);
+            let _ = writeln!(
+                lnet,
+                "commscope_link_network_seconds_total{{{l}}} {:.6}",
+                rest.net_ns as f64 / 1e9
+            );
+            let _ = writeln!(
+                lwait,
+                "commscope_link_gpu_wait_seconds_total{{{l}}} {:.6}",
+                rest.gpu_wait_ns as f64 / 1e9
+            );
+        }
+    }
+    family(
+        &mut o,
+        "commscope_link_bytes_total",
+        "counter",
+        "Bytes NCCL's proxy sent from one node to another (profiler plugin, proxy steps).",
+    );
+    o.push_str(&lbytes);
+    family(
+        &mut o,
+        "commscope_link_network_seconds_total",
+        "counter",
+        "Channel-seconds those sends were on the network; bytes over it is the link's per-channel rate.",
+    );
+    o.push_str(&lnet);
+    family(
+        &mut o,
+        "commscope_link_gpu_wait_seconds_total",
+        "counter",
+        "Channel-seconds those sends waited for the GPU to produce their data.",
+    );
+    o.push_str(&lwait);
 
     // Per (job, rank).
     let now = now_ns();

@@ -250,7 +250,21 @@ pub struct JobState {
     /// How far the records' own time trailed arrival at the latest call (ns): the detectors run
     /// on record time, and a quiet job's clock moves on with arrival time less this.
     pub lag_ns: u64,
+    /// Step-timed sends of NCCL's proxy per (comm, sender's global rank, receiver's comm rank).
+    pub links: HashMap<(u64, i32, i32), LinkTotals>,
 }
+
+/// What one link's step-timed sends moved, and where their time went (ns).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkTotals {
+    pub bytes: u64,
+    pub net_ns: u64,
+    pub gpu_wait_ns: u64,
+    pub peer_wait_ns: u64,
+}
+
+/// Links a job keeps totals for (new ones beyond are left out of the metrics).
+const MAX_LINKS: usize = 65_536;
 
 impl JobState {
     fn new(job: &str, now_ns: u64) -> JobState {
@@ -271,6 +285,7 @@ impl JobState {
             released_at: 0,
             sampled_out: 0,
             sampled_comms: 0,
+            links: HashMap::new(),
             lag_ns: 0,
         }
     }
@@ -577,7 +592,19 @@ impl State {
                         comm.local_id = true;
                     }
                 }
-                Record::Link(l) => job.detectors.link(l, at(l.t_end)),
+                Record::Link(l) => {
+                    job.detectors.link(l, at(l.t_end));
+                    if l.flags & flags::LINK_SEND != 0 && l.step_timed() {
+                        let key = (l.comm_id, l.rank, l.peer);
+                        if job.links.len() < MAX_LINKS || job.links.contains_key(&key) {
+                            let t = job.links.entry(key).or_default();
+                            t.bytes += l.xfer_bytes;
+                            t.net_ns += l.net_ns;
+                            t.gpu_wait_ns += l.gpu_wait_ns;
+                            t.peer_wait_ns += l.peer_wait_ns;
+                        }
+                    }
+                }
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;

@@ -164,6 +164,13 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
         }
         *seen = key;
         let p2p = commscope_wire::op::Op::from_code(e.op).is_p2p();
+        // The slot has no room for the library: work waiting for its GPU, or any call of a
+        // process without MPI, is NCCL's (or RCCL's).
+        let lib = if e.status == commscope_wire::shm::in_flight_status::ON_GPU || !shim.mpi {
+            crate::nccl::library_code()
+        } else {
+            commscope_wire::op::lib::MPI
+        };
         shim.push(&Record::Enter(Call {
             op: e.op,
             flags: e.flags,
@@ -178,6 +185,7 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
             comm_rank: e.comm_rank,
             peer2: -1,
             tag2: -1,
+            lib,
             ..Default::default()
         }));
     }
