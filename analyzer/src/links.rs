@@ -64,7 +64,8 @@ struct LinkSt {
     src: i32,
     dst: Option<i32>,
     op: u8,
-    rates: VecDeque<f64>,
+    /// The last `window` judged operations: (rate, network ns).
+    rates: VecDeque<(f64, u64)>,
     ops: u64,
     xfer_bytes: u64,
     net_ns: u64,
@@ -134,7 +135,7 @@ impl Links {
         s.peer_wait_ns += l.peer_wait_ns;
         s.last_s = s.last_s.max(now_s);
         if l.xfer_bytes >= t.min_bytes {
-            s.rates.push_back(rate);
+            s.rates.push_back((rate, l.net_ns));
             while s.rates.len() > t.window.max(1) {
                 s.rates.pop_front();
             }
@@ -153,7 +154,7 @@ impl Links {
         let mut by_comm: BTreeMap<u64, Vec<(i32, i32, f64)>> = BTreeMap::new();
         for (&(comm, a, b), s) in &self.links {
             if s.rates.len() >= need && now_s - s.last_s <= t.stale_s {
-                let mut r: Vec<f64> = s.rates.iter().copied().collect();
+                let mut r: Vec<f64> = s.rates.iter().map(|x| x.0).collect();
                 by_comm
                     .entry(comm)
                     .or_default()
@@ -241,7 +242,8 @@ impl Links {
                 .iter()
                 .filter_map(|k| self.links[k].slow_since)
                 .fold(f64::INFINITY, f64::min);
-            let per_op_ms = s.net_ns as f64 / s.ops.max(1) as f64 / 1e6;
+            let per_op_ms =
+                s.rates.iter().map(|x| x.1 as f64).sum::<f64>() / s.rates.len().max(1) as f64 / 1e6;
             let place = if sn.is_empty() || dn.is_empty() {
                 format!("rank {src} → rank {dst}")
             } else if sn == dn {
@@ -283,7 +285,7 @@ impl Links {
                 resolved_at: None,
                 confidence: 0.85,
                 summary: format!(
-                    "link {place} moves {} while it has data on the network, {:.0} % of the {} of communicator {}'s other links ({} {} sends, {:.1} ms on the network per operation) — every collective on that ring runs at its pace: {advice}",
+                    "link {place} moves {} while it has data on the network, {:.0} % of the {} of communicator {}'s other links ({} {} sends so far; lately {:.1} ms on the network per operation) — every collective on that ring runs at its pace: {advice}",
                     fmt_rate(s.rate),
                     100.0 * s.rate / s.others.max(f64::MIN_POSITIVE),
                     fmt_rate(s.others),

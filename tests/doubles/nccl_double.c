@@ -30,9 +30,9 @@
  * ProxyStep asked for, each step goes through NCCL's states (send: SendGPUWait, SendPeerWait,
  * SendWait with transSize, stop; receive: RecvWait, RecvGPUWait with transSize, stop).
  *
- * A slow link: TESTDOUBLE_NCCL_SLOW_LINK="SRC:DST:FACTOR" (communicator ranks, DST the next rank
- * of SRC's ring) makes every collective of a communicator with that link take FACTOR times
- * longer, as a ring runs at its slowest link's pace: SRC's send steps spend the extra time on
+ * A slow link: TESTDOUBLE_NCCL_SLOW_LINK="SRC:DST:FACTOR[:AFTER]" (communicator ranks, DST the
+ * next rank of SRC's ring) makes every collective of a communicator with that link, from its
+ * operation AFTER (default 0) on, take FACTOR times longer, as a ring runs at its slowest link's pace: SRC's send steps spend the extra time on
  * the network, every other rank's send steps spend it waiting for their GPU (for data from
  * upstream).
  */
@@ -297,20 +297,24 @@ static void prof_state(void *h, int state, uint64_t trans_size) {
 /* TESTDOUBLE_NCCL_SLOW_LINK: the slow link's sender, its receiver and factor (or factor 1). */
 static int slow_src = -1, slow_dst = -1;
 static double slow_factor = 1.0;
+static uint64_t slow_after; /* the communicator's operation index from which the link is slow */
 static pthread_once_t slow_once = PTHREAD_ONCE_INIT;
 static void slow_load(void) {
     const char *s = getenv("TESTDOUBLE_NCCL_SLOW_LINK");
-    if (s && sscanf(s, "%d:%d:%lf", &slow_src, &slow_dst, &slow_factor) != 3) slow_factor = 1.0;
+    unsigned long long after = 0;
+    int n = s ? sscanf(s, "%d:%d:%lf:%llu", &slow_src, &slow_dst, &slow_factor, &after) : 0;
+    if (n < 3) slow_factor = 1.0;
+    slow_after = after;
     if (slow_factor < 1.0) slow_factor = 1.0;
 }
 
 /* Transfers one collective's bytes over the ring, step by step, reporting the proxy's steps. */
-static void ring_transfer(struct ncclComm *c, void *send_px, void *recv_px, uint64_t bytes) {
+static void ring_transfer(struct ncclComm *c, uint64_t k, void *send_px, void *recv_px, uint64_t bytes) {
     enum { STEPS = 4 };
     pthread_once(&slow_once, slow_load);
     int n = c->nranks, me = c->rank;
     double base = (double)bytes / gbps();
-    int slow_ring = slow_factor > 1.0 && slow_src < n && slow_dst == (slow_src + 1) % n;
+    int slow_ring = slow_factor > 1.0 && slow_src < n && slow_dst == (slow_src + 1) % n && k >= slow_after;
     double total = slow_ring ? base * slow_factor : base;
     uint64_t on_wire = (uint64_t)((me == slow_src && slow_ring ? total : base) / STEPS);
     uint64_t gpu_wait = (uint64_t)(total / STEPS) - on_wire;
@@ -567,7 +571,7 @@ static void run_batch(void *p) {
     for (int i = 0; i < b->n; i++) {
         struct op *o = &b->ops[i];
         if (o->kind == COLL && o->comm->nranks > 1 && i < 64)
-            ring_transfer(o->comm, px[i][0], px[i][1], o->bytes);
+            ring_transfer(o->comm, o->k, px[i][0], px[i][1], o->bytes);
         else
             bytes += o->bytes;
     }

@@ -724,12 +724,13 @@ fn check_link_view(dir: &Path, world: u64) -> BTreeMap<i32, Vec<Link>> {
 #[test]
 fn the_plugin_times_each_links_proxy_steps_and_names_a_slow_link() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    // Plugin alone; the link from rank 2 to rank 3 is 8 times slower.
+    // Plugin alone; from the 6th all-reduce on, the link from rank 2 to rank 3 is 8 times
+    // slower (so the communicator's bandwidth drops too: the degraded collective is the link's).
     let (dir, world) = ring_job(
         tmp.path(),
         "nccl-slow-link",
         false,
-        &[("TESTDOUBLE_NCCL_SLOW_LINK", "2:3:8")],
+        &[("TESTDOUBLE_NCCL_SLOW_LINK", "2:3:8:5")],
     );
     let links = check_link_view(&dir, world);
     let sends = |rank: i32| -> Vec<&Link> {
