@@ -1033,3 +1033,70 @@ pub fn sweep(now: u64) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_step(gpu_wait: u64, ready: u64, net: u64) -> StepT {
+        StepT {
+            gpu_wait,
+            peer_wait: ready,
+            net,
+            flush: 0,
+            bytes: 100,
+        }
+    }
+
+    #[test]
+    fn overlapping_send_steps_count_network_time_once() {
+        let mut l = LinkAgg {
+            send: true,
+            ..LinkAgg::default()
+        };
+        // Four steps posted together at 10; data ready at 20, 30, 40, 50; each on the network
+        // from 1 after ready for 25 (so up to three overlap); completed in order.
+        for k in 0..4u64 {
+            let ready = 20 + 10 * k;
+            l.step(&send_step(10, ready, ready + 1), ready + 26);
+        }
+        assert_eq!(l.steps_done, 4);
+        assert_eq!(l.xfer_bytes, 400);
+        // Network: [21, 46] ∪ [31, 56] ∪ [41, 66] ∪ [51, 76] = [21, 76].
+        assert_eq!(l.net_ns, 55);
+        // GPU wait: [10, 20] ∪ … ∪ [10, 50] = [10, 50].
+        assert_eq!(l.gpu_wait_ns, 40);
+        // 1 between ready and posted, per step.
+        assert_eq!(l.peer_wait_ns, 4);
+    }
+
+    #[test]
+    fn receive_steps_split_network_and_gpu_waits_and_gaps_are_not_counted() {
+        let mut l = LinkAgg::default();
+        // Posted at 0, data at 10 (no flush), drained by 12; the next posted at 50, flushed at
+        // 70, handed to the GPU at 75, drained at 80.
+        l.step(
+            &StepT {
+                net: 1,
+                gpu_wait: 10,
+                bytes: 7,
+                ..StepT::default()
+            },
+            12,
+        );
+        l.step(
+            &StepT {
+                net: 50,
+                flush: 70,
+                gpu_wait: 75,
+                bytes: 9,
+                ..StepT::default()
+            },
+            80,
+        );
+        assert_eq!((l.net_ns, l.gpu_wait_ns, l.xfer_bytes), (9 + 20, 2 + 5, 16));
+        // A step with no state recorded moves no time.
+        l.step(&StepT::default(), 90);
+        assert_eq!((l.net_ns, l.gpu_wait_ns, l.steps_done), (29, 7, 3));
+    }
+}
