@@ -33,6 +33,12 @@ pub struct CommSummary {
     /// Calls per op that carry a GPU interval (NCCL calls timed with CUDA events).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub gpu_timed: BTreeMap<String, u64>,
+    /// Calls per op captured into a CUDA graph (their capture: no GPU interval), and records of
+    /// graph launches that ran them again (GPU interval of the whole graph).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub graph_captured: BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub graph_launches: BTreeMap<String, u64>,
     /// Mean duration per op in µs (GPU interval where there is one, else time inside the call).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub mean_duration_us: BTreeMap<String, f64>,
@@ -163,6 +169,8 @@ fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSumma
         busbw_gbps: BTreeMap::new(),
         algbw_gbps: BTreeMap::new(),
         gpu_timed: BTreeMap::new(),
+        graph_captured: BTreeMap::new(),
+        graph_launches: BTreeMap::new(),
         mean_duration_us: BTreeMap::new(),
         dur: BTreeMap::new(),
         bw: BTreeMap::new(),
@@ -234,6 +242,11 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     *cs.bytes.entry(op.name().to_owned()).or_default() += c.bytes;
                     if c.has_gpu_time() {
                         *cs.gpu_timed.entry(op.name().to_owned()).or_default() += 1;
+                    }
+                    if c.graph_replay() {
+                        *cs.graph_launches.entry(op.name().to_owned()).or_default() += 1;
+                    } else if c.graph_captured() {
+                        *cs.graph_captured.entry(op.name().to_owned()).or_default() += 1;
                     }
                     if !c.graph_captured() {
                         let d = cs.dur.entry(op.name().to_owned()).or_default();
@@ -436,9 +449,22 @@ pub fn render_text(s: &Summary) -> String {
         let ops: Vec<String> = c
             .ops
             .iter()
-            .map(|(op, n)| match c.busbw_gbps.get(op) {
-                Some(bw) if c.size > 1 => format!("{op} {n} (busbw {})", gbps(*bw)),
-                _ => format!("{op} {n}"),
+            .map(|(op, n)| {
+                let mut notes: Vec<String> = Vec::new();
+                if let Some(bw) = c.busbw_gbps.get(op).filter(|_| c.size > 1) {
+                    notes.push(format!("busbw {}", gbps(*bw)));
+                }
+                if let Some(k) = c.graph_captured.get(op) {
+                    notes.push(format!("{k} captured into CUDA graphs"));
+                }
+                if let Some(k) = c.graph_launches.get(op) {
+                    notes.push(format!("{k} run by graph launches"));
+                }
+                if notes.is_empty() {
+                    format!("{op} {n}")
+                } else {
+                    format!("{op} {n} ({})", notes.join(", "))
+                }
             })
             .collect();
         let local = if c.local_id {

@@ -392,6 +392,7 @@ pub fn render(s: &Shared) -> String {
                 if i >= MAX_COMM_SERIES {
                     let e = other.entry(*op).or_default();
                     e.calls += s.calls;
+                    e.timed += s.timed;
                     e.bytes += s.bytes;
                     e.duration_sum_s += s.duration_sum_s;
                     e.bus_bytes += s.bus_bytes;
@@ -430,7 +431,7 @@ pub fn render(s: &Shared) -> String {
         &mut o,
         "commscope_collective_duration_seconds",
         "histogram",
-        "Duration of completed calls: their GPU interval when they have one (NCCL), else the time inside the call.",
+        "Duration of completed calls: their GPU interval when they have one (NCCL), else the time inside the call (calls captured into or replayed by CUDA graphs are not timed).",
     );
     o.push_str(&hist);
     let [bus, alg, busbw] = bw;
@@ -654,7 +655,7 @@ fn series(
     let _ = writeln!(
         hist,
         "commscope_collective_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-        s.calls
+        s.timed
     );
     let _ = writeln!(
         hist,
@@ -664,6 +665,6 @@ fn series(
     let _ = writeln!(
         hist,
         "commscope_collective_duration_seconds_count{{{labels}}} {}",
-        s.calls
+        s.timed
     );
 }

@@ -48,6 +48,9 @@ pub const BUCKETS: [f64; 14] = [
 #[derive(Clone, Debug, Default)]
 pub struct OpStats {
     pub calls: u64,
+    /// Calls whose duration counts (not those captured into, or replayed by, a CUDA graph: their
+    /// time is the capture's, or the whole graph's): the histogram's count.
+    pub timed: u64,
     pub bytes: u64,
     /// Σ bytes × the op's bus-bandwidth factor (nccl-tests): over `duration_sum_s`, the mean bus
     /// bandwidth.
@@ -56,7 +59,7 @@ pub struct OpStats {
     pub algbw_avg: f64,
     pub busbw_avg: f64,
     pub duration_sum_s: f64,
-    /// Cumulative counts per bucket of [`BUCKETS`] (plus +Inf = `calls`).
+    /// Cumulative counts per bucket of [`BUCKETS`] (plus +Inf = `timed`).
     pub buckets: [u64; BUCKETS.len()],
 }
 
@@ -563,33 +566,37 @@ impl State {
                         let p = comm.progress.entry(c.rank).or_insert(0);
                         *p = (*p).max(c.seq + 1);
                     }
+                    if c.flags & flags::LOCAL_COMM_ID != 0 {
+                        comm.local_id = true;
+                    }
                     let s = comm.ops.entry(c.op).or_default();
                     s.calls += 1;
                     s.bytes += c.bytes;
-                    let d = c.span_ns() as f64 / 1e9;
-                    s.duration_sum_s += d;
-                    if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size) {
-                        s.bus_bytes += c.bytes as f64 * f;
-                    }
-                    if let (Some(a), Some(b)) = (c.algbw(), c.busbw()) {
-                        const W: f64 = 0.05;
-                        if s.algbw_avg == 0.0 {
-                            (s.algbw_avg, s.busbw_avg) = (a, b);
-                        } else {
-                            s.algbw_avg += W * (a - s.algbw_avg);
-                            s.busbw_avg += W * (b - s.busbw_avg);
+                    // A call captured into (or replayed by) a CUDA graph is counted, not timed.
+                    if !c.graph_captured() {
+                        s.timed += 1;
+                        let d = c.span_ns() as f64 / 1e9;
+                        s.duration_sum_s += d;
+                        if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size) {
+                            s.bus_bytes += c.bytes as f64 * f;
                         }
-                    }
-                    if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
-                        comm.max_duration_s = comm.max_duration_s.max(d);
-                    }
-                    for (i, b) in BUCKETS.iter().enumerate() {
-                        if d <= *b {
-                            s.buckets[i] += 1;
+                        if let (Some(a), Some(b)) = (c.algbw(), c.busbw()) {
+                            const W: f64 = 0.05;
+                            if s.algbw_avg == 0.0 {
+                                (s.algbw_avg, s.busbw_avg) = (a, b);
+                            } else {
+                                s.algbw_avg += W * (a - s.algbw_avg);
+                                s.busbw_avg += W * (b - s.busbw_avg);
+                            }
                         }
-                    }
-                    if c.flags & flags::LOCAL_COMM_ID != 0 {
-                        comm.local_id = true;
+                        if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
+                            comm.max_duration_s = comm.max_duration_s.max(d);
+                        }
+                        for (i, b) in BUCKETS.iter().enumerate() {
+                            if d <= *b {
+                                s.buckets[i] += 1;
+                            }
+                        }
                     }
                 }
                 Record::Link(l) => {

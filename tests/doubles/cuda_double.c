@@ -10,7 +10,8 @@
  *   a GPU timestamp), busy "kernels" (testdouble_cuda_launch_busy), and host functions
  *   (cuLaunchHostFunc) that the NCCL double uses to wait for its peers;
  * - stream capture: between cuStreamBeginCapture and cuStreamEndCapture work is collected into a
- *   graph instead of running; cuGraphLaunch replays it. An event recorded on a capturing stream
+ *   graph instead of running (each capture with its own id: cuStreamGetCaptureInfo_v2);
+ *   cuGraphLaunch replays it. An event recorded on a capturing stream
  *   is counted as a capture violation (testdouble_cuda_capture_violations) — the shim must never
  *   cause one.
  *
@@ -70,6 +71,7 @@ struct stream {
     int running; /* an item is being executed */
     int capturing;
     struct graph *capture;
+    unsigned long long capture_id;
     pthread_t worker;
     int started;
 };
@@ -198,8 +200,10 @@ CUresult cuStreamBeginCapture_v2(uintptr_t stream, int mode) {
     struct stream *s = stream_of(stream);
     if (!s || stream <= 2) return CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&s->mu);
+    static unsigned long long next_capture_id;
     s->capturing = 1;
     s->capture = calloc(1, sizeof(struct graph));
+    s->capture_id = __atomic_add_fetch(&next_capture_id, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&s->mu);
     return OK;
 }
@@ -220,6 +224,18 @@ CUresult cuStreamIsCapturing(uintptr_t stream, int *status) {
     return OK;
 }
 CUresult cuThreadExchangeStreamCaptureMode(int *mode) { (void)mode; return OK; }
+/* Status and the capture's unique id (the other outputs are optional and left alone). */
+CUresult cuStreamGetCaptureInfo_v2(uintptr_t stream, int *status, unsigned long long *id, void *graph,
+                                   void *deps, void *ndeps) {
+    (void)graph; (void)deps; (void)ndeps;
+    struct stream *s = stream_of(stream);
+    if (!s || !status) return INVALID_HANDLE;
+    pthread_mutex_lock(&s->mu);
+    *status = s->capturing ? 1 : 0;
+    if (id && s->capturing) *id = s->capture_id;
+    pthread_mutex_unlock(&s->mu);
+    return OK;
+}
 
 /* Replays a captured graph on a stream (a graph is its own executable here). */
 CUresult cuGraphInstantiateWithFlags(uintptr_t *exec, uintptr_t graph, unsigned long long flags) {
@@ -227,6 +243,9 @@ CUresult cuGraphInstantiateWithFlags(uintptr_t *exec, uintptr_t graph, unsigned 
     *exec = graph;
     return OK;
 }
+/* Kept: a graph is its own executable here, and its items may still be queued. */
+CUresult cuGraphExecDestroy(uintptr_t exec) { return exec ? OK : INVALID_HANDLE; }
+CUresult cuGraphDestroy(uintptr_t graph) { return graph ? OK : INVALID_HANDLE; }
 CUresult cuGraphLaunch(uintptr_t exec, uintptr_t stream) {
     struct stream *s = stream_of(stream);
     struct graph *g = (struct graph *)exec;

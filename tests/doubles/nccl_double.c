@@ -53,6 +53,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 typedef int CUresult;
 typedef void (*CUhostFn)(void *);
 extern CUresult cuLaunchHostFunc(uintptr_t stream, CUhostFn fn, void *arg);
+extern CUresult cuStreamIsCapturing(uintptr_t stream, int *status);
 
 enum { ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
        ncclRemoteError = 6 };
@@ -513,6 +514,7 @@ struct op {
     int peer;
     uint64_t bytes;
     void *ph;        /* the profiler's Coll/P2p event */
+    int graph;       /* captured into a CUDA graph: a new collective each time the graph runs */
 };
 
 struct batch {
@@ -566,6 +568,12 @@ static void run_batch(void *p) {
             px[i][0] = prof_proxy_start(o->comm, o->ph, o->peer, o->kind == SEND, o->bytes);
         }
     }
+    /* A collective in a CUDA graph is a new instance at every launch, numbered when it runs (so
+     * a communicator must not get other work while a launch of it is pending; the jobs here
+     * synchronize). The capture's own number is skipped alike on every rank. */
+    for (int i = 0; i < b->n; i++)
+        if (b->ops[i].graph && b->ops[i].kind == COLL)
+            b->ops[i].k = __atomic_fetch_add(&b->ops[i].comm->ops, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < b->n; i++) post(&b->ops[i]);
     for (int i = 0; i < b->n; i++) await(&b->ops[i]);
     for (int i = 0; i < b->n; i++) {
@@ -615,6 +623,8 @@ static ncclResult_t enqueue(struct op o, uintptr_t stream) {
     /* TESTDOUBLE_NCCL_NOOP=1 (benchmarks): operations complete at once, nothing is queued. */
     if (noop_mode < 0) noop_mode = getenv("TESTDOUBLE_NCCL_NOOP") != NULL;
     if (noop_mode) return ncclSuccess;
+    int capturing = 0;
+    if (cuStreamIsCapturing(stream, &capturing) == 0 && capturing) o.graph = 1;
     struct pending p = {o, stream};
     if (group_depth > 0) {
         if (group_n == group_cap) {
@@ -630,7 +640,7 @@ static ncclResult_t enqueue(struct op o, uintptr_t stream) {
 static ncclResult_t coll(ncclComm_t c, uint64_t bytes, uintptr_t stream, int fn, const char *func, size_t count,
                          int dt, int root) {
     if (!c) return ncclInvalidArgument;
-    struct op o = {COLL, c, c->ops++, -1, bytes, NULL};
+    struct op o = {COLL, c, __atomic_fetch_add(&c->ops, 1, __ATOMIC_RELAXED), -1, bytes, NULL, 0};
     o.ph = prof_op(c, 0, fn, func, count, dt, root);
     return enqueue(o, stream);
 }

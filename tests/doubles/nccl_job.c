@@ -7,10 +7,13 @@
  *                ncclBcast (which NCCL implements by calling ncclBroadcast), reduce, all-gather,
  *                reduce-scatter, all-to-all, a group of two all-reduces, a group ring of
  *                send/recv, a split into even/odd ranks with an all-reduce on each half, and an
- *                all-reduce captured into a CUDA graph that is then launched 3 times.
+ *                all-reduce captured into a CUDA graph that is then launched 3 times (then the
+ *                graph is destroyed).
  *   slow R [N]   N (20) all-reduces; rank R computes 30 ms before each where the others compute 2 ms.
  *   ring N C     N all-reduces of C floats, 1 ms of "compute" before each (for the link view:
  *                TESTDOUBLE_NCCL_SLOW_LINK throttles one link of the ring).
+ *   graphhang R  an all-reduce captured into a CUDA graph, the graph launched 5 times; then rank R
+ *                sleeps while the others launch it once more and wait for their stream.
  *   hang R       10 all-reduces; then rank R sleeps while the others issue one more and wait
  *                for their stream, which never finishes.
  *   async R      5 all-reduces, then 1.5 s of idling (the double reports ncclRemoteError on
@@ -58,6 +61,8 @@ int cuStreamBeginCapture_v2(stream_t, int);
 int cuStreamEndCapture(stream_t, uintptr_t *);
 int cuGraphInstantiateWithFlags(uintptr_t *, uintptr_t, unsigned long long);
 int cuGraphLaunch(uintptr_t, stream_t);
+int cuGraphExecDestroy(uintptr_t);
+int cuGraphDestroy(uintptr_t);
 int testdouble_cuda_launch_busy(stream_t, unsigned long long);
 int cuEventCreate(uintptr_t *, unsigned);
 int cuEventRecord(uintptr_t, stream_t);
@@ -133,6 +138,8 @@ static void basic(ncclComm_t comm, stream_t s) {
     CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
     for (int i = 0; i < 3; i++) CHECK(cuGraphLaunch(exec, cs));
     CHECK(cuStreamSynchronize(cs));
+    CHECK(cuGraphExecDestroy(exec));
+    CHECK(cuGraphDestroy(graph));
     CHECK(cuStreamSynchronize(s));
     CHECK(ncclCommDestroy(half));
 }
@@ -206,6 +213,23 @@ int main(int argc, char **argv) {
                 CHECK(ncclAllReduce(NULL, NULL, count, FLOAT, SUM, comm, s));
             }
             CHECK(cuStreamSynchronize(s));
+        } else if (strcmp(mode, "graphhang") == 0) {
+            stream_t cs;
+            CHECK(cuStreamCreate(&cs, 1));
+            CHECK(cuStreamBeginCapture_v2(cs, 0));
+            CHECK(ncclAllReduce(NULL, NULL, 1024, FLOAT, SUM, comm, cs));
+            uintptr_t graph, exec;
+            CHECK(cuStreamEndCapture(cs, &graph));
+            CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+            for (int i = 0; i < 5; i++) CHECK(cuGraphLaunch(exec, cs));
+            CHECK(cuStreamSynchronize(cs));
+            printf("rank %d ready\n", rank);
+            fflush(stdout);
+            if (rank == arg) {
+                for (;;) sleep(1);
+            }
+            CHECK(cuGraphLaunch(exec, cs));
+            CHECK(cuStreamSynchronize(cs)); /* never returns */
         } else if (strcmp(mode, "hang") == 0) {
             for (int i = 0; i < 10; i++) CHECK(ncclAllReduce(NULL, NULL, 1024, FLOAT, SUM, comm, s));
             CHECK(cuStreamSynchronize(s));
@@ -226,7 +250,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "unknown mode %s\n", mode);
             exit(2);
         }
-        if (strcmp(mode, "hang") != 0) CHECK(ncclCommDestroy(comm));
+        if (strcmp(mode, "hang") != 0 && strcmp(mode, "graphhang") != 0) CHECK(ncclCommDestroy(comm));
         printf("rank %d capture violations: %ld\n", rank, testdouble_cuda_capture_violations());
         fflush(stdout);
         exit(0);

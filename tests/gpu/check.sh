@@ -6,7 +6,8 @@
 #      1 KiB … 64 MiB under the shim are recorded, every one GPU-timed with a sane duration and
 #      algorithm bandwidth (bus bandwidth is 0 by definition on one rank), and the communicator id
 #      equals the commId NCCL itself prints (NCCL_DEBUG=INFO);
-#   2. a one-rank torch.distributed NCCL job: its all-reduces and all-gathers, GPU-timed;
+#   2. a one-rank torch.distributed NCCL job: its all-reduces and all-gathers, GPU-timed, and an
+#      all-reduce captured into a CUDA graph recorded again at each of 5 graph replays;
 #   3. the profiler-plugin path (NCCL_PROFILER_PLUGIN=libcommscope.so), when the library exports it;
 #   4. the host-side cost per ncclAllReduce with and without the shim, and of one cudaEventRecord.
 # Prints one verdict line; exit 0 when every check passed, 1 otherwise. Takes about a minute.
@@ -76,6 +77,8 @@ def check_job(name, path, expect):
             problems.append(f"{name}: no {op} recorded")
             continue
         calls, timed = c["ops"][op], c.get("gpu_timed", {}).get(op, 0)
+        # A call captured into a CUDA graph has no GPU interval of its own.
+        timed += c.get("graph_captured", {}).get(op, 0)
         mean = c.get("mean_duration_us", {}).get(op, 0)
         alg = c.get("algbw_gbps", {}).get(op, 0)
         bus = c.get("busbw_gbps", {}).get(op)
@@ -94,6 +97,16 @@ def check_job(name, path, expect):
 
 c, c_text = check_job("C program", f"{work}/c.json", {"allreduce": 90, "allgather": 45})
 t, t_text = check_job("torch", f"{work}/torch.json", {"allreduce": 20, "allgather": 10})
+# The graph replays, when this PyTorch could capture the all-reduce.
+m = re.search(r"graph launches: (\d+)", open(f"{work}/torch.out", errors="replace").read())
+want = int(m.group(1)) if m else 0
+if want:
+    got = (comm_with(t, "allreduce") or {}).get("graph_launches", {}).get("allreduce", 0)
+    if got != want:
+        problems.append(f"torch: {got} graph launches of the captured all-reduce recorded, expected {want}")
+    t_text += f", {got} graph replays"
+else:
+    t_text += ", graph replays not checked (capture unavailable: see torch.out)"
 # NCCL's own id for the communicator, from its INFO log.
 log = open(f"{work}/c.err", errors="replace").read()
 ids = set(int(m, 16) for m in re.findall(r"commId 0x([0-9a-f]+)", log))

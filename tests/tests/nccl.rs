@@ -152,7 +152,8 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
         let count = |op: Op| on_world.iter().filter(|c| c.op() == op).count();
         // ncclBcast is implemented by NCCL calling ncclBroadcast: still one record.
         for (op, n) in [
-            (Op::Allreduce, 15),
+            // 12 + a group of 2 + 1 captured into a graph + 3 launches of that graph.
+            (Op::Allreduce, 18),
             (Op::Broadcast, 1),
             (Op::Reduce, 1),
             (Op::Allgather, 1),
@@ -176,8 +177,8 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
             .collect();
         assert_eq!(
             colls,
-            (0..20).collect::<Vec<u64>>(),
-            "rank {rank}: seq counts every collective"
+            (0..23).collect::<Vec<u64>>(),
+            "rank {rank}: seq counts every collective, graph launches included"
         );
         for c in calls {
             assert_eq!(c.lib, lib::NCCL);
@@ -185,9 +186,10 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
             let expect = if c.comm_id == world { *rank } else { rank / 2 };
             assert_eq!(c.comm_rank, expect, "rank {rank}: {c:?}");
             if c.flags & flags::GRAPH_CAPTURED != 0 {
-                assert!(
-                    !c.has_gpu_time(),
-                    "a captured call has no GPU interval: {c:?}"
+                assert_eq!(
+                    c.has_gpu_time(),
+                    c.graph_replay(),
+                    "a captured call has no GPU interval, a graph launch has the graph's: {c:?}"
                 );
                 continue;
             }
@@ -202,10 +204,26 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
         }
         let captured: Vec<&&Call> = on_world
             .iter()
-            .filter(|c| c.flags & flags::GRAPH_CAPTURED != 0)
+            .filter(|c| c.flags & flags::GRAPH_CAPTURED != 0 && !c.graph_replay())
             .collect();
         assert_eq!(captured.len(), 1);
         assert_eq!((captured[0].op(), captured[0].count), (Op::Allreduce, 256));
+        // Each launch of the graph: the captured all-reduce again, the next seq, NCCL's op_seq
+        // of the capture, the graph's GPU interval.
+        let replays: Vec<&&Call> = on_world.iter().filter(|c| c.graph_replay()).collect();
+        assert_eq!(
+            replays
+                .iter()
+                .map(|c| (c.seq, c.op(), c.count, c.op_seq))
+                .collect::<Vec<_>>(),
+            (1..=3)
+                .map(|k| (captured[0].seq + k, Op::Allreduce, 256, captured[0].op_seq))
+                .collect::<Vec<_>>(),
+            "rank {rank}"
+        );
+        for c in &replays {
+            world_ends.entry(c.seq).or_default().push(c.gpu_end);
+        }
         // The two all-reduces of one group share the group's interval; so do the send and receive.
         let g: Vec<&&Call> = on_world
             .iter()
@@ -336,6 +354,51 @@ fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_i
         s.starts_with("rank 2 on ") && s.contains("never entered allreduce #10"),
         "{s}"
     );
+}
+
+#[test]
+fn a_graph_launch_whose_collective_never_completes_names_the_rank_that_never_launched_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let job_bin = doubles().join("nccl_job");
+    let cmd: Vec<OsString> = ["timeout", "-s", "KILL", "8"]
+        .iter()
+        .map(OsString::from)
+        .chain([
+            job_bin.clone().into_os_string(),
+            "4".into(),
+            "graphhang".into(),
+            "1".into(),
+        ])
+        .collect();
+    let _ = run_traced(tmp.path(), "nccl-graph-hang", &cmd, &[]);
+    let _ = Command::new("pkill")
+        .args(["-9", "-f", &format!("{} 4 graphhang 1", job_bin.display())])
+        .status();
+    let dir = tmp.path().join("nccl-graph-hang");
+    // seq 0 is the capture, 1..=5 the launches every rank completed, 6 the one rank 1 never made.
+    let job = load_job(&dir);
+    for p in &job.processes {
+        let replays: Vec<u64> = p
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Call(c) if c.graph_replay() => Some(c.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(replays, vec![1, 2, 3, 4, 5], "rank {}", p.header.rank);
+        let stuck = p.records.iter().any(|r| {
+            matches!(r, Record::Enter(c) if c.seq == 6 && c.op() == Op::Allreduce && c.lib == lib::NCCL)
+        });
+        assert_eq!(stuck, p.header.rank != 1, "rank {}", p.header.rank);
+    }
+    let v = analyze_json(&dir);
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "one root cause, one finding: {v:#}");
+    assert_eq!(f[0]["kind"], "hang");
+    assert_eq!(f[0]["ranks"], serde_json::json!([1]));
+    assert_eq!(f[0]["seq"], 6);
+    assert_eq!(f[0]["evidence"]["victims"], serde_json::json!([0, 2, 3]));
 }
 
 #[test]

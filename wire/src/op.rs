@@ -266,6 +266,11 @@ pub mod flags {
     /// its host time is not the operation's. Shares bit 1 with [`PERSISTENT`], which only MPI
     /// calls carry.
     pub const GRAPH_CAPTURED: u16 = 1 << 1;
+    /// NCCL calls, with [`GRAPH_CAPTURED`]: one launch of a CUDA graph that holds the call
+    /// (written by the shim at each `cudaGraphLaunch`/`cuGraphLaunch`). Its GPU interval is the
+    /// whole graph's, compute included, so it orders and localizes but does not time the
+    /// operation. Shares bit 8 with [`SYNCHRONOUS`], which only MPI sends carry.
+    pub const GRAPH_REPLAY: u16 = 1 << 8;
 
     /// Comm: an NCCL (or RCCL) communicator.
     pub const NCCL_COMM: u16 = 1 << 0;

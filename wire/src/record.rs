@@ -144,6 +144,11 @@ impl Call {
 
     /// An NCCL call issued while its stream was captured into a CUDA graph (it only recorded
     /// work into the graph).
+    /// True for an NCCL call replayed by a CUDA graph launch ([`crate::op::flags::GRAPH_REPLAY`]).
+    pub fn graph_replay(&self) -> bool {
+        self.graph_captured() && self.flags & crate::op::flags::GRAPH_REPLAY != 0
+    }
+
     pub fn graph_captured(&self) -> bool {
         self.lib != crate::op::lib::MPI && self.flags & crate::op::flags::GRAPH_CAPTURED != 0
     }

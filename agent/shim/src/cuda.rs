@@ -22,6 +22,8 @@ pub const CUDA_SUCCESS: CuResult = 0;
 pub const CUDA_ERROR_NOT_READY: CuResult = 600;
 /// `CU_STREAM_CAPTURE_STATUS_NONE`.
 pub const CAPTURE_NONE: c_int = 0;
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+pub const CAPTURE_ACTIVE: c_int = 1;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub const CAPTURE_MODE_RELAXED: c_int = 2;
 /// `CU_STREAM_NON_BLOCKING`.
@@ -52,6 +54,15 @@ type FnEventElapsed = unsafe extern "C" fn(*mut f32, Handle, Handle) -> CuResult
 type FnEventDestroy = unsafe extern "C" fn(Handle) -> CuResult;
 type FnExchangeCaptureMode = unsafe extern "C" fn(*mut c_int) -> CuResult;
 type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
+/// `cuStreamGetCaptureInfo_v2(stream, *status, *id, *graph, *deps, *numDeps)`.
+type FnCaptureInfo = unsafe extern "C" fn(
+    Handle,
+    *mut c_int,
+    *mut u64,
+    *mut Handle,
+    *mut *const Handle,
+    *mut usize,
+) -> CuResult;
 
 /// The driver entry points the shim uses.
 #[derive(Debug)]
@@ -71,6 +82,7 @@ pub struct Cuda {
     event_elapsed: FnEventElapsed,
     event_destroy: FnEventDestroy,
     exchange_capture_mode: Option<FnExchangeCaptureMode>,
+    capture_info: Option<FnCaptureInfo>,
 }
 
 mod load {
@@ -172,6 +184,9 @@ impl Cuda {
             exchange_capture_mode: sym(lib, &[c"cuThreadExchangeStreamCaptureMode"])
                 // SAFETY: as above.
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, FnExchangeCaptureMode>(p) }),
+            capture_info: sym(lib, &[c"cuStreamGetCaptureInfo_v2"])
+                // SAFETY: as above (the CUDA 11.3+ signature of that versioned name).
+                .map(|p| unsafe { std::mem::transmute::<*mut c_void, FnCaptureInfo>(p) }),
         })
     }
 
@@ -198,6 +213,28 @@ impl Cuda {
         // SAFETY: a valid out-pointer; querying capture state is allowed during capture.
         let rc = unsafe { (self.stream_is_capturing)(stream, &mut st) };
         rc != CUDA_SUCCESS || st != CAPTURE_NONE
+    }
+
+    /// The capture `stream` takes part in: the driver's unique capture id (every stream joined
+    /// to one capture shares it), else — with a driver without `cuStreamGetCaptureInfo_v2` —
+    /// the stream itself. `None` when it is not capturing.
+    pub fn capture_key(&self, stream: Handle) -> Option<(bool, u64)> {
+        let Some(info) = self.capture_info else {
+            return self.capturing(stream).then_some((false, stream as u64));
+        };
+        let (mut st, mut id): (c_int, u64) = (CAPTURE_NONE, 0);
+        // SAFETY: valid out-pointers; the optional ones are null, which the driver allows.
+        let rc = unsafe {
+            info(
+                stream,
+                &mut st,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        (rc == CUDA_SUCCESS && st == CAPTURE_ACTIVE).then_some((true, id))
     }
 
     /// Records `event` on `stream`.

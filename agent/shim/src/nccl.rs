@@ -363,6 +363,7 @@ thread_local! {
 struct Member {
     call: Call,
     stream: Stream,
+    comm: NComm,
 }
 
 // ----- identity and activation -------------------------------------------------------------------
@@ -587,6 +588,7 @@ struct Rec {
     shim: &'static Shim,
     _guard: Guard,
     call: Call,
+    comm: NComm,
     stream: Stream,
     slot: Slot,
     /// The pending slot whose start event was recorded.
@@ -685,6 +687,7 @@ fn begin(
         shim,
         _guard: guard,
         call,
+        comm,
         stream,
         slot,
         gpu,
@@ -758,9 +761,13 @@ fn end(mut r: Rec, rc: c_int) -> c_int {
                 g.borrow_mut().push(Member {
                     call: r.call,
                     stream: r.stream,
+                    comm: r.comm,
                 })
             });
             return;
+        }
+        if r.call.flags & flags::GRAPH_CAPTURED != 0 && rc == result::SUCCESS {
+            crate::graphs::captured(r.stream, r.comm, &r.call);
         }
         if let (Some(s), result::SUCCESS) = (r.gpu, rc)
             && submit(shim, s, r.stream, std::slice::from_ref(&r.call))
@@ -798,6 +805,79 @@ fn submit(shim: &Shim, s: usize, stream: Stream, calls: &[Call]) -> bool {
     slot.ready.store(true, Ordering::Release);
     start_poller(shim);
     true
+}
+
+/// Records one launch of a CUDA graph on `stream` whose capture held `calls` (`launch` makes the
+/// real launch): like a group, one event pair around the launch and one record per captured call
+/// at its end, each with a new `seq` (the communicator's next) and flagged
+/// `GRAPH_CAPTURED | GRAPH_REPLAY`. `op_seq` stays the capture's: NCCL's own per-function
+/// counter does not move at a replay. A launch that fails, or is itself being captured, gives no
+/// records.
+pub fn replay(
+    calls: &[crate::graphs::Captured],
+    stream: Stream,
+    launch: impl FnOnce() -> c_int,
+) -> c_int {
+    let Some((shim, guard)) = active() else {
+        return launch();
+    };
+    let cu = cuda::get();
+    if calls.is_empty() || cu.is_some_and(|c| c.capturing(stream)) {
+        drop(guard);
+        return launch();
+    }
+    let mut recs: Vec<Call> = Vec::with_capacity(calls.len());
+    let mut slot = Slot::None;
+    let mut gpu = None;
+    let prepared = shielded(shim, || {
+        let t = now_mono();
+        for (h, tmpl) in calls {
+            let mut c = *tmpl;
+            c.flags |= flags::GRAPH_CAPTURED | flags::GRAPH_REPLAY;
+            (c.t_enter, c.t_exit, c.status, c.gpu_start, c.gpu_end) = (t, 0, 0, 0, 0);
+            let op = c.op();
+            if op.is_p2p() {
+                let dir = if op == Op::Send { Dir::Send } else { Dir::Recv };
+                shim.assign_p2p_seq(&mut c, dir);
+            } else if let Some(e) = shim.nccl.comms.get(*h as u64) {
+                // A handle destroyed since the capture is not looked at (not adopted).
+                c.seq = e.seq.load(Ordering::Relaxed);
+                e.seq.store(c.seq + 1, Ordering::Relaxed);
+            }
+            recs.push(c);
+        }
+        slot = shim.claim_owned(&recs[0], in_flight_status::IN_CALL);
+        if let (Some(cu), Slot::Owned(s)) = (cu, slot) {
+            gpu = start_events(shim, cu, s, stream);
+        }
+    })
+    .is_some();
+    let rc = launch();
+    if !prepared {
+        return rc;
+    }
+    let _ = shielded(shim, || {
+        let t = now_mono();
+        for c in recs.iter_mut() {
+            c.t_exit = t;
+        }
+        if rc != 0 {
+            // Nothing ran; the seq numbers taken are a gap, as for a failed collective.
+            shim.unclaim(slot);
+            return;
+        }
+        if let Some(s) = gpu
+            && submit(shim, s, stream, &recs)
+        {
+            return;
+        }
+        shim.unclaim(slot);
+        for c in &recs {
+            shim.push_call(c);
+        }
+    });
+    drop(guard);
+    rc
 }
 
 // ----- the GPU poller ----------------------------------------------------------------------------
@@ -1406,6 +1486,14 @@ fn group_end_recorded(shim: &'static Shim, guard: Guard, members: &mut [Member])
             m.call.t_exit = t;
             if rc != result::SUCCESS && rc != result::IN_PROGRESS && m.call.status == 0 {
                 m.call.status = rc;
+            }
+        }
+        if rc == result::SUCCESS {
+            for m in members
+                .iter()
+                .filter(|m| m.call.flags & flags::GRAPH_CAPTURED != 0)
+            {
+                crate::graphs::captured(m.stream, m.comm, &m.call);
             }
         }
         let mut calls: Vec<Call> = Vec::new();
