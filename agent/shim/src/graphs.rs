@@ -23,6 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use commscope_wire::record::Call;
@@ -50,6 +51,9 @@ struct Tables {
 }
 
 static TABLES: Mutex<Option<Tables>> = Mutex::new(None);
+/// Set once a captured NCCL call was noted: until then every wrapper only forwards (no lock, no
+/// driver call), which is all a process without NCCL calls in graphs ever pays.
+static FOLLOWING: AtomicBool = AtomicBool::new(false);
 
 fn with<T>(f: impl FnOnce(&mut Tables) -> T) -> T {
     let mut g = TABLES.lock().unwrap_or_else(|p| p.into_inner());
@@ -70,11 +74,15 @@ pub fn captured(stream: Handle, comm: usize, call: &Call) {
         if v.len() < MAX_CALLS {
             v.push((comm, *call));
         }
+        FOLLOWING.store(true, Ordering::Release);
     });
 }
 
 /// Whether any capture, graph or executable graph is followed (cheap check for the wrappers).
 fn following() -> bool {
+    if !FOLLOWING.load(Ordering::Acquire) {
+        return false;
+    }
     TABLES
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -110,7 +118,7 @@ fn instantiated(exec: Handle, graph: Handle) {
 }
 
 fn calls_of(exec: Handle) -> Option<Calls> {
-    if exec == 0 {
+    if exec == 0 || !FOLLOWING.load(Ordering::Acquire) {
         return None;
     }
     TABLES
@@ -132,10 +140,10 @@ fn next_only(name: &'static CStr) -> *mut c_void {
 /// `cudaErrorSymbolNotFound`).
 const NOT_FOUND: c_int = 500;
 
-/// The capture `stream` belongs to, asked before the capture ends; only while graphs are
-/// followed or the recorder is on.
+/// The capture `stream` belongs to, asked before the capture ends; only while some capture
+/// holds NCCL calls.
 fn capture_key_before_end(stream: Handle) -> Option<(bool, u64)> {
-    if state::life() != state::life::ACTIVE && !following() {
+    if !following() {
         return None;
     }
     let _g = state::enter_hook()?;
