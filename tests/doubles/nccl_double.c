@@ -38,6 +38,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -99,6 +100,19 @@ static double gbps(void) {
     const char *s = getenv("TESTDOUBLE_NCCL_GBPS");
     double v = s ? atof(s) : 20.0;
     return v > 0 ? v : 20.0;
+}
+
+/* Sleeps until CLOCK_MONOTONIC reaches `t` ns (a late wake-up does not delay later deadlines). */
+static void sleep_until(uint64_t t) {
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void sleep_ns(uint64_t ns) {
@@ -320,15 +334,19 @@ static void ring_transfer(struct ncclComm *c, uint64_t k, void *send_px, void *r
     uint64_t on_wire = (uint64_t)((me == slow_src && slow_ring ? total : base) / STEPS);
     uint64_t gpu_wait = (uint64_t)(total / STEPS) - on_wire;
     uint64_t chunk = bytes / STEPS;
+    /* Against deadlines from the start, so that every rank ends when the transfer would. */
+    uint64_t t = mono_ns();
     for (int k = 0; k < STEPS; k++) {
         void *ss = prof_step_start(c, send_px, k);
         void *rs = prof_step_start(c, recv_px, k);
         prof_state(ss, 8, 0);
         prof_state(rs, 10, 0);
-        sleep_ns(gpu_wait);
+        t += gpu_wait;
+        if (gpu_wait) sleep_until(t);
         prof_state(ss, 20, chunk);
         prof_state(ss, 9, chunk);
-        sleep_ns(on_wire);
+        t += on_wire;
+        sleep_until(t);
         prof_stop(ss);
         prof_state(rs, 12, chunk);
         prof_stop(rs);
