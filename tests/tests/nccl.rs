@@ -267,13 +267,14 @@ fn nccl_calls_are_recorded_once_with_gpu_times_groups_and_capture() {
         "all-reduce on 4 ranks: busbw = 1.5 × algbw ({alg}, {bus})"
     );
     // One all-reduce ends at the same moment everywhere: the GPU clocks of four processes map
-    // onto one host clock within a few milliseconds (the doubles' streams poll every 50 µs and
-    // share two cores with the other tests).
+    // onto one host clock within a few milliseconds (the doubles' stream workers poll every
+    // 50 µs and share two cores with the other tests, which delays them by milliseconds under
+    // load; a wrong mapping is off by far more).
     for (seq, ends) in &world_ends {
         assert_eq!(ends.len(), 4);
         let spread = ends.iter().max().unwrap_or(&0) - ends.iter().min().unwrap_or(&0);
         assert!(
-            spread < 3_000_000,
+            spread < 8_000_000,
             "all-reduce #{seq}: ends spread over {spread} ns"
         );
     }
@@ -679,7 +680,7 @@ fn the_profiler_plugin_alone_records_calls_with_kernel_times() {
     for (seq, e) in &ends {
         let spread = e.iter().max().unwrap_or(&0) - e.iter().min().unwrap_or(&0);
         assert!(
-            e.len() == 4 && spread < 3_000_000,
+            e.len() == 4 && spread < 8_000_000,
             "all-reduce #{seq}: {e:?}"
         );
     }
