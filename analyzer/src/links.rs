@@ -25,6 +25,7 @@ use commscope_wire::record::Link;
 use serde_json::json;
 
 use crate::finding::{self, Class, Finding, Kind, State, finding_id};
+use crate::stream::{fmt_bw as fmt_rate, median};
 
 /// Thresholds of the slow-link detector.
 #[derive(Clone, Debug)]
@@ -86,22 +87,6 @@ pub struct Links {
     links: HashMap<Key, LinkSt>,
     /// (comm, comm rank) → global rank, learnt from the link records of both ends.
     members: HashMap<(u64, i32), i32>,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mid = v.len() / 2;
-    *v.select_nth_unstable_by(mid, f64::total_cmp).1
-}
-
-fn fmt_rate(bytes_per_s: f64) -> String {
-    if bytes_per_s >= 1e9 {
-        format!("{:.1} GB/s", bytes_per_s / 1e9)
-    } else {
-        format!("{:.0} MB/s", bytes_per_s / 1e6)
-    }
 }
 
 impl Links {

@@ -362,7 +362,7 @@ pub struct Detectors {
     pub incomplete: u64,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -397,7 +397,7 @@ fn fmt_dur(s: f64) -> String {
     }
 }
 
-fn fmt_bw(bytes_per_s: f64) -> String {
+pub(crate) fn fmt_bw(bytes_per_s: f64) -> String {
     if bytes_per_s >= 1e9 {
         format!("{:.1} GB/s", bytes_per_s / 1e9)
     } else {

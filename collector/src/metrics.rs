@@ -490,13 +490,7 @@ pub fn render(s: &Shared) -> String {
         pairs.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
         let mut rest = crate::state::LinkTotals::default();
         let job = esc(&j.job);
-        for (i, ((src, dst), t)) in pairs.iter().enumerate() {
-            if i >= MAX_LINK_SERIES {
-                rest.bytes += t.bytes;
-                rest.net_ns += t.net_ns;
-                rest.gpu_wait_ns += t.gpu_wait_ns;
-                continue;
-            }
+        let mut emit = |src: &str, dst: &str, t: &crate::state::LinkTotals| {
             let l = format!("job_id=\"{job}\",src=\"{}\",dst=\"{}\"", esc(src), esc(dst));
             let _ = writeln!(lbytes, "commscope_link_bytes_total{{{l}}} {}", t.bytes);
             let _ = writeln!(
@@ -509,20 +503,18 @@ pub fn render(s: &Shared) -> String {
                 "commscope_link_gpu_wait_seconds_total{{{l}}} {:.6}",
                 t.gpu_wait_ns as f64 / 1e9
             );
+        };
+        for (i, ((src, dst), t)) in pairs.iter().enumerate() {
+            if i < MAX_LINK_SERIES {
+                emit(src, dst, t);
+            } else {
+                rest.bytes += t.bytes;
+                rest.net_ns += t.net_ns;
+                rest.gpu_wait_ns += t.gpu_wait_ns;
+            }
         }
         if pairs.len() > MAX_LINK_SERIES {
-            let l = format!("job_id=\"{job}\",src=\"other\",dst=\"other\"");
-            let _ = writeln!(lbytes, "commscope_link_bytes_total{{{l}}} {}", rest.bytes);
-            let _ = writeln!(
-                lnet,
-                "commscope_link_network_seconds_total{{{l}}} {:.6}",
-                rest.net_ns as f64 / 1e9
-            );
-            let _ = writeln!(
-                lwait,
-                "commscope_link_gpu_wait_seconds_total{{{l}}} {:.6}",
-                rest.gpu_wait_ns as f64 / 1e9
-            );
+            emit("other", "other", &rest);
         }
     }
     family(
