@@ -171,15 +171,7 @@ static uint64_t digest(const struct acc *h) {
 
 /* ----- profiler plugin ----------------------------------------------------------------------- */
 
-typedef struct {
-    const char *name;
-    int (*init)(void **ctx, uint64_t commId, int *mask, const char *commName, int nNodes, int nranks,
-                int rank, void *logfn);
-    int (*startEvent)(void *ctx, void **handle, void *descr);
-    int (*stopEvent)(void *handle);
-    int (*recordEventState)(void *handle, int state, void *args);
-    int (*finalize)(void *ctx);
-} profiler_v7;
+#include "profiler_v7.h"
 
 static profiler_v7 *prof;
 static int prof_mask;

@@ -16,15 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct {
-    const char *name;
-    int (*init)(void **ctx, uint64_t commId, int *mask, const char *commName, int nNodes, int nranks,
-                int rank, void *logfn);
-    int (*startEvent)(void *ctx, void **handle, void *descr);
-    int (*stopEvent)(void *handle);
-    int (*recordEventState)(void *handle, int state, void *args);
-    int (*finalize)(void *ctx);
-} profiler_v7;
+#include "profiler_v7.h"
 
 static uint64_t now_ns(void) {
     struct timespec ts;

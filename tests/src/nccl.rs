@@ -86,7 +86,8 @@ pub fn doubles() -> PathBuf {
             &["-lpthread"],
         );
     }
-    if newer(&[&nccl_c, &cuda], &nccl) {
+    let header = src.join("profiler_v7.h");
+    if newer(&[&nccl_c, &header, &cuda], &nccl) {
         cc(
             &["-shared", "-fPIC", "-Wl,-soname,libnccl.so.2"],
             &nccl_c,

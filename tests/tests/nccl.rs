@@ -313,27 +313,37 @@ fn a_straggler_on_the_gpu_is_named_from_gpu_times() {
     );
 }
 
-#[test]
-fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_it() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let d = doubles();
-    let job_bin = d.join("nccl_job");
+/// Runs `nccl_job 4 MODE RANK` (a mode where RANK stops and the others hang) under `commscope
+/// run` for 8 s, then kills what is left of it; returns the job's trace directory.
+fn run_hanging_job(tmp: &Path, job: &str, mode: &str, rank: i32) -> std::path::PathBuf {
+    let job_bin = doubles().join("nccl_job");
+    let rank = rank.to_string();
     let cmd: Vec<OsString> = ["timeout", "-s", "KILL", "8"]
         .iter()
         .map(OsString::from)
         .chain([
             job_bin.clone().into_os_string(),
             "4".into(),
-            "hang".into(),
-            "2".into(),
+            mode.into(),
+            rank.as_str().into(),
         ])
         .collect();
-    let _ = run_traced(tmp.path(), "nccl-hang", &cmd, &[]);
+    let _ = run_traced(tmp, job, &cmd, &[]);
     // Only this test's processes (other tests run nccl_job at the same time).
     let _ = Command::new("pkill")
-        .args(["-9", "-f", &format!("{} 4 hang 2", job_bin.display())])
+        .args([
+            "-9",
+            "-f",
+            &format!("{} 4 {mode} {rank}", job_bin.display()),
+        ])
         .status();
-    let dir = tmp.path().join("nccl-hang");
+    tmp.join(job)
+}
+
+#[test]
+fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = run_hanging_job(tmp.path(), "nccl-hang", "hang", 2);
     // The three others show all-reduce #10 in flight (its end event never fired).
     let job = load_job(&dir);
     for p in &job.processes {
@@ -360,22 +370,7 @@ fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_i
 #[test]
 fn a_graph_launch_whose_collective_never_completes_names_the_rank_that_never_launched_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let job_bin = doubles().join("nccl_job");
-    let cmd: Vec<OsString> = ["timeout", "-s", "KILL", "8"]
-        .iter()
-        .map(OsString::from)
-        .chain([
-            job_bin.clone().into_os_string(),
-            "4".into(),
-            "graphhang".into(),
-            "1".into(),
-        ])
-        .collect();
-    let _ = run_traced(tmp.path(), "nccl-graph-hang", &cmd, &[]);
-    let _ = Command::new("pkill")
-        .args(["-9", "-f", &format!("{} 4 graphhang 1", job_bin.display())])
-        .status();
-    let dir = tmp.path().join("nccl-graph-hang");
+    let dir = run_hanging_job(tmp.path(), "nccl-graph-hang", "graphhang", 1);
     // seq 0 is the capture, 1..=5 the launches every rank completed, 6 the one rank 1 never made.
     let job = load_job(&dir);
     for p in &job.processes {
