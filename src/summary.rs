@@ -518,12 +518,12 @@ pub fn render_text(s: &Summary) -> String {
             };
             let _ = writeln!(
                 o,
-                "    rank {} {arrow} peer {} on {}: {} ops, {} bytes, {}{steps}",
+                "    rank {} {arrow} peer {} on {}: {} ops, {}, {}{steps}",
                 l.rank,
                 l.peer,
                 l.comm_id,
                 l.ops,
-                l.bytes,
+                commscope_analyzer::stream::fmt_bytes(l.bytes),
                 gbps(l.gbps)
             );
         }

@@ -1219,7 +1219,8 @@ impl Detectors {
     }
 }
 
-fn fmt_bytes(b: u64) -> String {
+/// Bytes in binary units ("1.5 MiB").
+pub fn fmt_bytes(b: u64) -> String {
     if b >= 1 << 30 {
         format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
     } else if b >= 1 << 20 {
