@@ -341,3 +341,27 @@ CUresult testdouble_cuda_launch_busy(uintptr_t stream, unsigned long long ns) {
 }
 long testdouble_cuda_capture_violations(void) { return capture_violations; }
 long testdouble_cuda_events_recorded(void) { return events_recorded; }
+
+#ifdef TESTDOUBLE_HIP
+/* Built with -DTESTDOUBLE_HIP as `libamdhip64.so`: the same "GPU" under the HIP runtime's names
+ * that the shim uses for RCCL (same shapes, error codes and capture constants). */
+#define HIP_ALIAS(hip, cu) __typeof__(cu) hip __attribute__((alias(#cu)))
+HIP_ALIAS(hipInit, cuInit);
+HIP_ALIAS(hipCtxGetCurrent, cuCtxGetCurrent);
+HIP_ALIAS(hipCtxSetCurrent, cuCtxSetCurrent);
+HIP_ALIAS(hipCtxPushCurrent, cuCtxPushCurrent_v2);
+HIP_ALIAS(hipCtxPopCurrent, cuCtxPopCurrent_v2);
+HIP_ALIAS(hipCtxGetDevice, cuCtxGetDevice);
+HIP_ALIAS(hipStreamCreateWithFlags, cuStreamCreate);
+HIP_ALIAS(hipStreamSynchronize, cuStreamSynchronize);
+HIP_ALIAS(hipStreamIsCapturing, cuStreamIsCapturing);
+HIP_ALIAS(hipStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2);
+HIP_ALIAS(hipThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode);
+HIP_ALIAS(hipEventCreateWithFlags, cuEventCreate);
+HIP_ALIAS(hipEventRecord, cuEventRecord);
+HIP_ALIAS(hipEventQuery, cuEventQuery);
+HIP_ALIAS(hipEventSynchronize, cuEventSynchronize);
+HIP_ALIAS(hipEventElapsedTime, cuEventElapsedTime);
+HIP_ALIAS(hipEventDestroy, cuEventDestroy_v2);
+HIP_ALIAS(hipLaunchHostFunc, cuLaunchHostFunc);
+#endif

@@ -117,6 +117,69 @@ pub fn doubles() -> PathBuf {
     dir
 }
 
+/// The doubles as AMD's stack: the CUDA double with HIP names as `libamdhip64.so`, the NCCL
+/// double as `librccl.so` on top of it (its path names RCCL, which is how the shim tells), and
+/// `nccl_job` linked to both. Returns their directory.
+pub fn rccl_doubles() -> PathBuf {
+    let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = bin_dir().join("test-doubles-rccl");
+    std::fs::create_dir_all(&dir).expect("create test-doubles-rccl dir");
+    let src = doubles_src();
+    let (cuda_c, nccl_c, job_c, header) = (
+        src.join("cuda_double.c"),
+        src.join("nccl_double.c"),
+        src.join("nccl_job.c"),
+        src.join("profiler_v7.h"),
+    );
+    let (hip, rccl, job) = (
+        dir.join("libamdhip64.so"),
+        dir.join("librccl.so"),
+        dir.join("nccl_job"),
+    );
+    let dir_s = dir.to_str().expect("utf-8 path");
+    if newer(&[&cuda_c], &hip) {
+        cc(
+            &[
+                "-DTESTDOUBLE_HIP",
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libamdhip64.so",
+            ],
+            &cuda_c,
+            &hip,
+            &["-lpthread"],
+        );
+    }
+    if newer(&[&nccl_c, &header, &hip], &rccl) {
+        cc(
+            &["-shared", "-fPIC", "-Wl,-soname,librccl.so"],
+            &nccl_c,
+            &rccl,
+            &[
+                &format!("-L{dir_s}"),
+                "-l:libamdhip64.so",
+                "-lpthread",
+                "-lrt",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+        );
+    }
+    if newer(&[&job_c, &rccl, &hip], &job) {
+        cc(
+            &[],
+            &job_c,
+            &job,
+            &[
+                &format!("-L{dir_s}"),
+                "-l:librccl.so",
+                "-l:libamdhip64.so",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+        );
+    }
+    dir
+}
+
 /// `tests/doubles/nccl_mpi_job.c` built with a flavour's `mpicc` against the NCCL and CUDA
 /// test doubles.
 pub fn build_mpi_job(flavour: crate::Flavour) -> PathBuf {

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use std::time::{Duration, Instant};
 
-use commscope_tests::nccl::{build_against_real_nccl, build_mpi_job, doubles};
+use commscope_tests::nccl::{build_against_real_nccl, build_mpi_job, doubles, rccl_doubles};
 use commscope_tests::services::{Services, run_with_agent};
 use commscope_tests::{
     Flavour, analyze_json, assert_ok, launch, load_job, run_traced, shim, summary_json,
@@ -313,10 +313,16 @@ fn a_straggler_on_the_gpu_is_named_from_gpu_times() {
     );
 }
 
-/// Runs `nccl_job 4 MODE RANK` (a mode where RANK stops and the others hang) under `commscope
-/// run` for 8 s, then kills what is left of it; returns the job's trace directory.
-fn run_hanging_job(tmp: &Path, job: &str, mode: &str, rank: i32) -> std::path::PathBuf {
-    let job_bin = doubles().join("nccl_job");
+/// Runs `DOUBLES/nccl_job 4 MODE RANK` (a mode where RANK stops and the others hang) under
+/// `commscope run` for 8 s, then kills what is left of it; returns the job's trace directory.
+fn run_hanging_job(
+    doubles: &Path,
+    tmp: &Path,
+    job: &str,
+    mode: &str,
+    rank: i32,
+) -> std::path::PathBuf {
+    let job_bin = doubles.join("nccl_job");
     let rank = rank.to_string();
     let cmd: Vec<OsString> = ["timeout", "-s", "KILL", "8"]
         .iter()
@@ -343,7 +349,7 @@ fn run_hanging_job(tmp: &Path, job: &str, mode: &str, rank: i32) -> std::path::P
 #[test]
 fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = run_hanging_job(tmp.path(), "nccl-hang", "hang", 2);
+    let dir = run_hanging_job(&doubles(), tmp.path(), "nccl-hang", "hang", 2);
     // The three others show all-reduce #10 in flight (its end event never fired).
     let job = load_job(&dir);
     for p in &job.processes {
@@ -370,7 +376,7 @@ fn a_collective_whose_end_event_never_fires_names_the_rank_that_never_launched_i
 #[test]
 fn a_graph_launch_whose_collective_never_completes_names_the_rank_that_never_launched_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = run_hanging_job(tmp.path(), "nccl-graph-hang", "graphhang", 1);
+    let dir = run_hanging_job(&doubles(), tmp.path(), "nccl-graph-hang", "graphhang", 1);
     // seq 0 is the capture, 1..=5 the launches every rank completed, 6 the one rank 1 never made.
     let job = load_job(&dir);
     for p in &job.processes {
@@ -395,6 +401,53 @@ fn a_graph_launch_whose_collective_never_completes_names_the_rank_that_never_lau
     assert_eq!(f[0]["ranks"], serde_json::json!([1]));
     assert_eq!(f[0]["seq"], 6);
     assert_eq!(f[0]["evidence"]["victims"], serde_json::json!([0, 2, 3]));
+}
+
+#[test]
+fn rccl_calls_are_gpu_timed_through_hip_and_a_stuck_one_is_a_hang() {
+    // The doubles as AMD's stack: librccl.so on libamdhip64.so (no libcuda.so.1 anywhere).
+    let d = rccl_doubles();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cmd: Vec<OsString> = vec![
+        d.join("nccl_job").into(),
+        "4".into(),
+        "slow".into(),
+        "1".into(),
+        "40".into(),
+    ];
+    let o = run_traced(tmp.path(), "rccl-slow", &cmd, &[]);
+    assert_ok(&o, "nccl_job on the RCCL doubles");
+    let dir = tmp.path().join("rccl-slow");
+    for (rank, (calls, comms, _)) in by_rank(&dir) {
+        assert_eq!(calls.len(), 40, "rank {rank}");
+        assert!(
+            created(&comms)
+                .iter()
+                .all(|c| c.flags & flags::NCCL_COMM != 0)
+        );
+        for c in &calls {
+            assert_eq!(c.lib, lib::RCCL, "rank {rank}: {c:?}");
+            assert!(c.has_gpu_time(), "rank {rank}: HIP events time it: {c:?}");
+        }
+    }
+    // From GPU times alone, as with NCCL: rank 1 computes 30 ms where the others compute 2.
+    let v = analyze_json(&dir);
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "slow-rank");
+    assert_eq!(f[0]["ranks"], serde_json::json!([1]));
+
+    // A collective whose end event never fires stays in flight: a hang naming the rank.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = run_hanging_job(&d, tmp.path(), "rccl-hang", "hang", 3);
+    let v = analyze_json(&dir);
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "hang");
+    assert_eq!(f[0]["ranks"], serde_json::json!([3]));
+    assert_eq!(f[0]["seq"], 10);
+    let s = f[0]["summary"].as_str().unwrap_or_default();
+    assert!(s.contains("RCCL") || s.contains("allreduce"), "{s}");
 }
 
 #[test]

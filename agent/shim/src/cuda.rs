@@ -1,5 +1,7 @@
 //! The CUDA driver API, loaded at run time with `dlopen("libcuda.so.1")`: no build-time CUDA
-//! dependency, and a process without a GPU (or without a driver) simply gets no GPU timing.
+//! dependency, and a process without a GPU (or without a driver) simply gets no GPU timing. When
+//! the collective library is RCCL the same entry points come from AMD's HIP runtime
+//! (`libamdhip64.so`), whose functions used here have the same shapes and codes ([`Names`]).
 //!
 //! The shim uses it for one thing: timing NCCL work on the GPU with a pair of events recorded on
 //! the call's stream. Events come from a pool owned by the pending-work slots (`nccl`), are
@@ -72,7 +74,8 @@ pub struct Cuda {
     ctx_push: FnCtxPush,
     ctx_pop: FnCtxPop,
     ctx_get_device: FnCtxGetDevice,
-    stream_get_ctx: FnStreamGetCtx,
+    /// `None` for HIP (see [`Names`]).
+    stream_get_ctx: Option<FnStreamGetCtx>,
     stream_is_capturing: FnStreamIsCapturing,
     stream_create: FnStreamCreate,
     event_create: FnEventCreate,
@@ -83,6 +86,8 @@ pub struct Cuda {
     event_destroy: FnEventDestroy,
     exchange_capture_mode: Option<FnExchangeCaptureMode>,
     capture_info: Option<FnCaptureInfo>,
+    /// "CUDA" or "HIP".
+    pub api: &'static str,
 }
 
 mod load {
@@ -143,50 +148,152 @@ fn sym(lib: *mut c_void, names: &[&CStr]) -> Option<*mut c_void> {
     })
 }
 
+/// The entry points' names in one GPU API: NVIDIA's driver API, or AMD's HIP runtime (for RCCL),
+/// whose functions used here have the same shapes, error codes (0 success, 600 not ready) and
+/// capture constants. HIP has no `cuStreamGetCtx`: a stream is taken to be in the current
+/// context (one device per process, as RCCL jobs run; a stream of another device makes the
+/// event record fail, and the call is then timed on the host).
+struct Names {
+    libs: &'static [&'static CStr],
+    api: &'static str,
+    init: &'static CStr,
+    ctx_get_current: &'static CStr,
+    ctx_set_current: &'static CStr,
+    ctx_push: &'static [&'static CStr],
+    ctx_pop: &'static [&'static CStr],
+    ctx_get_device: &'static CStr,
+    stream_get_ctx: Option<&'static CStr>,
+    stream_is_capturing: &'static CStr,
+    stream_create: &'static [&'static CStr],
+    event_create: &'static [&'static CStr],
+    event_record: &'static CStr,
+    event_query: &'static CStr,
+    event_synchronize: &'static CStr,
+    event_elapsed: &'static [&'static CStr],
+    event_destroy: &'static [&'static CStr],
+    exchange_capture_mode: &'static CStr,
+    capture_info: &'static CStr,
+}
+
+const CUDA_NAMES: Names = Names {
+    libs: &[c"libcuda.so.1"],
+    api: "CUDA",
+    init: c"cuInit",
+    ctx_get_current: c"cuCtxGetCurrent",
+    ctx_set_current: c"cuCtxSetCurrent",
+    ctx_push: &[c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"],
+    ctx_pop: &[c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"],
+    ctx_get_device: c"cuCtxGetDevice",
+    stream_get_ctx: Some(c"cuStreamGetCtx"),
+    stream_is_capturing: c"cuStreamIsCapturing",
+    stream_create: &[c"cuStreamCreate"],
+    event_create: &[c"cuEventCreate"],
+    event_record: c"cuEventRecord",
+    event_query: c"cuEventQuery",
+    event_synchronize: c"cuEventSynchronize",
+    event_elapsed: &[c"cuEventElapsedTime", c"cuEventElapsedTime_v2"],
+    event_destroy: &[c"cuEventDestroy_v2", c"cuEventDestroy"],
+    exchange_capture_mode: c"cuThreadExchangeStreamCaptureMode",
+    capture_info: c"cuStreamGetCaptureInfo_v2",
+};
+
+const HIP_NAMES: Names = Names {
+    libs: &[c"libamdhip64.so", c"libamdhip64.so.6", c"libamdhip64.so.5"],
+    api: "HIP",
+    init: c"hipInit",
+    ctx_get_current: c"hipCtxGetCurrent",
+    ctx_set_current: c"hipCtxSetCurrent",
+    ctx_push: &[c"hipCtxPushCurrent"],
+    ctx_pop: &[c"hipCtxPopCurrent"],
+    ctx_get_device: c"hipCtxGetDevice",
+    stream_get_ctx: None,
+    stream_is_capturing: c"hipStreamIsCapturing",
+    stream_create: &[c"hipStreamCreateWithFlags"],
+    event_create: &[c"hipEventCreateWithFlags"],
+    event_record: c"hipEventRecord",
+    event_query: c"hipEventQuery",
+    event_synchronize: c"hipEventSynchronize",
+    event_elapsed: &[c"hipEventElapsedTime"],
+    event_destroy: &[c"hipEventDestroy"],
+    exchange_capture_mode: c"hipThreadExchangeStreamCaptureMode",
+    capture_info: c"hipStreamGetCaptureInfo_v2",
+};
+
 impl Cuda {
+    /// NVIDIA's driver API, or HIP when the collective library is RCCL.
     fn open() -> Result<Cuda, String> {
-        // SAFETY: a NUL-terminated library name; RTLD_NOW resolves everything up front.
-        let lib =
-            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if lib.is_null() {
-            return Err("libcuda.so.1 could not be loaded (no NVIDIA driver)".to_owned());
+        if crate::nccl::library_code() == commscope_wire::op::lib::RCCL {
+            Cuda::open_with(&HIP_NAMES)
+        } else {
+            Cuda::open_with(&CUDA_NAMES)
         }
+    }
+
+    fn open_with(n: &Names) -> Result<Cuda, String> {
+        let Some((lib, lib_name)) = n.libs.iter().find_map(|l| {
+            // SAFETY: a NUL-terminated library name; RTLD_NOW resolves everything up front.
+            let h = unsafe { libc::dlopen(l.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            (!h.is_null()).then(|| (h, l.to_string_lossy()))
+        }) else {
+            return Err(format!(
+                "{} could not be loaded (no {} driver)",
+                n.libs[0].to_string_lossy(),
+                if n.api == "HIP" { "ROCm" } else { "NVIDIA" }
+            ));
+        };
         macro_rules! need {
-            ($t:ty; $($n:expr),+) => {
-                match sym(lib, &[$($n),+]) {
-                    // SAFETY: the driver's function of that name has the declared C signature.
+            ($t:ty; $names:expr) => {
+                match sym(lib, $names) {
+                    // SAFETY: the API's function of that name has the declared C signature.
                     Some(p) => unsafe { std::mem::transmute::<*mut c_void, $t>(p) },
-                    None => return Err(format!("libcuda.so.1 lacks {}", [$($n.to_string_lossy()),+].join(" or "))),
+                    None => {
+                        return Err(format!(
+                            "{lib_name} lacks {}",
+                            $names
+                                .iter()
+                                .map(|x| x.to_string_lossy())
+                                .collect::<Vec<_>>()
+                                .join(" or ")
+                        ))
+                    }
                 }
             };
         }
-        let init: FnInit = need!(FnInit; c"cuInit");
-        // SAFETY: cuInit(0) is idempotent; the application has normally called it already.
+        let init: FnInit = need!(FnInit; &[n.init]);
+        // SAFETY: the init call is idempotent; the application has normally made it already.
         let rc = unsafe { init(0) };
         if rc != CUDA_SUCCESS {
-            return Err(format!("cuInit failed with CUDA error {rc}"));
+            return Err(format!(
+                "{} failed with {} error {rc}",
+                n.init.to_string_lossy(),
+                n.api
+            ));
         }
         Ok(Cuda {
-            ctx_get_current: need!(FnCtxGetCurrent; c"cuCtxGetCurrent"),
-            ctx_set_current: need!(FnCtxSetCurrent; c"cuCtxSetCurrent"),
-            ctx_push: need!(FnCtxPush; c"cuCtxPushCurrent_v2", c"cuCtxPushCurrent"),
-            ctx_pop: need!(FnCtxPop; c"cuCtxPopCurrent_v2", c"cuCtxPopCurrent"),
-            ctx_get_device: need!(FnCtxGetDevice; c"cuCtxGetDevice"),
-            stream_get_ctx: need!(FnStreamGetCtx; c"cuStreamGetCtx"),
-            stream_is_capturing: need!(FnStreamIsCapturing; c"cuStreamIsCapturing"),
-            stream_create: need!(FnStreamCreate; c"cuStreamCreate"),
-            event_create: need!(FnEventCreate; c"cuEventCreate"),
-            event_record: need!(FnEventRecord; c"cuEventRecord"),
-            event_query: need!(FnEventQuery; c"cuEventQuery"),
-            event_synchronize: need!(FnEventSynchronize; c"cuEventSynchronize"),
-            event_elapsed: need!(FnEventElapsed; c"cuEventElapsedTime", c"cuEventElapsedTime_v2"),
-            event_destroy: need!(FnEventDestroy; c"cuEventDestroy_v2", c"cuEventDestroy"),
-            exchange_capture_mode: sym(lib, &[c"cuThreadExchangeStreamCaptureMode"])
+            ctx_get_current: need!(FnCtxGetCurrent; &[n.ctx_get_current]),
+            ctx_set_current: need!(FnCtxSetCurrent; &[n.ctx_set_current]),
+            ctx_push: need!(FnCtxPush; n.ctx_push),
+            ctx_pop: need!(FnCtxPop; n.ctx_pop),
+            ctx_get_device: need!(FnCtxGetDevice; &[n.ctx_get_device]),
+            stream_get_ctx: match n.stream_get_ctx {
+                Some(name) => Some(need!(FnStreamGetCtx; &[name])),
+                None => None,
+            },
+            stream_is_capturing: need!(FnStreamIsCapturing; &[n.stream_is_capturing]),
+            stream_create: need!(FnStreamCreate; n.stream_create),
+            event_create: need!(FnEventCreate; n.event_create),
+            event_record: need!(FnEventRecord; &[n.event_record]),
+            event_query: need!(FnEventQuery; &[n.event_query]),
+            event_synchronize: need!(FnEventSynchronize; &[n.event_synchronize]),
+            event_elapsed: need!(FnEventElapsed; n.event_elapsed),
+            event_destroy: need!(FnEventDestroy; n.event_destroy),
+            exchange_capture_mode: sym(lib, &[n.exchange_capture_mode])
                 // SAFETY: as above.
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, FnExchangeCaptureMode>(p) }),
-            capture_info: sym(lib, &[c"cuStreamGetCaptureInfo_v2"])
-                // SAFETY: as above (the CUDA 11.3+ signature of that versioned name).
+            capture_info: sym(lib, &[n.capture_info])
+                // SAFETY: as above (the CUDA 11.3+ / HIP signature of that versioned name).
                 .map(|p| unsafe { std::mem::transmute::<*mut c_void, FnCaptureInfo>(p) }),
+            api: n.api,
         })
     }
 
@@ -196,10 +303,9 @@ impl Cuda {
         let mut ctx: Handle = 0;
         // SAFETY: a valid out-pointer; the stream is the application's.
         let rc = unsafe {
-            if is_default_stream(stream) {
-                (self.ctx_get_current)(&mut ctx)
-            } else {
-                (self.stream_get_ctx)(stream, &mut ctx)
+            match self.stream_get_ctx {
+                Some(f) if !is_default_stream(stream) => f(stream, &mut ctx),
+                _ => (self.ctx_get_current)(&mut ctx),
             }
         };
         (rc == CUDA_SUCCESS && ctx != 0).then_some(ctx)
