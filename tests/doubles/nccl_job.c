@@ -105,6 +105,16 @@ static void bench(ncclComm_t comm, stream_t s, int n) {
     printf("cuEventRecord: %.1f ns per call\n", (double)rec / n);
 }
 
+/* Captures an all-reduce of `count` floats into a CUDA graph on a new stream; returns the
+ * stream, the graph and its executable. */
+static void capture_allreduce(ncclComm_t comm, size_t count, stream_t *cs, uintptr_t *graph, uintptr_t *exec) {
+    CHECK(cuStreamCreate(cs, 1));
+    CHECK(cuStreamBeginCapture_v2(*cs, 0));
+    CHECK(ncclAllReduce(NULL, NULL, count, FLOAT, SUM, comm, *cs));
+    CHECK(cuStreamEndCapture(*cs, graph));
+    CHECK(cuGraphInstantiateWithFlags(exec, *graph, 0));
+}
+
 static void basic(ncclComm_t comm, stream_t s) {
     for (int i = 0; i < 12; i++) {
         testdouble_cuda_launch_busy(s, 2 * MS);
@@ -130,12 +140,8 @@ static void basic(ncclComm_t comm, stream_t s) {
      * the work already queued on the communicator: one order of operations per communicator). */
     CHECK(cuStreamSynchronize(s));
     stream_t cs;
-    CHECK(cuStreamCreate(&cs, 1));
-    CHECK(cuStreamBeginCapture_v2(cs, 0));
-    CHECK(ncclAllReduce(NULL, NULL, 256, FLOAT, SUM, comm, cs));
     uintptr_t graph, exec;
-    CHECK(cuStreamEndCapture(cs, &graph));
-    CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    capture_allreduce(comm, 256, &cs, &graph, &exec);
     for (int i = 0; i < 3; i++) CHECK(cuGraphLaunch(exec, cs));
     CHECK(cuStreamSynchronize(cs));
     CHECK(cuGraphExecDestroy(exec));
@@ -215,12 +221,8 @@ int main(int argc, char **argv) {
             CHECK(cuStreamSynchronize(s));
         } else if (strcmp(mode, "graphhang") == 0) {
             stream_t cs;
-            CHECK(cuStreamCreate(&cs, 1));
-            CHECK(cuStreamBeginCapture_v2(cs, 0));
-            CHECK(ncclAllReduce(NULL, NULL, 1024, FLOAT, SUM, comm, cs));
             uintptr_t graph, exec;
-            CHECK(cuStreamEndCapture(cs, &graph));
-            CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+            capture_allreduce(comm, 1024, &cs, &graph, &exec);
             for (int i = 0; i < 5; i++) CHECK(cuGraphLaunch(exec, cs));
             CHECK(cuStreamSynchronize(cs));
             printf("rank %d ready\n", rank);

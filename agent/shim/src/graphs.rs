@@ -166,7 +166,7 @@ fn after_end(key: Option<(bool, u64)>, rc: c_int, graph: *mut Handle) {
 }
 
 fn after_instantiate(rc: c_int, exec: *mut Handle, graph: Handle) {
-    if rc != 0 || exec.is_null() || !following() {
+    if rc != 0 || exec.is_null() || !FOLLOWING.load(Ordering::Acquire) {
         return;
     }
     // SAFETY: the caller's out-pointer, written by the real function on success.
@@ -175,7 +175,7 @@ fn after_instantiate(rc: c_int, exec: *mut Handle, graph: Handle) {
 }
 
 fn forget(graph: Option<Handle>, exec: Option<Handle>) {
-    if !following() {
+    if !FOLLOWING.load(Ordering::Acquire) {
         return;
     }
     let _ = std::panic::catch_unwind(|| {

@@ -769,15 +769,30 @@ fn end(mut r: Rec, rc: c_int) -> c_int {
         if r.call.flags & flags::GRAPH_CAPTURED != 0 && rc == result::SUCCESS {
             crate::graphs::captured(r.stream, r.comm, &r.call);
         }
-        if let (Some(s), result::SUCCESS) = (r.gpu, rc)
-            && submit(shim, s, r.stream, std::slice::from_ref(&r.call))
-        {
-            return;
-        }
-        shim.unclaim(r.slot);
-        shim.push_call(&r.call);
+        hand_over(
+            shim,
+            r.gpu.filter(|_| rc == result::SUCCESS),
+            r.slot,
+            r.stream,
+            std::slice::from_ref(&r.call),
+        );
     });
     rc
+}
+
+/// After the real call: hands `calls` to the poller with pending slot `gpu` (its start event
+/// recorded; `None` when there is none or the launch failed), else frees in-flight `slot` and
+/// writes them with host times.
+fn hand_over(shim: &Shim, gpu: Option<usize>, slot: Slot, stream: Stream, calls: &[Call]) {
+    if let Some(s) = gpu
+        && submit(shim, s, stream, calls)
+    {
+        return;
+    }
+    shim.unclaim(slot);
+    for c in calls {
+        shim.push_call(c);
+    }
 }
 
 /// Records the end event and hands pending slot `s` (holding `calls`) to the poller. False
@@ -866,15 +881,7 @@ pub fn replay(
             shim.unclaim(slot);
             return;
         }
-        if let Some(s) = gpu
-            && submit(shim, s, stream, &recs)
-        {
-            return;
-        }
-        shim.unclaim(slot);
-        for c in &recs {
-            shim.push_call(c);
-        }
+        hand_over(shim, gpu, slot, stream, &recs);
     });
     drop(guard);
     rc
@@ -1505,15 +1512,13 @@ fn group_end_recorded(shim: &'static Shim, guard: Guard, members: &mut [Member])
                     .filter(|m| m.stream == *stream)
                     .map(|m| m.call),
             );
-            if let (Some(s), result::SUCCESS) = (*gpu, rc)
-                && submit(shim, s, *stream, &calls)
-            {
-                continue;
-            }
-            shim.unclaim(*slot);
-            for c in &calls {
-                shim.push_call(c);
-            }
+            hand_over(
+                shim,
+                gpu.filter(|_| rc == result::SUCCESS),
+                *slot,
+                *stream,
+                &calls,
+            );
         }
         // Streams past the limit.
         for m in members

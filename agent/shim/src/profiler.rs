@@ -761,24 +761,19 @@ unsafe fn start_proxy(d: *const u8) -> *mut c_void {
     let Some(p) = event(parent).filter(|p| p.kind.load(Ordering::Acquire) == kind::OP) else {
         return std::ptr::null_mut();
     };
-    let Some(e) = claim(kind::PROXY) else {
-        return std::ptr::null_mut();
-    };
-    p.proxies_open.fetch_add(1, Ordering::AcqRel);
-    *e.proxy.lock().unwrap_or_else(|x| x.into_inner()) = LinkAgg {
-        peer,
-        send: send != 0,
-        t_start: now_mono(),
-        t_end: 0,
-        bytes: steps.max(0) as u64 * chunk.max(0) as u64,
-        steps: steps.max(0) as u32,
-        channels: 1,
-        ..LinkAgg::default()
-    };
-    e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
-    e.parent_gen
-        .store(p.generation.load(Ordering::Acquire), Ordering::Release);
-    e as *const Ev as *mut c_void
+    child(kind::PROXY, p, |e| {
+        p.proxies_open.fetch_add(1, Ordering::AcqRel);
+        *e.proxy.lock().unwrap_or_else(|x| x.into_inner()) = LinkAgg {
+            peer,
+            send: send != 0,
+            t_start: now_mono(),
+            t_end: 0,
+            bytes: steps.max(0) as u64 * chunk.max(0) as u64,
+            steps: steps.max(0) as u32,
+            channels: 1,
+            ..LinkAgg::default()
+        };
+    })
 }
 
 /// # Safety
@@ -790,10 +785,18 @@ unsafe fn start_step(d: *const u8) -> *mut c_void {
     let Some(p) = event(parent).filter(|p| p.kind.load(Ordering::Acquire) == kind::PROXY) else {
         return std::ptr::null_mut();
     };
-    let Some(e) = claim(kind::STEP) else {
+    child(kind::STEP, p, |e| {
+        *e.step.lock().unwrap_or_else(|x| x.into_inner()) = StepT::default();
+    })
+}
+
+/// Claims an event of kind `k` under parent `p` (`init` fills its own fields first); null when
+/// the pool is full.
+fn child(k: u8, p: &'static Ev, init: impl FnOnce(&Ev)) -> *mut c_void {
+    let Some(e) = claim(k) else {
         return std::ptr::null_mut();
     };
-    *e.step.lock().unwrap_or_else(|x| x.into_inner()) = StepT::default();
+    init(e);
     e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
     e.parent_gen
         .store(p.generation.load(Ordering::Acquire), Ordering::Release);
@@ -812,13 +815,7 @@ unsafe fn start_channel(d: *const u8) -> *mut c_void {
     if ptimer != 0 {
         p.k_start.fetch_min(ptimer, Ordering::Relaxed);
     }
-    let Some(e) = claim(kind::CHANNEL) else {
-        return std::ptr::null_mut();
-    };
-    e.parent.store(p as *const Ev as u64, Ordering::Relaxed);
-    e.parent_gen
-        .store(p.generation.load(Ordering::Acquire), Ordering::Release);
-    e as *const Ev as *mut c_void
+    child(kind::CHANNEL, p, |_| {})
 }
 
 unsafe extern "C" fn record_state(h: *mut c_void, state: c_int, args: *const u8) -> c_int {
