@@ -7,7 +7,7 @@
 //! commscope itself compares or hashes a handle it first [`Abi::norm`]alizes it.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use commscope_wire::op::dtype;
 
@@ -38,77 +38,46 @@ impl Flavour {
 
 static FLAVOUR: AtomicU8 = AtomicU8::new(0);
 
-/// Looks a symbol up in the process (the MPI library the application linked or loaded).
-pub fn lookup(name: &CStr) -> *mut c_void {
-    // SAFETY: dlsym with a valid NUL-terminated name; RTLD_NEXT finds the definition after this
-    // library, which is the real one when this library is preloaded.
-    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) };
-    if !p.is_null() {
-        return p;
-    }
-    // SAFETY: as above, searching the global scope (e.g. an MPI loaded with dlopen).
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
-}
+pub use crate::resolve::{Real, data as lookup_data, next as lookup};
 
-/// Looks up a data object's canonical address. An executable that takes the address of a
-/// library's data object (`&ompi_mpi_comm_world`) gets a copy relocation, and the copy in the
-/// executable is the object everyone uses: the global scope finds it first.
-pub fn lookup_data(name: &CStr) -> *mut c_void {
-    // SAFETY: dlsym with a valid NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
-}
-
-/// A lazily resolved real function, cached in an atomic.
-#[derive(Debug)]
-pub struct Real {
-    name: &'static CStr,
-    ptr: AtomicUsize,
-    resolve: fn(&'static CStr) -> *mut c_void,
-}
-
-impl Real {
-    /// A function named `name`, resolved on first use with [`lookup`].
-    pub const fn new(name: &'static CStr) -> Self {
-        Real::with(name, lookup)
-    }
-
-    /// A function named `name`, resolved on first use by `resolve` (which may try other names).
-    pub const fn with(name: &'static CStr, resolve: fn(&'static CStr) -> *mut c_void) -> Self {
-        Real {
-            name,
-            ptr: AtomicUsize::new(0),
-            resolve,
-        }
-    }
-
-    /// The function's address, or 0 when the loaded library does not have it.
-    #[inline]
-    pub fn get(&self) -> usize {
-        let p = self.ptr.load(Ordering::Relaxed);
-        if p != 0 {
-            return p;
-        }
-        let p = (self.resolve)(self.name) as usize;
-        self.ptr.store(p, Ordering::Relaxed);
-        p
-    }
-
-    /// The symbol name.
-    pub fn name(&self) -> &'static CStr {
-        self.name
-    }
-}
-
-/// Declares the real (`PMPI_*`) entry points: `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a
-/// function `PMPI_Send(a, …)` that forwards to the loaded MPI, or returns `MPI_ERR_OTHER`
-/// (printing one line) when the library lacks the symbol.
+/// Declares the real (`PMPI_*`) entry points an application's calls are forwarded to:
+/// `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a function `PMPI_Send(a, …)` that calls the
+/// loaded MPI's, wherever that library was loaded; when no loaded library has it, the process
+/// ends as the dynamic loader would have ended it ([`crate::resolve::undefined`]).
 macro_rules! pmpi {
     ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
         $(
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             #[inline]
             pub unsafe fn $name($($arg: $ty),*) -> ::std::ffi::c_int {
-                static REAL: $crate::abi::Real = $crate::abi::Real::new(
+                static REAL: $crate::resolve::Real = $crate::resolve::Real::new(
+                    match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                        Ok(s) => s,
+                        Err(_) => panic!("symbol name"),
+                    },
+                );
+                let p = REAL.target();
+                // SAFETY: `p` is the address of the MPI library's function of this name, whose C
+                // signature is the one declared here (handles as machine words).
+                let f: unsafe extern "C" fn($($ty),*) -> ::std::ffi::c_int = unsafe { ::std::mem::transmute(p) };
+                // SAFETY: the caller passes the application's own arguments through.
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+pub(crate) use pmpi;
+
+/// Declares `PMPI_*` functions the shim calls for itself (ranks, sizes, groups, type sizes):
+/// like [`pmpi!`], but a function the loaded library lacks returns `MPI_ERR_OTHER` (reported
+/// once) instead of ending the process — the shim's own queries must never hurt the job.
+macro_rules! pmpi_own {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
+        $(
+            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            #[inline]
+            pub unsafe fn $name($($arg: $ty),*) -> ::std::ffi::c_int {
+                static REAL: $crate::resolve::Real = $crate::resolve::Real::new(
                     match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
                         Ok(s) => s,
                         Err(_) => panic!("symbol name"),
@@ -122,25 +91,25 @@ macro_rules! pmpi {
                 // SAFETY: `p` is the address of the MPI library's function of this name, whose C
                 // signature is the one declared here (handles as machine words).
                 let f: unsafe extern "C" fn($($ty),*) -> ::std::ffi::c_int = unsafe { ::std::mem::transmute(p) };
-                // SAFETY: the caller passes the application's own arguments through.
+                // SAFETY: the shim's own, valid arguments.
                 unsafe { f($($arg),*) }
             }
         )*
     };
 }
-pub(crate) use pmpi;
+pub(crate) use pmpi_own;
 
-/// `MPI_ERR_OTHER` in both flavours' numbering is not the same (16 / 15); the value only reaches
-/// an application whose MPI library lacks a function it called, which cannot link anyway.
+/// `MPI_ERR_OTHER` in both flavours' numbering is not the same (16 / 15); the value is only
+/// seen by the shim's own queries, never by the application.
 pub const ERR_OTHER: c_int = 15;
 
-/// Reports a missing real function once per process.
+/// Reports, once per process, that one of the shim's own queries is missing from the library.
 #[cold]
 pub fn missing(name: &CStr) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         crate::util::warn(format_args!(
-            "the MPI library has no {}; the call fails with MPI_ERR_OTHER",
+            "the MPI library has no {}; commscope records less about this process",
             name.to_string_lossy()
         ))
     });
@@ -404,7 +373,7 @@ impl Abi {
 
 /// The library's version string, from `MPI_Get_library_version`.
 pub fn library_version() -> String {
-    pmpi! {
+    pmpi_own! {
         fn PMPI_Get_library_version(buf: *mut c_char, len: *mut c_int) -> c_int;
     }
     // MPICH's MPI_MAX_LIBRARY_VERSION_STRING is 8192, Open MPI's 256.

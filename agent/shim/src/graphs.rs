@@ -22,13 +22,13 @@
 //! a graph, the rest are not followed (their capture records remain).
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use commscope_wire::record::Call;
 
-use crate::abi::Real;
+use crate::resolve::Real;
 use crate::cuda::Handle;
 use crate::state;
 
@@ -130,15 +130,6 @@ fn calls_of(exec: Handle) -> Option<Calls> {
         .cloned()
 }
 
-/// The real function after this library, never this library's own export.
-fn next_only(name: &'static CStr) -> *mut c_void {
-    // SAFETY: dlsym with a valid NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
-}
-
-/// What a wrapper answers when the real function cannot be found (`CUDA_ERROR_NOT_FOUND`,
-/// `cudaErrorSymbolNotFound`).
-const NOT_FOUND: c_int = 500;
 
 /// The capture `stream` belongs to, asked before the capture ends; only while some capture
 /// holds NCCL calls.
@@ -213,12 +204,9 @@ type DestroyFn = unsafe extern "C" fn(Handle) -> c_int;
 
 macro_rules! real {
     ($name:literal, $t:ty) => {{
-        static R: Real = Real::with($name, next_only);
-        match R.get() {
-            0 => None,
-            // SAFETY: the next definition of that name has the declared C signature.
-            p => Some(unsafe { std::mem::transmute::<usize, $t>(p) }),
-        }
+        static R: Real = Real::new($name);
+        // SAFETY: the real definition of that name has the declared C signature.
+        unsafe { std::mem::transmute::<usize, $t>(R.target()) }
     }};
 }
 
@@ -228,9 +216,7 @@ macro_rules! end_capture_fn {
         /// The CUDA API's contract for this function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $export(stream: Handle, graph: *mut Handle) -> c_int {
-            let Some(f) = real!($name, EndCaptureFn) else {
-                return NOT_FOUND;
-            };
+            let f = real!($name, EndCaptureFn);
             let key = capture_key_before_end(stream);
             // SAFETY: forwarded unchanged.
             let rc = unsafe { f(stream, graph) };
@@ -255,9 +241,7 @@ macro_rules! instantiate_fn {
             b: usize,
             c: usize,
         ) -> c_int {
-            let Some(f) = real!($name, InstFn) else {
-                return NOT_FOUND;
-            };
+            let f = real!($name, InstFn);
             // SAFETY: forwarded unchanged.
             let rc = unsafe { f(exec, graph, a, b, c) };
             after_instantiate(rc, exec, graph);
@@ -289,9 +273,7 @@ macro_rules! launch_fn {
         /// The CUDA API's contract for this function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $export(exec: Handle, stream: Handle) -> c_int {
-            let Some(f) = real!($name, LaunchFn) else {
-                return NOT_FOUND;
-            };
+            let f = real!($name, LaunchFn);
             // SAFETY: forwarded unchanged.
             launch(exec, stream, || unsafe { f(exec, stream) })
         }
@@ -309,9 +291,7 @@ macro_rules! destroy_fn {
         /// The CUDA API's contract for this function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $export(h: Handle) -> c_int {
-            let Some(f) = real!($name, DestroyFn) else {
-                return NOT_FOUND;
-            };
+            let f = real!($name, DestroyFn);
             // Forgotten first: once destroyed, the handle may come back for another graph.
             if $graph {
                 forget(Some(h), None);

@@ -21,6 +21,7 @@ pub mod graphs;
 pub mod mpi;
 pub mod nccl;
 pub mod profiler;
+pub mod resolve;
 pub mod state;
 pub mod tables;
 pub mod util;

@@ -69,58 +69,59 @@ pub struct UniqueId {
 // ----- the real functions --------------------------------------------------------------------
 
 /// A real NCCL function, declared by its `pncclX` twin.
-type Real = crate::abi::Real;
+type Real = crate::resolve::Real;
 
 /// The public name of a twin (`pncclX` → `ncclX`).
 fn plain(twin: &'static CStr) -> &'static CStr {
     CStr::from_bytes_with_nul(&twin.to_bytes_with_nul()[1..]).unwrap_or(twin)
 }
 
-/// Resolves `pncclX`, else the next definition of `ncclX` after this library.
+/// Resolves `pncclX`, else the real `ncclX`, wherever the library was loaded (in the global
+/// scope or privately, as a dependency of an `RTLD_LOCAL` object): never this library's wrapper.
 fn resolve(twin: &'static CStr) -> *mut c_void {
-    // SAFETY: dlsym with NUL-terminated names. The twins are never defined by this library, so
-    // the global scope is safe to search for them; the plain name only after this library
-    // (RTLD_NEXT), never in the global scope, which would find this very wrapper.
-    unsafe {
-        let mut p = libc::dlsym(libc::RTLD_NEXT, twin.as_ptr());
-        if p.is_null() {
-            p = libc::dlsym(libc::RTLD_DEFAULT, twin.as_ptr());
-        }
-        if p.is_null() {
-            p = libc::dlsym(libc::RTLD_NEXT, plain(twin).as_ptr());
-        }
-        p
+    let p = crate::resolve::next(twin);
+    if !p.is_null() {
+        return p;
     }
+    crate::resolve::next(plain(twin))
 }
 
-#[cold]
-fn missing(name: &CStr) -> c_int {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        util::warn(format_args!(
-            "the loaded NCCL has no {}; the call fails with ncclInternalError",
-            name.to_string_lossy()
-        ))
-    });
-    result::INTERNAL_ERROR
-}
-
+/// Declares the real NCCL functions: `forward` ones carry an application's call (a function no
+/// loaded library has ends the process as the dynamic loader would), `own` ones are the shim's
+/// own queries (missing: `ncclInternalError`, and the shim records less).
 macro_rules! real {
-    ($(fn $name:ident = $twin:literal ($($arg:ident: $ty:ty),* $(,)?);)*) => {
+    (forward { $(fn $name:ident = $twin:literal ($($arg:ident: $ty:ty),* $(,)?);)* }
+     own { $(fn $oname:ident = $otwin:literal ($($oarg:ident: $oty:ty),* $(,)?);)* }) => {
         $(
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             #[inline]
             pub unsafe fn $name($($arg: $ty),*) -> c_int {
                 static REAL: Real = Real::with($twin, resolve);
-                let p = REAL.get();
-                if p == 0 {
-                    return missing(plain($twin));
-                }
+                let p = match REAL.get() {
+                    0 => crate::resolve::undefined(plain($twin)),
+                    p => p,
+                };
                 // SAFETY: `p` is the NCCL library's function of this name, whose C signature is
                 // the one declared here (handles and enums as machine words / ints).
                 let f: unsafe extern "C" fn($($ty),*) -> c_int = unsafe { std::mem::transmute(p) };
                 // SAFETY: the caller passes the application's own arguments through.
                 unsafe { f($($arg),*) }
+            }
+        )*
+        $(
+            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
+            #[inline]
+            pub unsafe fn $oname($($oarg: $oty),*) -> c_int {
+                static REAL: Real = Real::with($otwin, resolve);
+                let p = REAL.get();
+                if p == 0 {
+                    return result::INTERNAL_ERROR;
+                }
+                // SAFETY: `p` is the NCCL library's function of this name, whose C signature is
+                // the one declared here.
+                let f: unsafe extern "C" fn($($oty),*) -> c_int = unsafe { std::mem::transmute(p) };
+                // SAFETY: the shim's own, valid arguments.
+                unsafe { f($($oarg),*) }
             }
         )*
     };
@@ -130,7 +131,7 @@ macro_rules! real {
 pub mod real {
     use super::*;
     real! {
-        fn get_version = c"pncclGetVersion" (v: *mut c_int);
+        forward {
         fn get_unique_id = c"pncclGetUniqueId" (id: *mut UniqueId);
         fn comm_init_rank = c"pncclCommInitRank" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int);
         fn comm_init_rank_config = c"pncclCommInitRankConfig" (comm: *mut NComm, n: c_int, id: UniqueId, rank: c_int, config: P);
@@ -142,9 +143,6 @@ pub mod real {
         fn comm_destroy = c"pncclCommDestroy" (comm: NComm);
         fn comm_abort = c"pncclCommAbort" (comm: NComm);
         fn comm_get_async_error = c"pncclCommGetAsyncError" (comm: NComm, err: *mut c_int);
-        fn comm_user_rank = c"pncclCommUserRank" (comm: NComm, rank: *mut c_int);
-        fn comm_count = c"pncclCommCount" (comm: NComm, count: *mut c_int);
-        fn comm_cu_device = c"pncclCommCuDevice" (comm: NComm, dev: *mut c_int);
         fn group_start = c"pncclGroupStart" ();
         fn group_end = c"pncclGroupEnd" ();
         fn all_reduce = c"pncclAllReduce" (s: CP, r: P, n: usize, dt: c_int, op: c_int, comm: NComm, stream: Stream);
@@ -166,6 +164,14 @@ pub mod real {
         fn all_to_all_config = c"pncclAlltoAllConfig" (s: CP, r: P, n: usize, dt: c_int, comm: NComm, stream: Stream, cfg: CP);
         fn gather_config = c"pncclGatherConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
         fn scatter_config = c"pncclScatterConfig" (s: CP, r: P, n: usize, dt: c_int, root: c_int, comm: NComm, stream: Stream, cfg: CP);
+        }
+        own {
+        fn get_version = c"pncclGetVersion" (v: *mut c_int);
+        fn comm_user_rank = c"pncclCommUserRank" (comm: NComm, rank: *mut c_int);
+        fn comm_count = c"pncclCommCount" (comm: NComm, count: *mut c_int);
+        fn comm_cu_device = c"pncclCommCuDevice" (comm: NComm, dev: *mut c_int);
+        fn poll_async_error = c"pncclCommGetAsyncError" (comm: NComm, err: *mut c_int);
+        }
     }
 }
 
@@ -1053,7 +1059,7 @@ fn poll_async_errors(shim: &Shim) {
         for l in live.iter().filter(|l| !l.reported) {
             let mut err: c_int = 0;
             // SAFETY: a live communicator (see above); a valid out-pointer.
-            let rc = unsafe { real::comm_get_async_error(l.handle, &mut err) };
+            let rc = unsafe { real::poll_async_error(l.handle, &mut err) };
             if rc == result::SUCCESS && err != result::SUCCESS && err != result::IN_PROGRESS {
                 found.push((l.handle, err));
             }
