@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 
 use commscope_wire::record::Call;
 
-use crate::resolve::Real;
 use crate::cuda::Handle;
+use crate::resolve::Real;
 use crate::state;
 
 /// Graphs (and executable graphs) followed at once.
@@ -129,7 +129,6 @@ fn calls_of(exec: Handle) -> Option<Calls> {
         .get(&exec)
         .cloned()
 }
-
 
 /// The capture `stream` belongs to, asked before the capture ends; only while some capture
 /// holds NCCL calls.

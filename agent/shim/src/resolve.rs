@@ -155,6 +155,322 @@ fn program() -> String {
         .unwrap_or_else(|| "commscope".to_owned())
 }
 
+// ----- optional exports --------------------------------------------------------------------------
+//
+// Some entry points exist only in some libraries: MPI-4's large-count `_c` calls and persistent
+// collectives are in MPICH 4 but not in Open MPI 4.1, the Fortran bindings only where a Fortran
+// MPI library is loaded, NCCL's `*Config` calls only from 2.32. Programs test for such functions
+// with weak references (`if (MPI_Bcast_c) …`: mpi4py does so for hundreds of them), so a
+// preloaded library that simply defines them changes what the program does. These wrappers are
+// therefore exported as GNU indirect functions: the dynamic loader asks their resolver for the
+// address when it binds a reference, and the resolver answers the wrapper only when a loaded
+// library defines the real function, else 0 — to the program the function is defined exactly
+// when it would be without commscope.
+
+/// Defines `$export` as an optional export of `$wrapper`: bound to the wrapper when a loaded
+/// object other than this library defines one of the `$probe` names (tried in order; the first
+/// is the function the wrapper forwards to), else unresolved (a weak reference reads 0).
+macro_rules! optional_export {
+    ($export:ident, $wrapper:path, [$($probe:literal),+ $(,)?]) => {
+        /// The resolver of an optional export (GNU indirect function): see
+        /// [`crate::resolve::optional`].
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub extern "C" fn $export() -> usize {
+            $crate::resolve::optional($wrapper as *const () as usize, &[$($probe),+])
+        }
+        #[cfg(not(test))]
+        ::std::arch::global_asm!(concat!(".type ", stringify!($export), ", @gnu_indirect_function"));
+    };
+}
+pub(crate) use optional_export;
+
+/// The address an optional export binds to: `wrapper` when a loaded object other than this
+/// library defines `probes[0]`; the real function itself when only a later probe is defined
+/// (it is called unrecorded: the profiling twin is missing); else 0.
+///
+/// Runs inside the dynamic loader while it relocates an object, so it reads the loaded objects'
+/// dynamic symbol tables itself: no `dl*` call, no allocation, no thread-local.
+pub fn optional(wrapper: usize, probes: &[&CStr]) -> usize {
+    for (i, name) in probes.iter().enumerate() {
+        if let Some(addr) = elf::defined_elsewhere(name) {
+            return if i == 0 { wrapper } else { addr };
+        }
+    }
+    0
+}
+
+/// Reading the loaded objects' dynamic symbol tables (`DT_GNU_HASH`, else `DT_HASH`).
+mod elf {
+    use std::ffi::{CStr, c_int, c_void};
+
+    const DT_NULL: i64 = 0;
+    const DT_HASH: i64 = 4;
+    const DT_STRTAB: i64 = 5;
+    const DT_SYMTAB: i64 = 6;
+    const DT_GNU_HASH: i64 = 0x6fff_fef5;
+    const DT_VERSYM: i64 = 0x6fff_fff0;
+    const STT_FUNC: u8 = 2;
+    const STT_OBJECT: u8 = 1;
+    const STT_GNU_IFUNC: u8 = 10;
+    const STB_LOCAL: u8 = 0;
+
+    #[repr(C)]
+    struct Dyn {
+        tag: i64,
+        val: u64,
+    }
+
+    struct Query<'a> {
+        name: &'a CStr,
+        hash_gnu: u32,
+        hash_sysv: u32,
+        own: usize,
+        found: Option<usize>,
+    }
+
+    /// The address of the first definition of `name` in a loaded object other than this library
+    /// (for an indirect function, its resolver's address: non-zero is what matters).
+    pub fn defined_elsewhere(name: &CStr) -> Option<usize> {
+        let mut q = Query {
+            name,
+            hash_gnu: gnu_hash(name.to_bytes()),
+            hash_sysv: sysv_hash(name.to_bytes()),
+            own: defined_elsewhere as *const () as usize,
+            found: None,
+        };
+        // SAFETY: the callback matches dl_iterate_phdr's and only reads the entry it is given
+        // and the query it is passed.
+        unsafe { libc::dl_iterate_phdr(Some(each), (&mut q as *mut Query<'_>).cast()) };
+        q.found
+    }
+
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, q: *mut c_void) -> c_int {
+        // SAFETY: `q` is the query passed by `defined_elsewhere`; `info` the loader's entry for
+        // one loaded object, whose program headers and dynamic section are mapped.
+        unsafe {
+            let q = &mut *(q as *mut Query<'_>);
+            let info = &*info;
+            if info.dlpi_phdr.is_null() || contains(info, q.own) {
+                return 0;
+            }
+            if let Some(a) = lookup(info, q) {
+                q.found = Some(a);
+                return 1;
+            }
+        }
+        0
+    }
+
+    /// Whether one of the object's loaded segments holds `addr`.
+    ///
+    /// # Safety
+    /// `info` must be a loader entry with valid program headers.
+    unsafe fn contains(info: &libc::dl_phdr_info, addr: usize) -> bool {
+        // SAFETY: per the contract.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
+        phdrs.iter().any(|p| {
+            p.p_type == libc::PT_LOAD && {
+                let start = base.wrapping_add(p.p_vaddr as usize);
+                addr >= start && addr < start.wrapping_add(p.p_memsz as usize)
+            }
+        })
+    }
+
+    /// The object's definition of the queried name, if any.
+    ///
+    /// # Safety
+    /// `info` must be a loader entry of a mapped object.
+    unsafe fn lookup(info: &libc::dl_phdr_info, q: &Query<'_>) -> Option<usize> {
+        // SAFETY: per the contract; every table address comes from the object's own dynamic
+        // section, which the loader mapped.
+        unsafe {
+            let base = info.dlpi_addr as usize;
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum));
+            let dynamic = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC)?;
+            // The loader rewrites these addresses in place for the objects it relocated; the vDSO
+            // (and an object it did not) keeps link-time values, relative to the base.
+            let fix = |v: u64| {
+                let v = v as usize;
+                if v < base { v.wrapping_add(base) } else { v }
+            };
+            let (mut symtab, mut strtab, mut gnu, mut sysv, mut versym) = (0, 0, 0, 0, 0);
+            let mut d = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
+            for _ in 0..4096 {
+                let e = &*d;
+                match e.tag {
+                    DT_NULL => break,
+                    DT_SYMTAB => symtab = fix(e.val),
+                    DT_STRTAB => strtab = fix(e.val),
+                    DT_GNU_HASH => gnu = fix(e.val),
+                    DT_HASH => sysv = fix(e.val),
+                    DT_VERSYM => versym = fix(e.val),
+                    _ => {}
+                }
+                d = d.add(1);
+            }
+            if symtab == 0 || strtab == 0 {
+                return None;
+            }
+            let tables = Tables { base, symtab, strtab, versym };
+            if gnu != 0 {
+                tables.gnu_lookup(gnu, q)
+            } else if sysv != 0 {
+                tables.sysv_lookup(sysv, q)
+            } else {
+                None
+            }
+        }
+    }
+
+    struct Tables {
+        base: usize,
+        symtab: usize,
+        strtab: usize,
+        versym: usize,
+    }
+
+    impl Tables {
+        /// Symbol `i` if it is a visible definition of `name`: its address.
+        ///
+        /// # Safety
+        /// `i` must index the object's symbol table.
+        unsafe fn matches(&self, i: usize, name: &CStr) -> Option<usize> {
+            // SAFETY: per the contract; names are NUL-terminated in the string table.
+            unsafe {
+                let sym = &*(self.symtab as *const libc::Elf64_Sym).add(i);
+                let kind = sym.st_info & 0xf;
+                let bind = sym.st_info >> 4;
+                if sym.st_shndx == 0
+                    || bind == STB_LOCAL
+                    || !matches!(kind, STT_FUNC | STT_OBJECT | STT_GNU_IFUNC)
+                {
+                    return None;
+                }
+                if self.versym != 0 && *(self.versym as *const u16).add(i) & 0x8000 != 0 {
+                    return None; // a hidden (non-default) version
+                }
+                let n = CStr::from_ptr((self.strtab + sym.st_name as usize) as *const libc::c_char);
+                (n == name).then(|| self.base.wrapping_add(sym.st_value as usize))
+            }
+        }
+
+        /// # Safety
+        /// `table` must be the object's `DT_GNU_HASH` table.
+        unsafe fn gnu_lookup(&self, table: usize, q: &Query<'_>) -> Option<usize> {
+            // SAFETY: per the contract: header, bloom words, buckets, then the chain.
+            unsafe {
+                let hdr = table as *const u32;
+                let (nbuckets, symoffset, bloom_size) = (*hdr, *hdr.add(1), *hdr.add(2));
+                if nbuckets == 0 {
+                    return None;
+                }
+                let buckets = (table + 16 + bloom_size as usize * 8) as *const u32;
+                let chain = buckets.add(nbuckets as usize);
+                let h = q.hash_gnu;
+                let mut i = *buckets.add((h % nbuckets) as usize);
+                if i == 0 || i < symoffset {
+                    return None;
+                }
+                loop {
+                    let c = *chain.add((i - symoffset) as usize);
+                    if (c | 1) == (h | 1)
+                        && let Some(a) = self.matches(i as usize, q.name)
+                    {
+                        return Some(a);
+                    }
+                    if c & 1 != 0 {
+                        return None;
+                    }
+                    i += 1;
+                }
+            }
+        }
+
+        /// # Safety
+        /// `table` must be the object's `DT_HASH` table.
+        unsafe fn sysv_lookup(&self, table: usize, q: &Query<'_>) -> Option<usize> {
+            // SAFETY: per the contract: nbucket, nchain, buckets, chains.
+            unsafe {
+                let hdr = table as *const u32;
+                let (nbucket, nchain) = (*hdr, *hdr.add(1));
+                if nbucket == 0 {
+                    return None;
+                }
+                let buckets = hdr.add(2);
+                let chains = buckets.add(nbucket as usize);
+                let mut i = *buckets.add((q.hash_sysv % nbucket) as usize);
+                let mut steps = 0;
+                while i != 0 && i < nchain && steps < nchain {
+                    if let Some(a) = self.matches(i as usize, q.name) {
+                        return Some(a);
+                    }
+                    i = *chains.add(i as usize);
+                    steps += 1;
+                }
+                None
+            }
+        }
+    }
+
+    fn gnu_hash(name: &[u8]) -> u32 {
+        name.iter()
+            .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(u32::from(c)))
+    }
+
+    fn sysv_hash(name: &[u8]) -> u32 {
+        let mut h: u32 = 0;
+        for &c in name {
+            h = (h << 4).wrapping_add(u32::from(c));
+            let g = h & 0xf000_0000;
+            if g != 0 {
+                h ^= g >> 24;
+            }
+            h &= !g;
+        }
+        h
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_hash_functions_match_the_elf_specifications() {
+            // Values from the ELF gABI (SysV) and the GNU hash's reference implementation.
+            assert_eq!(gnu_hash(b""), 5381);
+            assert_eq!(gnu_hash(b"printf"), 0x156b_2bb8);
+            assert_eq!(sysv_hash(b"printf"), 0x0779_05a6);
+        }
+
+        #[test]
+        fn a_libc_function_is_found_at_the_address_dlsym_gives() {
+            // SAFETY: dlsym on the global scope.
+            let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as usize;
+            assert_eq!(defined_elsewhere(c"getpid"), Some(p));
+        }
+
+        #[test]
+        fn a_privately_loaded_librarys_function_is_found() {
+            // SAFETY: loading a system library privately; never unloaded by this test.
+            let h = unsafe { libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if h.is_null() {
+                eprintln!("libz.so.1 is not installed; nothing to check");
+                return;
+            }
+            // SAFETY: dlsym on the library's own handle.
+            let p = unsafe { libc::dlsym(h, c"zlibVersion".as_ptr()) } as usize;
+            assert_eq!(defined_elsewhere(c"zlibVersion"), Some(p));
+        }
+
+        #[test]
+        fn a_name_nobody_defines_is_not_found() {
+            assert_eq!(defined_elsewhere(c"commscope_no_such_symbol_anywhere"), None);
+            assert_eq!(defined_elsewhere(c"getpi"), None);
+        }
+    }
+}
+
 /// A lazily resolved real function, cached in an atomic.
 #[derive(Debug)]
 pub struct Real {
@@ -236,7 +552,11 @@ mod tests {
         assert!(!direct.is_null());
         assert_eq!(found, direct);
         if global.is_null() {
-            assert_eq!(next(c"zlibVersion"), direct, "RTLD_NEXT cannot see it; the walk can");
+            assert_eq!(
+                next(c"zlibVersion"),
+                direct,
+                "RTLD_NEXT cannot see it; the walk can"
+            );
         }
     }
 

@@ -1,0 +1,388 @@
+//! Blocking and nonblocking collectives: each records one call around its `PMPI_*` twin.
+//!
+//! Data volume (`bytes`) per op follows nccl-tests' "size" (see [`super`]).
+
+use std::ffi::c_int;
+
+use commscope_wire::op::{Op, dtype, flags};
+
+use super::{CP, CollInfo, IP, P, cnt, shape, sum};
+use crate::abi::{H, pmpi};
+use crate::state::{Shim, shielded};
+
+pmpi! {
+    fn PMPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int;
+    fn PMPI_Allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H) -> c_int;
+    fn PMPI_Allreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H) -> c_int;
+    fn PMPI_Barrier(comm: H) -> c_int;
+    fn PMPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Exscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Gather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Gatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Iallgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iallgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iallreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P) -> c_int;
+    fn PMPI_Ibarrier(comm: H, req: P) -> c_int;
+    fn PMPI_Ibcast(buf: P, count: c_int, dt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iexscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Igather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Igatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iscatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iscatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Reduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Scatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H) -> c_int;
+}
+
+impl Shim {
+    /// Records a collective around `real`.
+    #[inline(always)]
+    pub(crate) fn coll(
+        &self,
+        comm: H,
+        op: Op,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let e = self.comm(comm);
+            let (n, me, inter) = shape(e);
+            let i = info(self, n, me, inter);
+            self.begin_coll(e, op, i.bytes, i.count, i.dtype, i.root, i.flags)
+        });
+        let rc = real();
+        if let Some(b) = b {
+            shielded(self, || self.finish(b.call, b.slot, rc));
+        }
+        rc
+    }
+
+    /// Records a nonblocking collective around `real`, which writes `req`.
+    #[inline(always)]
+    pub(crate) fn icoll(
+        &self,
+        comm: H,
+        op: Op,
+        req: P,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let e = self.comm(comm);
+            let (n, me, inter) = shape(e);
+            let i = info(self, n, me, inter);
+            self.begin_coll(
+                e,
+                op,
+                i.bytes,
+                i.count,
+                i.dtype,
+                i.root,
+                i.flags | flags::NONBLOCKING,
+            )
+        });
+        let rc = real();
+        if let Some(b) = b {
+            shielded(self, || self.posted(b, rc, req, false, 0));
+        }
+        rc
+    }
+}
+
+/// Reduce, allreduce, scan, exscan: the whole buffer.
+pub(crate) fn reduce_info(
+    s: &Shim,
+    sbuf: CP,
+    count: impl Into<i64> + Copy,
+    dt: H,
+    root: i32,
+) -> CollInfo {
+    CollInfo {
+        bytes: cnt(count) * s.type_size(dt),
+        count: cnt(count),
+        dtype: s.dt(dt),
+        root,
+        flags: s.in_place(sbuf),
+    }
+}
+
+/// Per-rank part × ranks, measured on the receive side.
+pub(crate) fn gathered(
+    s: &Shim,
+    sbuf: CP,
+    rcount: impl Into<i64> + Copy,
+    rt: H,
+    n: u64,
+) -> CollInfo {
+    CollInfo {
+        bytes: cnt(rcount) * s.type_size(rt) * n,
+        count: cnt(rcount) * n,
+        dtype: s.dt(rt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
+}
+
+pub(crate) fn gatherv_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    rcounts: *const T,
+    rt: H,
+    n: u64,
+) -> CollInfo {
+    // SAFETY: MPI requires `rcounts` to hold one count per rank here.
+    let c = unsafe { sum(rcounts, n) };
+    CollInfo {
+        bytes: c * s.type_size(rt),
+        count: c,
+        dtype: s.dt(rt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
+}
+
+/// Gather/scatter: the root knows the total; other ranks know their part × ranks.
+pub(crate) fn rooted_info<C: Copy + Into<i64>>(
+    s: &Shim,
+    root: c_int,
+    me: i32,
+    inter: bool,
+    n: u64,
+    root_side: (C, H),
+    my_side: (C, H),
+    fl: u16,
+) -> CollInfo {
+    let (c, t) = if s.root_is_me(root, me, inter) {
+        root_side
+    } else {
+        my_side
+    };
+    CollInfo {
+        bytes: cnt(c) * s.type_size(t) * n,
+        count: cnt(c) * n,
+        dtype: s.dt(t),
+        root: s.root_value(root),
+        flags: fl,
+    }
+}
+
+pub(crate) fn rooted_v_info<T: Copy + Into<i64>, C: Copy + Into<i64>>(
+    s: &Shim,
+    root: c_int,
+    me: i32,
+    inter: bool,
+    n: u64,
+    counts: *const T,
+    root_t: H,
+    my: (C, H),
+    fl: u16,
+) -> CollInfo {
+    let (c, t) = if s.root_is_me(root, me, inter) {
+        // SAFETY: at the root MPI requires one count per rank.
+        (unsafe { sum(counts, n) }, root_t)
+    } else {
+        (cnt(my.0), my.1)
+    };
+    CollInfo {
+        bytes: c * s.type_size(t),
+        count: c,
+        dtype: s.dt(t),
+        root: s.root_value(root),
+        flags: fl,
+    }
+}
+
+pub(crate) fn reduce_scatter_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    rcounts: *const T,
+    dt: H,
+    n: u64,
+) -> CollInfo {
+    // SAFETY: MPI requires one count per rank.
+    let c = unsafe { sum(rcounts, n) };
+    CollInfo {
+        bytes: c * s.type_size(dt),
+        count: c,
+        dtype: s.dt(dt),
+        root: -1,
+        flags: s.in_place(sbuf),
+    }
+}
+
+pub(crate) fn reduce_scatter_block_info(
+    s: &Shim,
+    sbuf: CP,
+    rcount: impl Into<i64> + Copy,
+    dt: H,
+    n: u64,
+) -> CollInfo {
+    CollInfo {
+        bytes: cnt(rcount) * n * s.type_size(dt),
+        count: cnt(rcount) * n,
+        dtype: s.dt(dt),
+        root: -1,
+        flags: s.in_place(sbuf) | flags::BLOCK_VARIANT,
+    }
+}
+
+pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    scounts: *const T,
+    st: H,
+    rcounts: *const T,
+    rt: H,
+    n: u64,
+) -> CollInfo {
+    let fl = s.in_place(sbuf);
+    let (counts, t) = if fl != 0 {
+        (rcounts, rt)
+    } else {
+        (scounts, st)
+    };
+    // SAFETY: MPI requires one count per rank.
+    let c = unsafe { sum(counts, n) };
+    CollInfo {
+        bytes: c * s.type_size(t),
+        count: c,
+        dtype: s.dt(t),
+        root: -1,
+        flags: fl,
+    }
+}
+
+pub(crate) fn alltoallw_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    sbuf: CP,
+    scounts: *const T,
+    sts: CP,
+    rcounts: *const T,
+    rts: CP,
+    n: u64,
+) -> CollInfo {
+    let fl = s.in_place(sbuf);
+    let (counts, types) = if fl != 0 {
+        (rcounts, rts)
+    } else {
+        (scounts, sts)
+    };
+    let (mut bytes, mut count) = (0u64, 0u64);
+    if !counts.is_null() && !types.is_null() {
+        for i in 0..n as usize {
+            // SAFETY: MPI requires one count and one type per rank.
+            let (c, t) = unsafe { (cnt(*counts.add(i)), s.abi.read_handle_at(types, i)) };
+            count += c;
+            bytes += c * s.type_size(t as H);
+        }
+    }
+    CollInfo {
+        bytes,
+        count,
+        dtype: dtype::MIXED,
+        root: -1,
+        flags: fl,
+    }
+}
+
+/// Defines a blocking collective wrapper: the C signature, the communicator argument, the op, and
+pub(crate) const NO_DATA: CollInfo = CollInfo {
+    bytes: 0,
+    count: 0,
+    dtype: dtype::NONE,
+    root: -1,
+    flags: 0,
+};
+
+pub(crate) fn bcast_info(s: &Shim, count: impl Into<i64> + Copy, dt: H, root: c_int) -> CollInfo {
+    CollInfo {
+        bytes: cnt(count) * s.type_size(dt),
+        count: cnt(count),
+        dtype: s.dt(dt),
+        root: s.root_value(root),
+        flags: 0,
+    }
+}
+
+collective!(MPI_Barrier => PMPI_Barrier(comm: H), comm, Op::Barrier, |_s, _, _, _| NO_DATA);
+collective!(MPI_Bcast => PMPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+collective!(MPI_Reduce => PMPI_Reduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+collective!(MPI_Allreduce => PMPI_Allreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Scan => PMPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Exscan => PMPI_Exscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Allgather => PMPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Alltoall => PMPI_Alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Allgatherv => PMPI_Allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H), comm, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+collective!(MPI_Gather => PMPI_Gather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatter => PMPI_Scatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Gatherv => PMPI_Gatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatterv => PMPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Reduce_scatter => PMPI_Reduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+collective!(MPI_Reduce_scatter_block => PMPI_Reduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+collective!(MPI_Alltoallv => PMPI_Alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H), comm, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+collective!(MPI_Alltoallw => PMPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H), comm, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
+
+// ----- nonblocking collectives -------------------------------------------------------------------
+
+icollective!(MPI_Ibarrier => PMPI_Ibarrier(comm: H, req: P), comm, req, Op::Barrier, |_s, _, _, _| NO_DATA);
+icollective!(MPI_Ibcast => PMPI_Ibcast(buf: P, count: c_int, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+icollective!(MPI_Ireduce => PMPI_Ireduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+icollective!(MPI_Iallreduce => PMPI_Iallreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iscan => PMPI_Iscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iexscan => PMPI_Iexscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iallgather => PMPI_Iallgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ialltoall => PMPI_Ialltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Iallgatherv => PMPI_Iallgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P), comm, req, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+icollective!(MPI_Igather => PMPI_Igather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+icollective!(MPI_Iscatter => PMPI_Iscatter(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+icollective!(MPI_Igatherv => PMPI_Igatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+icollective!(MPI_Iscatterv => PMPI_Iscatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+icollective!(MPI_Ireduce_scatter => PMPI_Ireduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+icollective!(MPI_Ireduce_scatter_block => PMPI_Ireduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+icollective!(MPI_Ialltoallv => PMPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P), comm, req, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+icollective!(MPI_Ialltoallw => PMPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));

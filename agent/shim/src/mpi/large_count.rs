@@ -1,0 +1,247 @@
+//! MPI-4 large-count variants:
+//!
+//! `MPI_Count` counts and `MPI_Aint` displacements; recorded under the same names as the `int`
+//! calls. Only libraries that have them (MPICH 4) ever call these.
+
+use std::ffi::c_int;
+
+use commscope_wire::op::{Op, flags};
+
+use super::collectives::{
+    alltoallv_info, alltoallw_info, bcast_info, gathered, gatherv_info, reduce_info,
+    reduce_scatter_block_info, reduce_scatter_info, rooted_info, rooted_v_info,
+};
+use super::{CP, P};
+use crate::abi::{H, pmpi};
+
+/// `MPI_Count`.
+type C = i64;
+/// An array of `MPI_Count`.
+type CA = *const i64;
+/// An array of `MPI_Aint` displacements.
+type AA = *const isize;
+
+pmpi! {
+    fn PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H) -> c_int;
+    fn PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H) -> c_int;
+    fn PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Send_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Ssend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Bsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Rsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Recv_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Isend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Issend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Irecv_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Sendrecv_c(sbuf: CP, scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Send_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Recv_init_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+}
+
+collective!(MPI_Bcast_c => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+collective!(MPI_Reduce_c => PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+collective!(MPI_Allreduce_c => PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Scan_c => PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Exscan_c => PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+collective!(MPI_Allgather_c => PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Alltoall_c => PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+collective!(MPI_Allgatherv_c => PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H), comm, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+collective!(MPI_Gather_c => PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatter_c => PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Gatherv_c => PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+collective!(MPI_Scatterv_c => PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+collective!(MPI_Reduce_scatter_c => PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+collective!(MPI_Reduce_scatter_block_c => PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+collective!(MPI_Alltoallv_c => PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+collective!(MPI_Alltoallw_c => PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
+icollective!(MPI_Ibcast_c => PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+icollective!(MPI_Ireduce_c => PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+icollective!(MPI_Iallreduce_c => PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+icollective!(MPI_Iallgather_c => PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ialltoall_c => PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+icollective!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+
+/// Defines a blocking large-count send wrapper.
+macro_rules! send_c {
+    ($name:ident, $real:ident, $fl:expr) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: CP,
+            count: C,
+            dt: H,
+            dest: c_int,
+            tag: c_int,
+            comm: H,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, dest, tag, comm));
+            // SAFETY: pass-through of the application's arguments.
+            s.send($fl, count, dt, dest, tag, comm, || unsafe {
+                $real(buf, count, dt, dest, tag, comm)
+            })
+        }
+    };
+}
+
+send_c!(MPI_Send_c, PMPI_Send_c, 0);
+send_c!(MPI_Ssend_c, PMPI_Ssend_c, flags::SYNCHRONOUS);
+send_c!(MPI_Bsend_c, PMPI_Bsend_c, flags::BUFFERED);
+send_c!(MPI_Rsend_c, PMPI_Rsend_c, flags::READY);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Recv_c(
+    buf: P,
+    count: C,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Recv_c(buf, count, dt, src, tag, comm, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.recv(count, dt, src, tag, comm, status, |st| unsafe {
+        PMPI_Recv_c(buf, count, dt, src, tag, comm, st)
+    })
+}
+
+/// Defines a nonblocking large-count send or receive wrapper.
+macro_rules! ip2p_c {
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: $buf,
+            count: C,
+            dt: H,
+            peer: c_int,
+            tag: c_int,
+            comm: H,
+            req: P,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
+            // SAFETY: pass-through of the application's arguments.
+            s.ip2p($op, $fl, count, dt, peer, tag, comm, req, || unsafe {
+                $real(buf, count, dt, peer, tag, comm, req)
+            })
+        }
+    };
+}
+
+ip2p_c!(MPI_Isend_c, PMPI_Isend_c, Op::Send, 0, CP);
+ip2p_c!(
+    MPI_Issend_c,
+    PMPI_Issend_c,
+    Op::Send,
+    flags::SYNCHRONOUS,
+    CP
+);
+ip2p_c!(MPI_Irecv_c, PMPI_Irecv_c, Op::Recv, 0, P);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_c(
+    sbuf: CP,
+    scount: C,
+    st: H,
+    dest: c_int,
+    stag: c_int,
+    rbuf: P,
+    rcount: C,
+    rt: H,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_c(
+        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        scount,
+        st,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe {
+            PMPI_Sendrecv_c(
+                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
+            )
+        },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_replace_c(
+    buf: P,
+    count: C,
+    dt: H,
+    dest: c_int,
+    stag: c_int,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_replace_c(
+        buf, count, dt, dest, stag, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        count,
+        dt,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe { PMPI_Sendrecv_replace_c(buf, count, dt, dest, stag, src, rtag, comm, stp) },
+    )
+}
+
+persistent_init!(MPI_Send_init_c, PMPI_Send_init_c, Op::Send, 0, CP, C);
+persistent_init!(MPI_Recv_init_c, PMPI_Recv_init_c, Op::Recv, 0, P, C);

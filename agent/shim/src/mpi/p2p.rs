@@ -1,0 +1,443 @@
+//! Point-to-point: sends (standard, synchronous, buffered, ready), receives, nonblocking
+//! sends and receives, send-receive; wildcard receives resolved from their status.
+
+use std::ffi::c_int;
+
+use commscope_wire::op::{Op, flags};
+use commscope_wire::shm::Counter;
+
+use super::{CP, P, cnt};
+use crate::abi::{H, STATUS_MAX, pmpi};
+use crate::state::{Shim, shielded};
+use crate::tables::Dir;
+
+pmpi! {
+    fn PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Rsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Send(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+    fn PMPI_Sendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: c_int, rt: H, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Sendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
+    fn PMPI_Ssend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
+}
+
+impl Shim {
+    /// Records a blocking send.
+    pub(crate) fn send(
+        &self,
+        fl: u16,
+        buf_count: i64,
+        dt: H,
+        dest: c_int,
+        tag: c_int,
+        comm: H,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let count = cnt(buf_count);
+            self.begin_p2p(
+                comm,
+                Op::Send,
+                dest,
+                tag,
+                count * self.type_size(dt),
+                count,
+                self.dt(dt),
+                fl,
+                Dir::Send,
+            )
+        });
+        let rc = real();
+        if let Some(b) = b {
+            shielded(self, || self.finish(b.call, b.slot, rc));
+        }
+        rc
+    }
+
+    /// Records a nonblocking send or receive.
+    pub(crate) fn ip2p(
+        &self,
+        op: Op,
+        fl: u16,
+        count: i64,
+        dt: H,
+        peer: c_int,
+        tag: c_int,
+        comm: H,
+        req: P,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let dir = if op == Op::Recv { Dir::Recv } else { Dir::Send };
+        let b = shielded(self, || {
+            let count = cnt(count);
+            self.begin_p2p(
+                comm,
+                op,
+                peer,
+                tag,
+                count * self.type_size(dt),
+                count,
+                self.dt(dt),
+                fl | flags::NONBLOCKING,
+                dir,
+            )
+        });
+        let rc = real();
+        if let Some(b) = b {
+            let later =
+                dir == Dir::Recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+            let recv_type = if dir == Dir::Recv { dt } else { 0 };
+            shielded(self, || self.posted(b, rc, req, later, recv_type));
+        }
+        rc
+    }
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Send(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Send(buf, count, dt, dest, tag, comm));
+    s.send(0, count.into(), dt, dest, tag, comm, || unsafe {
+        PMPI_Send(buf, count, dt, dest, tag, comm)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Ssend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Ssend(buf, count, dt, dest, tag, comm));
+    s.send(
+        flags::SYNCHRONOUS,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        || unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Bsend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Bsend(buf, count, dt, dest, tag, comm));
+    s.send(
+        flags::BUFFERED,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        || unsafe { PMPI_Bsend(buf, count, dt, dest, tag, comm) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Rsend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Rsend(buf, count, dt, dest, tag, comm));
+    s.send(flags::READY, count.into(), dt, dest, tag, comm, || unsafe {
+        PMPI_Rsend(buf, count, dt, dest, tag, comm)
+    })
+}
+
+impl Shim {
+    /// Records a blocking receive around `real`, which gets the status to fill.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn recv(
+        &self,
+        count: i64,
+        dt: H,
+        src: c_int,
+        tag: c_int,
+        comm: H,
+        status: P,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let c = cnt(count);
+            self.begin_p2p(
+                comm,
+                Op::Recv,
+                src,
+                tag,
+                c * self.type_size(dt),
+                c,
+                self.dt(dt),
+                0,
+                Dir::Recv,
+            )
+        });
+        let mut own = [0u8; STATUS_MAX];
+        let st: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(st);
+        if let Some(mut b) = b {
+            shielded(self, || {
+                let later = b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+                if rc == 0 {
+                    // SAFETY: MPI filled `st`.
+                    unsafe { self.complete_recv(&mut b.call, st as *const u8, later, dt) };
+                }
+                self.finish(b.call, b.slot, rc)
+            });
+        }
+        rc
+    }
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Recv(
+    buf: P,
+    count: c_int,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Recv(buf, count, dt, src, tag, comm, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.recv(count.into(), dt, src, tag, comm, status, |st| unsafe {
+        PMPI_Recv(buf, count, dt, src, tag, comm, st)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Isend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Isend(buf, count, dt, dest, tag, comm, req));
+    s.ip2p(
+        Op::Send,
+        0,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Isend(buf, count, dt, dest, tag, comm, req) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Issend(
+    buf: CP,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Issend(buf, count, dt, dest, tag, comm, req));
+    s.ip2p(
+        Op::Send,
+        flags::SYNCHRONOUS,
+        count.into(),
+        dt,
+        dest,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Issend(buf, count, dt, dest, tag, comm, req) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Irecv(
+    buf: P,
+    count: c_int,
+    dt: H,
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    req: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Irecv(buf, count, dt, src, tag, comm, req));
+    s.ip2p(
+        Op::Recv,
+        0,
+        count.into(),
+        dt,
+        src,
+        tag,
+        comm,
+        req,
+        || unsafe { PMPI_Irecv(buf, count, dt, src, tag, comm, req) },
+    )
+}
+
+impl Shim {
+    /// Records a send-receive around `real`, which gets the status to fill.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sendrecv(
+        &self,
+        scount: i64,
+        st: H,
+        dest: c_int,
+        stag: c_int,
+        src: c_int,
+        rtag: c_int,
+        comm: H,
+        status: P,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let c = cnt(scount);
+            let mut b = self.begin_p2p(
+                comm,
+                Op::Sendrecv,
+                dest,
+                stag,
+                c * self.type_size(st),
+                c,
+                self.dt(st),
+                0,
+                Dir::Send,
+            );
+            b.call.peer2 = self.abi.rank_value(src);
+            b.call.tag2 = rtag;
+            b
+        });
+        let mut own = [0u8; STATUS_MAX];
+        let stp: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(stp);
+        if let Some(mut b) = b {
+            shielded(self, || {
+                if rc == 0 {
+                    // SAFETY: MPI filled the status.
+                    let (from, tag, _) = unsafe { self.abi.status_fields(stp as *const u8) };
+                    b.call.peer2 = self.abi.rank_value(from);
+                    b.call.tag2 = tag;
+                    if src == self.abi.any_source {
+                        b.call.flags |= flags::ANY_SOURCE;
+                    }
+                    if rtag == self.abi.any_tag {
+                        b.call.flags |= flags::ANY_TAG;
+                    }
+                    if b.call.peer2 >= 0 {
+                        match self
+                            .p2p
+                            .next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv)
+                        {
+                            Some(q) => b.call.op_seq2 = q,
+                            None => {
+                                b.call.flags |= flags::P2P_SEQ_UNKNOWN;
+                                self.shm.count(Counter::DroppedP2pSeq, 1);
+                            }
+                        }
+                    }
+                }
+                self.finish(b.call, b.slot, rc)
+            });
+        }
+        rc
+    }
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv(
+    sbuf: CP,
+    scount: c_int,
+    st: H,
+    dest: c_int,
+    stag: c_int,
+    rbuf: P,
+    rcount: c_int,
+    rt: H,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv(
+        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        scount.into(),
+        st,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe {
+            PMPI_Sendrecv(
+                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
+            )
+        },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Sendrecv_replace(
+    buf: P,
+    count: c_int,
+    dt: H,
+    dest: c_int,
+    stag: c_int,
+    src: c_int,
+    rtag: c_int,
+    comm: H,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Sendrecv_replace(
+        buf, count, dt, dest, stag, src, rtag, comm, status
+    ));
+    // SAFETY: pass-through, with a real status buffer.
+    s.sendrecv(
+        count.into(),
+        dt,
+        dest,
+        stag,
+        src,
+        rtag,
+        comm,
+        status,
+        |stp| unsafe { PMPI_Sendrecv_replace(buf, count, dt, dest, stag, src, rtag, comm, stp) },
+    )
+}

@@ -1,0 +1,201 @@
+//! Persistent requests: `*_init` keeps a template under the request handle, every
+//! `MPI_Start`/`MPI_Startall` makes it a pending call like a nonblocking one.
+
+use std::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+use commscope_wire::op::{Op, flags};
+use commscope_wire::record::Call;
+use commscope_wire::shm::{Counter, in_flight_status};
+
+use super::{CP, P, cnt};
+use crate::abi::{H, pmpi};
+use crate::state::{Shim, Slot, shielded};
+use crate::tables::{Dir, Pending};
+use crate::util::now_mono;
+
+pmpi! {
+    fn PMPI_Send_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ssend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Bsend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Rsend_init(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Recv_init(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Start(req: P) -> c_int;
+    fn PMPI_Startall(n: c_int, reqs: P) -> c_int;
+}
+
+impl Shim {
+    /// A persistent send or receive was created: keep its template under the request handle.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn persistent_init(
+        &self,
+        op: Op,
+        fl: u16,
+        count: i64,
+        dt: H,
+        peer: c_int,
+        tag: c_int,
+        comm: H,
+        req: P,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let rc = real();
+        if rc != 0 || req.is_null() {
+            return rc;
+        }
+        shielded(self, || {
+            // SAFETY: MPI wrote the request handle.
+            let h = unsafe { self.abi.read_handle(req) };
+            let c = cnt(count);
+            let mut call = Call {
+                op: op as u8,
+                flags: fl | flags::PERSISTENT | flags::NONBLOCKING,
+                peer: self.abi.rank_value(peer),
+                tag,
+                bytes: c * self.type_size(dt),
+                count: c,
+                dtype: self.dt(dt),
+                rank: self.rank,
+                peer2: -1,
+                tag2: -1,
+                ..Default::default()
+            };
+            let recv = op == Op::Recv;
+            if recv && peer == self.abi.any_source {
+                call.flags |= flags::ANY_SOURCE;
+            }
+            if recv && tag == self.abi.any_tag {
+                call.flags |= flags::ANY_TAG;
+            }
+            if let Some(e) = self.comm(comm) {
+                call.comm_id = e.id.load(Ordering::Relaxed);
+                call.comm_rank = e.rank.load(Ordering::Relaxed);
+                call.comm_size = e.size.load(Ordering::Relaxed);
+            }
+            let wildcard = recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+            let template = Pending {
+                call,
+                slot: Slot::None,
+                seq_at_completion: wildcard,
+                comm: self.abi.norm(comm),
+                dtype: if recv { dt as u64 } else { 0 },
+            };
+            if !self.persistent.insert(h, template) {
+                self.shm.count(Counter::DroppedRequests, 1);
+            }
+        });
+        rc
+    }
+
+    /// A persistent request was started: it becomes a pending call like any nonblocking one.
+    pub(crate) fn started(&self, h: u64) {
+        let Some(t) = self.persistent.get(h) else {
+            return;
+        };
+        let mut call = t.call;
+        call.t_enter = now_mono();
+        if let Some(e) = self.comms.get(t.comm) {
+            call.seq = e.seq.load(Ordering::Relaxed);
+        }
+        if !t.seq_at_completion {
+            let dir = if Op::from_code(call.op) == Op::Recv {
+                Dir::Recv
+            } else {
+                Dir::Send
+            };
+            self.assign_p2p_seq(&mut call, dir);
+        }
+        let slot = self.claim(&call, in_flight_status::POSTED);
+        let p = Pending { call, slot, ..t };
+        if !self.requests.insert(h, p) {
+            self.shm.count(Counter::DroppedRequests, 1);
+            let mut c = p.call;
+            c.flags |= flags::UNTRACKED;
+            self.finish(c, p.slot, 0);
+        }
+    }
+}
+
+macro_rules! persistent_init {
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
+        persistent_init!($name, $real, $op, $fl, $buf, c_int);
+    };
+    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty, $count:ty) => {
+        #[cfg_attr(not(test), unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name(
+            buf: $buf,
+            count: $count,
+            dt: H,
+            peer: c_int,
+            tag: c_int,
+            comm: H,
+            req: P,
+        ) -> c_int {
+            let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
+            // SAFETY: pass-through of the application's arguments.
+            s.persistent_init(
+                $op,
+                $fl,
+                count.into(),
+                dt,
+                peer,
+                tag,
+                comm,
+                req,
+                || unsafe { $real(buf, count, dt, peer, tag, comm, req) },
+            )
+        }
+    };
+}
+
+persistent_init!(MPI_Send_init, PMPI_Send_init, Op::Send, 0, CP);
+persistent_init!(
+    MPI_Ssend_init,
+    PMPI_Ssend_init,
+    Op::Send,
+    flags::SYNCHRONOUS,
+    CP
+);
+persistent_init!(
+    MPI_Bsend_init,
+    PMPI_Bsend_init,
+    Op::Send,
+    flags::BUFFERED,
+    CP
+);
+persistent_init!(MPI_Rsend_init, PMPI_Rsend_init, Op::Send, flags::READY, CP);
+persistent_init!(MPI_Recv_init, PMPI_Recv_init, Op::Recv, 0, P);
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Start(req: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Start(req));
+    // SAFETY: MPI requires a valid request pointer.
+    let h = if s.persistent.is_empty() || req.is_null() {
+        0
+    } else {
+        unsafe { s.abi.read_handle(req) }
+    };
+    // SAFETY: pass-through.
+    let rc = unsafe { PMPI_Start(req) };
+    if rc == 0 && h != 0 {
+        shielded(s, || s.started(h));
+    }
+    rc
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Startall(n: c_int, reqs: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Startall(n, reqs));
+    // SAFETY: pass-through.
+    let rc = unsafe { PMPI_Startall(n, reqs) };
+    if rc == 0 && !s.persistent.is_empty() && !reqs.is_null() {
+        shielded(s, || {
+            for i in 0..n.max(0) as usize {
+                // SAFETY: MPI requires `n` request handles.
+                let h = unsafe { s.abi.read_handle_at(reqs, i) };
+                s.started(h);
+            }
+        });
+    }
+    rc
+}
