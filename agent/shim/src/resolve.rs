@@ -171,7 +171,7 @@ fn program() -> String {
 /// object other than this library defines one of the `$probe` names (tried in order; the first
 /// is the function the wrapper forwards to), else unresolved (a weak reference reads 0).
 macro_rules! optional_export {
-    ($export:ident, $wrapper:path, [$($probe:literal),+ $(,)?]) => {
+    ($export:ident, $wrapper:path, [$($probe:expr),+ $(,)?]) => {
         /// The resolver of an optional export (GNU indirect function): see
         /// [`crate::resolve::optional`].
         #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -244,7 +244,11 @@ mod elf {
         q.found
     }
 
-    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, q: *mut c_void) -> c_int {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        q: *mut c_void,
+    ) -> c_int {
         // SAFETY: `q` is the query passed by `defined_elsewhere`; `info` the loader's entry for
         // one loaded object, whose program headers and dynamic section are mapped.
         unsafe {
@@ -267,7 +271,8 @@ mod elf {
     /// `info` must be a loader entry with valid program headers.
     unsafe fn contains(info: &libc::dl_phdr_info, addr: usize) -> bool {
         // SAFETY: per the contract.
-        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let phdrs =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
         let base = info.dlpi_addr as usize;
         phdrs.iter().any(|p| {
             p.p_type == libc::PT_LOAD && {
@@ -312,7 +317,12 @@ mod elf {
             if symtab == 0 || strtab == 0 {
                 return None;
             }
-            let tables = Tables { base, symtab, strtab, versym };
+            let tables = Tables {
+                base,
+                symtab,
+                strtab,
+                versym,
+            };
             if gnu != 0 {
                 tables.gnu_lookup(gnu, q)
             } else if sysv != 0 {
@@ -414,8 +424,9 @@ mod elf {
     }
 
     fn gnu_hash(name: &[u8]) -> u32 {
-        name.iter()
-            .fold(5381u32, |h, &c| h.wrapping_mul(33).wrapping_add(u32::from(c)))
+        name.iter().fold(5381u32, |h, &c| {
+            h.wrapping_mul(33).wrapping_add(u32::from(c))
+        })
     }
 
     fn sysv_hash(name: &[u8]) -> u32 {
@@ -453,7 +464,8 @@ mod elf {
         #[test]
         fn a_privately_loaded_librarys_function_is_found() {
             // SAFETY: loading a system library privately; never unloaded by this test.
-            let h = unsafe { libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            let h =
+                unsafe { libc::dlopen(c"libz.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
             if h.is_null() {
                 eprintln!("libz.so.1 is not installed; nothing to check");
                 return;
@@ -465,7 +477,10 @@ mod elf {
 
         #[test]
         fn a_name_nobody_defines_is_not_found() {
-            assert_eq!(defined_elsewhere(c"commscope_no_such_symbol_anywhere"), None);
+            assert_eq!(
+                defined_elsewhere(c"commscope_no_such_symbol_anywhere"),
+                None
+            );
             assert_eq!(defined_elsewhere(c"getpi"), None);
         }
     }

@@ -1,7 +1,9 @@
 //! MPI-4 large-count variants:
 //!
 //! `MPI_Count` counts and `MPI_Aint` displacements; recorded under the same names as the `int`
-//! calls. Only libraries that have them (MPICH 4) ever call these.
+//! calls. Only libraries that have them (MPICH 4) export them: so does the shim
+//! ([`crate::resolve::optional_export`]), so a program that tests for them sees what it would
+//! see without commscope.
 
 use std::ffi::c_int;
 
@@ -58,56 +60,56 @@ pmpi! {
     fn PMPI_Recv_init_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
 }
 
-collective!(MPI_Bcast_c => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
-    |s, _, _, _| bcast_info(s, count, dt, root));
-collective!(MPI_Reduce_c => PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
-collective!(MPI_Allreduce_c => PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
-collective!(MPI_Scan_c => PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
-collective!(MPI_Exscan_c => PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
-collective!(MPI_Allgather_c => PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Allgather,
-    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
-collective!(MPI_Alltoall_c => PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Alltoall,
-    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
-collective!(MPI_Allgatherv_c => PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H), comm, Op::Allgatherv,
-    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
-collective!(MPI_Gather_c => PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Gather,
-    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
-collective!(MPI_Scatter_c => PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatter,
-    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
-collective!(MPI_Gatherv_c => PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
-    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
-collective!(MPI_Scatterv_c => PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
-    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
-collective!(MPI_Reduce_scatter_c => PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
-collective!(MPI_Reduce_scatter_block_c => PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
-collective!(MPI_Alltoallv_c => PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::Alltoallv,
-    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
-collective!(MPI_Alltoallw_c => PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::Alltoallw,
-    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
-icollective!(MPI_Ibcast_c => PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
-    |s, _, _, _| bcast_info(s, count, dt, root));
-icollective!(MPI_Ireduce_c => PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
-icollective!(MPI_Iallreduce_c => PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
-icollective!(MPI_Iallgather_c => PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Allgather,
-    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
-icollective!(MPI_Ialltoall_c => PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
-    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
-icollective!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+optional!(MPI_Bcast_c => PMPI_Bcast_c: collective!(@local wrapper => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root)); );
+optional!(MPI_Reduce_c => PMPI_Reduce_c: collective!(@local wrapper => PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root))); );
+optional!(MPI_Allreduce_c => PMPI_Allreduce_c: collective!(@local wrapper => PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Scan_c => PMPI_Scan_c: collective!(@local wrapper => PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Exscan_c => PMPI_Exscan_c: collective!(@local wrapper => PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Allgather_c => PMPI_Allgather_c: collective!(@local wrapper => PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
+optional!(MPI_Alltoall_c => PMPI_Alltoall_c: collective!(@local wrapper => PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
+optional!(MPI_Allgatherv_c => PMPI_Allgatherv_c: collective!(@local wrapper => PMPI_Allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H), comm, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n)); );
+optional!(MPI_Gather_c => PMPI_Gather_c: collective!(@local wrapper => PMPI_Gather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf))); );
+optional!(MPI_Scatter_c => PMPI_Scatter_c: collective!(@local wrapper => PMPI_Scatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf))); );
+optional!(MPI_Gatherv_c => PMPI_Gatherv_c: collective!(@local wrapper => PMPI_Gatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H), comm, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf))); );
+optional!(MPI_Scatterv_c => PMPI_Scatterv_c: collective!(@local wrapper => PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf))); );
+optional!(MPI_Reduce_scatter_c => PMPI_Reduce_scatter_c: collective!(@local wrapper => PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n)); );
+optional!(MPI_Reduce_scatter_block_c => PMPI_Reduce_scatter_block_c: collective!(@local wrapper => PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H), comm, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
+optional!(MPI_Alltoallv_c => PMPI_Alltoallv_c: collective!(@local wrapper => PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n)); );
+optional!(MPI_Alltoallw_c => PMPI_Alltoallw_c: collective!(@local wrapper => PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n)); );
+optional!(MPI_Ibcast_c => PMPI_Ibcast_c: icollective!(@local wrapper => PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root)); );
+optional!(MPI_Ireduce_c => PMPI_Ireduce_c: icollective!(@local wrapper => PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root))); );
+optional!(MPI_Iallreduce_c => PMPI_Iallreduce_c: icollective!(@local wrapper => PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Iallgather_c => PMPI_Iallgather_c: icollective!(@local wrapper => PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
+optional!(MPI_Ialltoall_c => PMPI_Ialltoall_c: icollective!(@local wrapper => PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
+optional!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
 
 /// Defines a blocking large-count send wrapper.
 macro_rules! send_c {
     ($name:ident, $real:ident, $fl:expr) => {
-        #[cfg_attr(not(test), unsafe(no_mangle))]
-        pub unsafe extern "C" fn $name(
+        optional!($name => $real:
+        pub unsafe extern "C" fn wrapper(
             buf: CP,
             count: C,
             dt: H,
@@ -121,6 +123,7 @@ macro_rules! send_c {
                 $real(buf, count, dt, dest, tag, comm)
             })
         }
+        );
     };
 }
 
@@ -129,8 +132,8 @@ send_c!(MPI_Ssend_c, PMPI_Ssend_c, flags::SYNCHRONOUS);
 send_c!(MPI_Bsend_c, PMPI_Bsend_c, flags::BUFFERED);
 send_c!(MPI_Rsend_c, PMPI_Rsend_c, flags::READY);
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Recv_c(
+optional!(MPI_Recv_c => PMPI_Recv_c:
+pub unsafe extern "C" fn wrapper(
     buf: P,
     count: C,
     dt: H,
@@ -145,12 +148,13 @@ pub unsafe extern "C" fn MPI_Recv_c(
         PMPI_Recv_c(buf, count, dt, src, tag, comm, st)
     })
 }
+);
 
 /// Defines a nonblocking large-count send or receive wrapper.
 macro_rules! ip2p_c {
     ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
-        #[cfg_attr(not(test), unsafe(no_mangle))]
-        pub unsafe extern "C" fn $name(
+        optional!($name => $real:
+        pub unsafe extern "C" fn wrapper(
             buf: $buf,
             count: C,
             dt: H,
@@ -165,6 +169,7 @@ macro_rules! ip2p_c {
                 $real(buf, count, dt, peer, tag, comm, req)
             })
         }
+        );
     };
 }
 
@@ -178,8 +183,8 @@ ip2p_c!(
 );
 ip2p_c!(MPI_Irecv_c, PMPI_Irecv_c, Op::Recv, 0, P);
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Sendrecv_c(
+optional!(MPI_Sendrecv_c => PMPI_Sendrecv_c:
+pub unsafe extern "C" fn wrapper(
     sbuf: CP,
     scount: C,
     st: H,
@@ -213,9 +218,10 @@ pub unsafe extern "C" fn MPI_Sendrecv_c(
         },
     )
 }
+);
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Sendrecv_replace_c(
+optional!(MPI_Sendrecv_replace_c => PMPI_Sendrecv_replace_c:
+pub unsafe extern "C" fn wrapper(
     buf: P,
     count: C,
     dt: H,
@@ -242,6 +248,11 @@ pub unsafe extern "C" fn MPI_Sendrecv_replace_c(
         |stp| unsafe { PMPI_Sendrecv_replace_c(buf, count, dt, dest, stag, src, rtag, comm, stp) },
     )
 }
+);
 
-persistent_init!(MPI_Send_init_c, PMPI_Send_init_c, Op::Send, 0, CP, C);
-persistent_init!(MPI_Recv_init_c, PMPI_Recv_init_c, Op::Recv, 0, P, C);
+optional!(MPI_Send_init_c => PMPI_Send_init_c:
+    persistent_init!(@local wrapper, PMPI_Send_init_c, Op::Send, 0, CP, C);
+);
+optional!(MPI_Recv_init_c => PMPI_Recv_init_c:
+    persistent_init!(@local wrapper, PMPI_Recv_init_c, Op::Recv, 0, P, C);
+);

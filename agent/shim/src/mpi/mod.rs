@@ -40,11 +40,41 @@ macro_rules! real_or {
     };
 }
 
+/// A `&'static CStr` of an identifier's name.
+macro_rules! cstr {
+    ($i:ident) => {
+        match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($i), "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => panic!("symbol name"),
+        }
+    };
+}
+
+/// Exports the wrapper `$def` defines (a `pub unsafe extern "C" fn wrapper`, written with a
+/// defining macro's `@local` form) as `$name`, only where the loaded MPI has `$real` (or, without
+/// its profiling twin, `$name` itself): [`crate::resolve::optional_export`].
+macro_rules! optional {
+    ($name:ident => $real:ident: $($def:tt)*) => {
+        #[allow(non_snake_case)]
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $($def)*
+        }
+        $crate::resolve::optional_export!($name, $name::wrapper, [cstr!($real), cstr!($name)]);
+    };
+}
+
 /// Defines a blocking collective wrapper: the C signature, the communicator argument, the op, and
 /// how to compute the record's size fields from the arguments (`|shim, ranks, my rank, intercomm|`).
+/// `@local` defines it without exporting it (for [`optional!`]).
 macro_rules! collective {
-    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
-        #[cfg_attr(not(test), unsafe(no_mangle))]
+    (@local $name:ident => $($rest:tt)*) => { collective!(@def [] $name => $($rest)*); };
+    ($name:ident => $($rest:tt)*) => {
+        collective!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name => $($rest)*);
+    };
+    (@def [$($attr:tt)*] $name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        $($attr)*
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
             let (s, _g) = real_or!($real($($a),*));
             // SAFETY: pass-through of the application's arguments.
@@ -55,8 +85,12 @@ macro_rules! collective {
 
 /// Defines a nonblocking collective wrapper, like [`collective!`] plus the request argument.
 macro_rules! icollective {
-    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
-        #[cfg_attr(not(test), unsafe(no_mangle))]
+    (@local $name:ident => $($rest:tt)*) => { icollective!(@def [] $name => $($rest)*); };
+    ($name:ident => $($rest:tt)*) => {
+        icollective!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name => $($rest)*);
+    };
+    (@def [$($attr:tt)*] $name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        $($attr)*
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
             let (s, _g) = real_or!($real($($a),*));
             // SAFETY: pass-through of the application's arguments.

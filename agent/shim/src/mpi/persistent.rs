@@ -116,12 +116,17 @@ impl Shim {
     }
 }
 
+/// Defines a persistent point-to-point `*_init` wrapper (`@local`: not exported, for
+/// [`optional!`]).
 macro_rules! persistent_init {
     ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
-        persistent_init!($name, $real, $op, $fl, $buf, c_int);
+        persistent_init!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name, $real, $op, $fl, $buf, c_int);
     };
-    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty, $count:ty) => {
-        #[cfg_attr(not(test), unsafe(no_mangle))]
+    (@local $name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty, $count:ty) => {
+        persistent_init!(@def [] $name, $real, $op, $fl, $buf, $count);
+    };
+    (@def [$($attr:tt)*] $name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty, $count:ty) => {
+        $($attr)*
         pub unsafe extern "C" fn $name(
             buf: $buf,
             count: $count,
