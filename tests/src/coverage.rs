@@ -47,6 +47,36 @@ pub fn read_expected(dir: &Path, ranks: i32) -> Expected {
     e
 }
 
+/// (rank, communicator name, op) → (calls, bytes) of a trace; a communicator is named by its
+/// `comm` records (`MPI_COMM_WORLD`, or what `MPI_Comm_set_name` gave it), else
+/// `unnamed-<id>`.
+pub fn calls_by_name(trace: &JobTrace) -> BTreeMap<(i32, String, String), (u64, u64)> {
+    let mut actual: BTreeMap<(i32, String, String), (u64, u64)> = BTreeMap::new();
+    for p in &trace.processes {
+        let mut names: HashMap<u64, String> = HashMap::new();
+        for r in &p.records {
+            match r {
+                Record::Comm(c) if c.event != CommEvent::Freed && !c.name().is_empty() => {
+                    names.insert(c.comm_id, c.name().to_owned());
+                }
+                Record::Call(c) => {
+                    let name = names
+                        .get(&c.comm_id)
+                        .cloned()
+                        .unwrap_or_else(|| format!("unnamed-{:#x}", c.comm_id));
+                    let v = actual
+                        .entry((p.header.rank, name, c.op().name().to_owned()))
+                        .or_default();
+                    v.0 += 1;
+                    v.1 += c.bytes;
+                }
+                _ => {}
+            }
+        }
+    }
+    actual
+}
+
 /// One member's record of an instance: (rank, op, bytes, root, flags).
 type Member = (i32, u8, u64, i32, u16);
 

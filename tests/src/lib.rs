@@ -97,11 +97,51 @@ pub fn c_dir() -> PathBuf {
 /// directory, rebuilt when the source is newer).
 pub fn build(flavour: Flavour, name: &str) -> PathBuf {
     let src = c_dir().join(format!("{name}.c"));
+    cached(flavour, name, &src, |tmp| {
+        flavour
+            .mpi()
+            .compile(&src, tmp)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    })
+}
+
+/// Compiles `tests/fortran/<name>.f90` with a flavour's `mpifort` (cached like [`build`]).
+pub fn build_fortran(flavour: Flavour, name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fortran")
+        .join(format!("{name}.f90"));
+    let compiler = match flavour {
+        Flavour::OpenMpi => "mpifort.openmpi",
+        Flavour::Mpich => "mpifort.mpich",
+    };
+    cached(flavour, &format!("{name}-f90"), &src, |tmp| {
+        let mut c = Command::new(compiler);
+        c.arg("-O1").arg("-o").arg(tmp).arg(&src);
+        // MPICH's `use mpi` declares buffers without "ignore type": gfortran needs this.
+        if flavour == Flavour::Mpich {
+            c.arg("-fallow-argument-mismatch").arg("-w");
+        }
+        // Module files go next to the binary, not into the source tree.
+        c.current_dir(tmp.parent().expect("build dir"));
+        let o = c
+            .output()
+            .unwrap_or_else(|e| panic!("run {compiler}: {e} (scripts/setup.sh installs it)"));
+        assert!(
+            o.status.success(),
+            "{compiler} failed to compile {}:\n{}",
+            src.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    })
+}
+
+/// `target/debug/c-programs/<flavour>/<out_name>`, rebuilt by `compile(tmp)` when `src` is newer.
+fn cached(flavour: Flavour, out_name: &str, src: &Path, compile: impl FnOnce(&Path)) -> PathBuf {
     let out_dir = bin_dir().join("c-programs").join(flavour.name());
     std::fs::create_dir_all(&out_dir).expect("create build dir");
-    let out = out_dir.join(name);
+    let out = out_dir.join(out_name);
     let fresh = match (
-        std::fs::metadata(&src).and_then(|m| m.modified()),
+        std::fs::metadata(src).and_then(|m| m.modified()),
         std::fs::metadata(&out).and_then(|m| m.modified()),
     ) {
         (Ok(s), Ok(o)) => o >= s,
@@ -109,11 +149,8 @@ pub fn build(flavour: Flavour, name: &str) -> PathBuf {
     };
     if !fresh {
         // Compile to a unique name and rename, so parallel tests never see half a binary.
-        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
-        flavour
-            .mpi()
-            .compile(&src, &tmp)
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let tmp = out_dir.join(format!("{out_name}.{}.tmp", std::process::id()));
+        compile(&tmp);
         std::fs::rename(&tmp, &out).expect("rename program");
     }
     out

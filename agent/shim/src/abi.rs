@@ -181,6 +181,17 @@ impl Abi {
                 dt(c"ompi_mpi_double_int", dtype::DOUBLE_INT),
                 dt(c"ompi_mpi_long_int", dtype::LONG_INT),
                 dt(c"ompi_mpi_2int", dtype::TWO_INT),
+                // Fortran's types (`MPI_INTEGER`, `MPI_DOUBLE_PRECISION`, …) are objects of their own.
+                dt(c"ompi_mpi_character", dtype::CHAR),
+                dt(c"ompi_mpi_integer", dtype::INT32),
+                dt(c"ompi_mpi_integer1", dtype::INT8),
+                dt(c"ompi_mpi_integer2", dtype::INT16),
+                dt(c"ompi_mpi_integer4", dtype::INT32),
+                dt(c"ompi_mpi_integer8", dtype::INT64),
+                dt(c"ompi_mpi_real", dtype::FLOAT),
+                dt(c"ompi_mpi_real4", dtype::FLOAT),
+                dt(c"ompi_mpi_dblprec", dtype::DOUBLE),
+                dt(c"ompi_mpi_real8", dtype::DOUBLE),
             ];
             Abi {
                 flavour: Flavour::OpenMpi,
@@ -233,6 +244,17 @@ impl Abi {
                 (0x8c000001, dtype::DOUBLE_INT),
                 (0x8c000002, dtype::LONG_INT),
                 (0x4c000816, dtype::TWO_INT),
+                // Fortran's types (mpif.h).
+                (0x4c00011a, dtype::CHAR),
+                (0x4c00041b, dtype::INT32),
+                (0x4c00012d, dtype::INT8),
+                (0x4c00022f, dtype::INT16),
+                (0x4c000430, dtype::INT32),
+                (0x4c000831, dtype::INT64),
+                (0x4c00041c, dtype::FLOAT),
+                (0x4c000427, dtype::FLOAT),
+                (0x4c00081f, dtype::DOUBLE),
+                (0x4c000829, dtype::DOUBLE),
             ];
             Abi {
                 flavour: Flavour::Mpich,

@@ -64,31 +64,92 @@ impl Shim {
     }
 }
 
+/// How a binding names its requests and statuses, so one completion logic serves C and Fortran.
+pub(crate) struct Requests {
+    /// Number of requests in the array.
+    pub n: c_int,
+    /// The request array (C handles, or Fortran integers).
+    pub reqs: CP,
+    /// The C handle of a binding's request value at `p`.
+    pub handle: unsafe fn(&Shim, CP) -> u64,
+    /// Bytes from one request to the next.
+    pub stride: usize,
+    /// First index the binding reports (0 in C, 1 in Fortran).
+    pub index_base: c_int,
+}
+
+impl Requests {
+    /// A C request array.
+    pub(crate) fn c(s: &Shim, n: c_int, reqs: CP) -> Requests {
+        Requests {
+            n,
+            reqs,
+            handle: c_handle,
+            stride: s.abi.handle_size,
+            index_base: 0,
+        }
+    }
+
+    /// The C handle of request `i`.
+    ///
+    /// # Safety
+    /// `i < n`, and the array holds `n` requests.
+    unsafe fn at(&self, s: &Shim, i: usize) -> u64 {
+        // SAFETY: per the contract.
+        unsafe { (self.handle)(s, (self.reqs as *const u8).add(i * self.stride).cast()) }
+    }
+}
+
+/// Reads a C request handle.
+///
+/// # Safety
+/// `p` points to a request handle of the loaded flavour.
+unsafe fn c_handle(s: &Shim, p: CP) -> u64 {
+    // SAFETY: per the contract.
+    unsafe { s.abi.read_handle(p) }
+}
+
 thread_local! {
     static HANDLES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     static STATUSES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Copies the handles of a request array; returns false (pass through) when none is pending.
-fn snapshot(s: &Shim, n: c_int, reqs: CP, out: &mut Vec<u64>) -> bool {
+fn snapshot(s: &Shim, r: &Requests, out: &mut Vec<u64>) -> bool {
     out.clear();
-    if n <= 0 || reqs.is_null() {
+    if r.n <= 0 || r.reqs.is_null() {
         return false;
     }
     let mut any = false;
-    for i in 0..n as usize {
+    for i in 0..r.n as usize {
         // SAFETY: MPI requires `n` request handles.
-        let h = unsafe { s.abi.read_handle_at(reqs, i) };
+        let h = unsafe { r.at(s, i) };
         any |= s.requests.contains(h);
         out.push(h);
     }
     any
 }
 
+/// A status (or status array) argument as the application passed it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StatusArg {
+    /// The pointer passed (possibly the binding's "ignore" sentinel).
+    pub raw: P,
+    /// Whether it is a real status the application reads (not a sentinel).
+    pub given: bool,
+}
+
+impl StatusArg {
+    /// The application's status when it has one, else `own`.
+    fn or(self, own: P) -> P {
+        if self.given { self.raw } else { own }
+    }
+}
+
 /// A status array to use: the application's, or scratch space when it ignores statuses.
-fn statuses(s: &Shim, n: c_int, given: P, scratch: &mut Vec<u8>) -> P {
-    if !s.abi.is_status_ignore(given) {
-        return given;
+fn statuses(s: &Shim, n: c_int, given: StatusArg, scratch: &mut Vec<u8>) -> P {
+    if given.given {
+        return given.raw;
     }
     scratch.clear();
     scratch.resize(n.max(1) as usize * s.abi.status_size, 0);
@@ -109,112 +170,49 @@ fn rc_at(s: &Shim, rc: c_int, st: *const u8) -> c_int {
     err
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Wait(req: P, status: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Wait(req, status));
-    // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() {
-        0
-    } else {
-        unsafe { s.abi.read_handle(req) }
-    };
-    if h == 0 || !s.requests.contains(h) {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Wait(req, status) };
-    }
-    let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) {
-        own.as_mut_ptr().cast()
-    } else {
-        status
-    };
-    // SAFETY: pass-through with a real status buffer.
-    let rc = unsafe { PMPI_Wait(req, st) };
-    shielded(s, || s.completed(h, st as *const u8, rc));
-    rc
+/// Whether a completion call says its requests completed: no flag (wait), or a set flag (test).
+fn done(flag: *const c_int) -> bool {
+    // SAFETY: MPI wrote `flag` when it is given.
+    flag.is_null() || unsafe { *flag } != 0
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Test(req: P, flag: *mut c_int, status: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Test(req, flag, status));
-    // SAFETY: MPI requires a valid request pointer.
-    let h = if s.requests.is_empty() || req.is_null() {
-        0
-    } else {
-        unsafe { s.abi.read_handle(req) }
-    };
-    if h == 0 || !s.requests.contains(h) {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Test(req, flag, status) };
-    }
+/// Wait/Test on one request whose C handle is `h`: `status` is the application's (`None` when
+/// it ignores it), `real` gets the status to fill, `flag` is Test's.
+pub(crate) fn one(
+    s: &Shim,
+    h: u64,
+    status: StatusArg,
+    flag: *const c_int,
+    real: impl FnOnce(P) -> c_int,
+) -> c_int {
     let mut own = [0u8; STATUS_MAX];
-    let st: P = if s.abi.is_status_ignore(status) {
-        own.as_mut_ptr().cast()
-    } else {
-        status
-    };
-    // SAFETY: pass-through with a real status buffer.
-    let rc = unsafe { PMPI_Test(req, flag, st) };
-    // SAFETY: MPI wrote `flag`.
-    if !flag.is_null() && unsafe { *flag } != 0 {
+    let st: P = status.or(own.as_mut_ptr().cast());
+    let rc = real(st);
+    if done(flag) {
         shielded(s, || s.completed(h, st as *const u8, rc));
     }
     rc
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Waitall(n: c_int, reqs: P, sts: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Waitall(n, reqs, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Waitall(n, reqs, sts) };
-    }
+/// Waitall/Testall.
+pub(crate) fn all(
+    s: &Shim,
+    r: &Requests,
+    sts: StatusArg,
+    flag: *const c_int,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
     HANDLES.with(|hc| {
         STATUSES.with(|sc| {
             let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
-                // SAFETY: pass-through.
-                return unsafe { PMPI_Waitall(n, reqs, sts) };
+                return real(sts.raw);
             };
-            if !snapshot(s, n, reqs, &mut hs) {
-                // SAFETY: pass-through.
-                return unsafe { PMPI_Waitall(n, reqs, sts) };
+            if !snapshot(s, r, &mut hs) {
+                return real(sts.raw);
             }
-            let st = statuses(s, n, sts, &mut scratch);
-            // SAFETY: pass-through with a real status array of `n` entries.
-            let rc = unsafe { PMPI_Waitall(n, reqs, st) };
-            shielded(s, || {
-                for (i, &h) in hs.iter().enumerate() {
-                    let sp = status_at(s, st, i);
-                    s.completed(h, sp, rc_at(s, rc, sp));
-                }
-            });
-            rc
-        })
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Testall(n, reqs, flag, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Testall(n, reqs, flag, sts) };
-    }
-    HANDLES.with(|hc| {
-        STATUSES.with(|sc| {
-            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
-                // SAFETY: pass-through.
-                return unsafe { PMPI_Testall(n, reqs, flag, sts) };
-            };
-            if !snapshot(s, n, reqs, &mut hs) {
-                // SAFETY: pass-through.
-                return unsafe { PMPI_Testall(n, reqs, flag, sts) };
-            }
-            let st = statuses(s, n, sts, &mut scratch);
-            // SAFETY: pass-through with a real status array of `n` entries.
-            let rc = unsafe { PMPI_Testall(n, reqs, flag, st) };
-            // SAFETY: MPI wrote `flag`.
-            if !flag.is_null() && unsafe { *flag } != 0 {
+            let st = statuses(s, r.n, sts, &mut scratch);
+            let rc = real(st);
+            if done(flag) {
                 shielded(s, || {
                     for (i, &h) in hs.iter().enumerate() {
                         let sp = status_at(s, st, i);
@@ -227,16 +225,187 @@ pub unsafe extern "C" fn MPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P
     })
 }
 
+/// Waitany/Testany: one request (at `*index`, counted from the binding's base) completed when
+/// `flag` (if given) is set.
+pub(crate) fn any(
+    s: &Shim,
+    r: &Requests,
+    index: *const c_int,
+    flag: *const c_int,
+    status: StatusArg,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
+    HANDLES.with(|hc| {
+        let Ok(mut hs) = hc.try_borrow_mut() else {
+            return real(status.raw);
+        };
+        if !snapshot(s, r, &mut hs) {
+            return real(status.raw);
+        }
+        let mut own = [0u8; STATUS_MAX];
+        let st: P = status.or(own.as_mut_ptr().cast());
+        let rc = real(st);
+        // SAFETY: MPI wrote `index`.
+        let i = if index.is_null() {
+            -1
+        } else {
+            (unsafe { *index }) - r.index_base
+        };
+        if done(flag) && i >= 0 && (i as usize) < hs.len() {
+            let h = hs[i as usize];
+            shielded(s, || s.completed(h, st as *const u8, rc));
+        }
+        rc
+    })
+}
+
+/// Waitsome/Testsome: the requests at `indices[..*outcount]` (counted from the binding's base)
+/// completed, with statuses in order.
+pub(crate) fn some(
+    s: &Shim,
+    r: &Requests,
+    outcount: *const c_int,
+    indices: *const c_int,
+    sts: StatusArg,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
+    HANDLES.with(|hc| {
+        STATUSES.with(|sc| {
+            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
+                return real(sts.raw);
+            };
+            if !snapshot(s, r, &mut hs) {
+                return real(sts.raw);
+            }
+            let st = statuses(s, r.n, sts, &mut scratch);
+            let rc = real(st);
+            // SAFETY: MPI wrote `outcount`.
+            let k = if outcount.is_null() {
+                0
+            } else {
+                unsafe { *outcount }
+            };
+            if k > 0 && k != s.abi.undefined && !indices.is_null() {
+                shielded(s, || {
+                    for j in 0..k.min(r.n) as usize {
+                        // SAFETY: MPI wrote `k` indices.
+                        let i = (unsafe { *indices.add(j) }) - r.index_base;
+                        if i >= 0 && (i as usize) < hs.len() {
+                            let sp = status_at(s, st, j);
+                            s.completed(hs[i as usize], sp, rc_at(s, rc, sp));
+                        }
+                    }
+                });
+            }
+            rc
+        })
+    })
+}
+
+impl Shim {
+    /// A request was released with `MPI_Request_free`: a persistent template is forgotten, a
+    /// pending call is written as freed.
+    pub(crate) fn request_freed(&self, h: u64) {
+        self.persistent.take(h);
+        if let Some(p) = self.requests.take(h) {
+            let mut c = p.call;
+            c.flags |= flags::REQUEST_FREED;
+            self.finish(c, p.slot, 0);
+        }
+    }
+
+    /// A C status argument.
+    pub(crate) fn given_status(&self, status: P) -> StatusArg {
+        StatusArg {
+            raw: status,
+            given: !self.abi.is_status_ignore(status),
+        }
+    }
+
+    /// Whether a request handle (read at `req`) has a pending call.
+    fn pending_at(&self, req: P) -> Option<u64> {
+        if self.requests.is_empty() || req.is_null() {
+            return None;
+        }
+        // SAFETY: MPI requires a valid request pointer.
+        let h = unsafe { self.abi.read_handle(req) };
+        self.requests.contains(h).then_some(h)
+    }
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Wait(req: P, status: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Wait(req, status));
+    let Some(h) = s.pending_at(req) else {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Wait(req, status) };
+    };
+    // SAFETY: pass-through with a real status buffer.
+    one(
+        s,
+        h,
+        s.given_status(status),
+        std::ptr::null(),
+        |st| unsafe { PMPI_Wait(req, st) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Test(req: P, flag: *mut c_int, status: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Test(req, flag, status));
+    let Some(h) = s.pending_at(req) else {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Test(req, flag, status) };
+    };
+    // SAFETY: pass-through with a real status buffer.
+    one(s, h, s.given_status(status), flag, |st| unsafe {
+        PMPI_Test(req, flag, st)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Waitall(n: c_int, reqs: P, sts: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Waitall(n, reqs, sts));
+    if s.requests.is_empty() {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Waitall(n, reqs, sts) };
+    }
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status array of `n` entries (or the application's own).
+    all(s, &r, s.given_status(sts), std::ptr::null(), |st| unsafe {
+        PMPI_Waitall(n, reqs, st)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Testall(n, reqs, flag, sts));
+    if s.requests.is_empty() {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Testall(n, reqs, flag, sts) };
+    }
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status array of `n` entries (or the application's own).
+    all(s, &r, s.given_status(sts), flag, |st| unsafe {
+        PMPI_Testall(n, reqs, flag, st)
+    })
+}
+
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Waitany(n: c_int, reqs: P, index: *mut c_int, status: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Waitany(n, reqs, index, status));
-    any_completion(
+    if s.requests.is_empty() {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Waitany(n, reqs, index, status) };
+    }
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status buffer.
+    any(
         s,
-        n,
-        reqs,
+        &r,
         index,
-        std::ptr::null_mut(),
-        status,
+        std::ptr::null(),
+        s.given_status(status),
         |st| unsafe { PMPI_Waitany(n, reqs, index, st) },
     )
 }
@@ -250,51 +419,14 @@ pub unsafe extern "C" fn MPI_Testany(
     status: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Testany(n, reqs, index, flag, status));
-    any_completion(s, n, reqs, index, flag, status, |st| unsafe {
-        PMPI_Testany(n, reqs, index, flag, st)
-    })
-}
-
-/// Waitany/Testany: one request (at `*index`) completed when `flag` (if given) is set.
-fn any_completion(
-    s: &Shim,
-    n: c_int,
-    reqs: P,
-    index: *mut c_int,
-    flag: *mut c_int,
-    status: P,
-    real: impl Fn(P) -> c_int,
-) -> c_int {
     if s.requests.is_empty() {
-        return real(status);
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Testany(n, reqs, index, flag, status) };
     }
-    HANDLES.with(|hc| {
-        let Ok(mut hs) = hc.try_borrow_mut() else {
-            return real(status);
-        };
-        if !snapshot(s, n, reqs, &mut hs) {
-            return real(status);
-        }
-        let mut own = [0u8; STATUS_MAX];
-        let st: P = if s.abi.is_status_ignore(status) {
-            own.as_mut_ptr().cast()
-        } else {
-            status
-        };
-        let rc = real(st);
-        // SAFETY: MPI wrote `flag` and `index`.
-        let done = flag.is_null() || unsafe { *flag } != 0;
-        // SAFETY: as above.
-        let i = if index.is_null() {
-            -1
-        } else {
-            unsafe { *index }
-        };
-        if done && i >= 0 && (i as usize) < hs.len() {
-            let h = hs[i as usize];
-            shielded(s, || s.completed(h, st as *const u8, rc));
-        }
-        rc
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status buffer.
+    any(s, &r, index, flag, s.given_status(status), |st| unsafe {
+        PMPI_Testany(n, reqs, index, flag, st)
     })
 }
 
@@ -307,7 +439,13 @@ pub unsafe extern "C" fn MPI_Waitsome(
     sts: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Waitsome(n, reqs, outcount, indices, sts));
-    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe {
+    if s.requests.is_empty() {
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Waitsome(n, reqs, outcount, indices, sts) };
+    }
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status array.
+    some(s, &r, outcount, indices, s.given_status(sts), |st| unsafe {
         PMPI_Waitsome(n, reqs, outcount, indices, st)
     })
 }
@@ -321,54 +459,14 @@ pub unsafe extern "C" fn MPI_Testsome(
     sts: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Testsome(n, reqs, outcount, indices, sts));
-    some_completion(s, n, reqs, outcount, indices, sts, |st| unsafe {
-        PMPI_Testsome(n, reqs, outcount, indices, st)
-    })
-}
-
-/// Waitsome/Testsome: the requests at `indices[..*outcount]` completed, with statuses in order.
-fn some_completion(
-    s: &Shim,
-    n: c_int,
-    reqs: P,
-    outcount: *mut c_int,
-    indices: *mut c_int,
-    sts: P,
-    real: impl Fn(P) -> c_int,
-) -> c_int {
     if s.requests.is_empty() {
-        return real(sts);
+        // SAFETY: pass-through.
+        return unsafe { PMPI_Testsome(n, reqs, outcount, indices, sts) };
     }
-    HANDLES.with(|hc| {
-        STATUSES.with(|sc| {
-            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
-                return real(sts);
-            };
-            if !snapshot(s, n, reqs, &mut hs) {
-                return real(sts);
-            }
-            let st = statuses(s, n, sts, &mut scratch);
-            let rc = real(st);
-            // SAFETY: MPI wrote `outcount`.
-            let k = if outcount.is_null() {
-                0
-            } else {
-                unsafe { *outcount }
-            };
-            if k > 0 && k != s.abi.undefined && !indices.is_null() {
-                shielded(s, || {
-                    for j in 0..k.min(n) as usize {
-                        // SAFETY: MPI wrote `k` indices.
-                        let i = unsafe { *indices.add(j) };
-                        if i >= 0 && (i as usize) < hs.len() {
-                            let sp = status_at(s, st, j);
-                            s.completed(hs[i as usize], sp, rc_at(s, rc, sp));
-                        }
-                    }
-                });
-            }
-            rc
-        })
+    let r = Requests::c(s, n, reqs);
+    // SAFETY: pass-through with a real status array.
+    some(s, &r, outcount, indices, s.given_status(sts), |st| unsafe {
+        PMPI_Testsome(n, reqs, outcount, indices, st)
     })
 }
 
@@ -384,14 +482,7 @@ pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {
     // SAFETY: pass-through.
     let rc = unsafe { PMPI_Request_free(req) };
     if h != 0 && rc == 0 {
-        shielded(s, || {
-            s.persistent.take(h);
-            if let Some(p) = s.requests.take(h) {
-                let mut c = p.call;
-                c.flags |= flags::REQUEST_FREED;
-                s.finish(c, p.slot, 0);
-            }
-        });
+        shielded(s, || s.request_freed(h));
     }
     rc
 }
