@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what commscope's build and tests need, skipping whatever is already there:
-# Debian packages (Open MPI, MPICH, protoc, Prometheus, eu-stack and gdb for culprits' stacks), rustup components (rustfmt, clippy), and the
-# Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb).
+# Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks), rustup components (rustfmt, clippy), the
+# Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb), and mpi4py (PyPI's wheel) for the Python tests.
 # Usage: scripts/setup.sh [--mpi-only]
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
@@ -26,6 +26,14 @@ done
 if ! python3 -c 'import polars, pandas, pyarrow, duckdb' >/dev/null 2>&1; then
   echo "setup: installing polars, pandas, pyarrow, duckdb for python3"
   python3 -m pip install -q --disable-pip-version-check polars pandas pyarrow duckdb
+fi
+
+# mpi4py's binary wheel: the Python tests assert the MPI calls of its object methods, which are
+# those of this version.
+MPI4PY_VERSION=4.1.2
+if [ "$(python3 -c 'import mpi4py; print(mpi4py.__version__)' 2>/dev/null)" != "$MPI4PY_VERSION" ]; then
+  echo "setup: installing mpi4py $MPI4PY_VERSION for python3"
+  python3 -m pip install -q --disable-pip-version-check --only-binary=:all: "mpi4py==$MPI4PY_VERSION"
 fi
 
 # The real NCCL for the NCCL tests (it loads without a GPU): PyPI's nvidia-nccl-cu12, fetched

@@ -7,6 +7,7 @@
 
 pub mod coverage;
 pub mod nccl;
+pub mod python;
 pub mod services;
 
 use std::ffi::OsString;

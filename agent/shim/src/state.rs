@@ -172,6 +172,8 @@ pub struct Shim {
     /// Persistent requests' templates, by handle, from `*_init` to `MPI_Request_free`.
     pub persistent: RequestTable,
     pub p2p: P2pTable,
+    /// Messages matched by a probe, until received.
+    pub probed: crate::tables::ProbedTable,
     /// The world group, for translating ranks.
     pub world_group: H,
     /// Counters for communicators created from a member set rather than a whole parent.
@@ -422,6 +424,7 @@ fn assemble(
         requests: RequestTable::new(requests),
         persistent: RequestTable::new(persistent),
         p2p: P2pTable::new(16384),
+        probed: Default::default(),
         world_group,
         set_counters: Mutex::new(HashMap::new()),
         local_ids: AtomicU64::new(0),
@@ -860,6 +863,29 @@ impl Shim {
         flags: u16,
         dir: Dir,
     ) -> Begun {
+        let mut call = self.p2p_call(comm, op, peer, tag, bytes, count, dtype, flags, dir);
+        if call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 || dir == Dir::Send {
+            self.assign_p2p_seq(&mut call, dir);
+        }
+        let slot = self.claim(&call, in_flight_status::IN_CALL);
+        Begun { call, slot }
+    }
+
+    /// A point-to-point call's record as it enters, without its p2p sequence.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn p2p_call(
+        &self,
+        comm: H,
+        op: Op,
+        peer: i32,
+        tag: i32,
+        bytes: u64,
+        count: u64,
+        dtype: u16,
+        flags: u16,
+        dir: Dir,
+    ) -> Call {
         let t = now_mono();
         let mut call = Call {
             op: op as u8,
@@ -889,11 +915,7 @@ impl Shim {
             call.comm_size = e.size.load(Ordering::Relaxed);
             call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
         }
-        if call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 || dir == Dir::Send {
-            self.assign_p2p_seq(&mut call, dir);
-        }
-        let slot = self.claim(&call, in_flight_status::IN_CALL);
-        Begun { call, slot }
+        call
     }
 
     /// Sets `op_seq` from the p2p counters (`peer`/`tag` must be resolved).

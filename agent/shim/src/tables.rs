@@ -144,6 +144,50 @@ pub struct Pending {
     pub dtype: u64,
 }
 
+/// A message matched by `MPI_Mprobe`/`MPI_Improbe`, waiting for its `MPI_Mrecv`/`MPI_Imrecv`
+/// (which name only the message, not its communicator).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Probed {
+    /// The communicator's handle.
+    pub comm: usize,
+    /// The message's source and tag, from the probe's status.
+    pub source: i32,
+    pub tag: i32,
+    /// The probe's wildcards (`ANY_SOURCE`, `ANY_TAG`).
+    pub flags: u16,
+    /// When the probe that matched it was entered: the receive waited from then.
+    pub t_enter: u64,
+}
+
+/// Matched messages by normalized handle: a small map, taken only by the matched-probe calls.
+#[derive(Debug, Default)]
+pub struct ProbedTable {
+    map: std::sync::Mutex<std::collections::HashMap<u64, Probed>>,
+}
+
+impl ProbedTable {
+    /// Most messages kept at once; a program that probes but never receives cannot grow it.
+    pub const MAX: usize = 4096;
+
+    /// Notes a matched message; false when the table is full.
+    pub fn insert(&self, h: u64, p: Probed) -> bool {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= Self::MAX && !m.contains_key(&h) {
+            return false;
+        }
+        m.insert(h, p);
+        true
+    }
+
+    /// Takes a message out.
+    pub fn take(&self, h: u64) -> Option<Probed> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&h)
+    }
+}
+
 struct ReqEntry {
     key: AtomicU64,
     data: UnsafeCell<Pending>,

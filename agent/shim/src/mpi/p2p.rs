@@ -1,15 +1,17 @@
 //! Point-to-point: sends (standard, synchronous, buffered, ready), receives, nonblocking
-//! sends and receives, send-receive; wildcard receives resolved from their status.
+//! sends and receives, send-receive, matched probes and their receives; wildcard receives
+//! resolved from their status.
 
 use std::ffi::c_int;
 
 use commscope_wire::op::{Op, flags};
-use commscope_wire::shm::Counter;
+use commscope_wire::record::Call;
+use commscope_wire::shm::{Counter, in_flight_status};
 
 use super::{CP, P, cnt};
 use crate::abi::{H, STATUS_MAX, pmpi};
-use crate::state::{Shim, shielded};
-use crate::tables::Dir;
+use crate::state::{Begun, Shim, shielded};
+use crate::tables::{Dir, Probed};
 
 pmpi! {
     fn PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
@@ -441,3 +443,224 @@ pub unsafe extern "C" fn MPI_Sendrecv_replace(
         |stp| unsafe { PMPI_Sendrecv_replace(buf, count, dt, dest, stag, src, rtag, comm, stp) },
     )
 }
+
+// ----- matched probes ----------------------------------------------------------------------------
+//
+// `MPI_Mprobe`/`MPI_Improbe` match a message and hand back a message handle; `MPI_Mrecv` and
+// `MPI_Imrecv` receive it by that handle alone (mpi4py's `comm.recv()` works this way). The
+// probe is shown in flight while it blocks and notes the message's communicator, source and
+// tag; the receive is recorded as a `recv` that waited from the probe's entry.
+
+pmpi! {
+    fn PMPI_Mprobe(src: c_int, tag: c_int, comm: H, message: P, status: P) -> c_int;
+    fn PMPI_Improbe(src: c_int, tag: c_int, comm: H, flag: *mut c_int, message: P, status: P) -> c_int;
+    fn PMPI_Mrecv(buf: P, count: c_int, dt: H, message: P, status: P) -> c_int;
+    fn PMPI_Imrecv(buf: P, count: c_int, dt: H, message: P, req: P) -> c_int;
+    fn PMPI_Mrecv_c(buf: P, count: i64, dt: H, message: P, status: P) -> c_int;
+    fn PMPI_Imrecv_c(buf: P, count: i64, dt: H, message: P, req: P) -> c_int;
+}
+
+impl Shim {
+    /// A probe matched a message (`st` its status): note it under its handle.
+    fn matched(&self, call: &Call, comm: H, message: P, st: *const u8) {
+        if message.is_null() {
+            return;
+        }
+        // SAFETY: MPI wrote the message handle and the status.
+        let (h, (source, tag, _)) =
+            unsafe { (self.abi.read_handle(message), self.abi.status_fields(st)) };
+        let p = Probed {
+            comm,
+            source,
+            tag,
+            flags: call.flags & (flags::ANY_SOURCE | flags::ANY_TAG),
+            t_enter: call.t_enter,
+        };
+        if !self.probed.insert(h, p) {
+            self.shm.count(Counter::DroppedRequests, 1);
+        }
+    }
+
+    /// Records `MPI_Mprobe` (in flight while it blocks) or `MPI_Improbe` (`flag`).
+    fn probe(
+        &self,
+        (src, tag, comm): (c_int, c_int, H),
+        message: P,
+        status: P,
+        flag: *const c_int,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let call = self.p2p_call(comm, Op::Recv, src, tag, 0, 0, 0, 0, Dir::Recv);
+            let slot = self.claim(&call, in_flight_status::IN_CALL);
+            (call, slot)
+        });
+        let mut own = [0u8; STATUS_MAX];
+        let st: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(st);
+        if let Some((call, slot)) = b {
+            shielded(self, || {
+                self.unclaim(slot);
+                // SAFETY: MPI wrote `flag` when it is given.
+                if rc == 0 && (flag.is_null() || unsafe { *flag } != 0) {
+                    self.matched(&call, comm, message, st as *const u8);
+                }
+            });
+        }
+        rc
+    }
+
+    /// The record of a receive of a matched message (`None`: not matched by a probe seen here).
+    fn matched_recv(&self, message: P, count: i64, dt: H, fl: u16) -> Option<Call> {
+        if message.is_null() {
+            return None;
+        }
+        // SAFETY: MPI requires a valid message handle pointer.
+        let h = unsafe { self.abi.read_handle(message) };
+        let p = self.probed.take(h)?;
+        let c = cnt(count);
+        let mut call = self.p2p_call(
+            p.comm,
+            Op::Recv,
+            p.source,
+            p.tag,
+            c * self.type_size(dt),
+            c,
+            self.dt(dt),
+            fl | p.flags,
+            Dir::Recv,
+        );
+        call.t_enter = p.t_enter;
+        self.assign_p2p_seq(&mut call, Dir::Recv);
+        Some(call)
+    }
+
+    /// Records `MPI_Mrecv`.
+    fn mrecv(
+        &self,
+        message: P,
+        count: i64,
+        dt: H,
+        status: P,
+        real: impl FnOnce(P) -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            self.matched_recv(message, count, dt, 0).map(|call| {
+                let slot = self.claim(&call, in_flight_status::IN_CALL);
+                Begun { call, slot }
+            })
+        })
+        .flatten();
+        let mut own = [0u8; STATUS_MAX];
+        let st: P = if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        };
+        let rc = real(st);
+        if let Some(mut b) = b {
+            shielded(self, || {
+                if rc == 0 {
+                    // SAFETY: MPI filled `st`.
+                    unsafe { self.complete_recv(&mut b.call, st as *const u8, false, dt) };
+                }
+                self.finish(b.call, b.slot, rc)
+            });
+        }
+        rc
+    }
+
+    /// Records `MPI_Imrecv`.
+    fn imrecv(&self, message: P, count: i64, dt: H, req: P, real: impl FnOnce() -> c_int) -> c_int {
+        let b = shielded(self, || {
+            self.matched_recv(message, count, dt, flags::NONBLOCKING)
+                .map(|call| {
+                    let slot = self.claim(&call, in_flight_status::IN_CALL);
+                    Begun { call, slot }
+                })
+        })
+        .flatten();
+        let rc = real();
+        if let Some(b) = b {
+            shielded(self, || self.posted(b, rc, req, false, dt));
+        }
+        rc
+    }
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Mprobe(
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    message: P,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Mprobe(src, tag, comm, message, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.probe(
+        (src, tag, comm),
+        message,
+        status,
+        std::ptr::null(),
+        |st| unsafe { PMPI_Mprobe(src, tag, comm, message, st) },
+    )
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Improbe(
+    src: c_int,
+    tag: c_int,
+    comm: H,
+    flag: *mut c_int,
+    message: P,
+    status: P,
+) -> c_int {
+    let (s, _g) = real_or!(PMPI_Improbe(src, tag, comm, flag, message, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.probe((src, tag, comm), message, status, flag, |st| unsafe {
+        PMPI_Improbe(src, tag, comm, flag, message, st)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Mrecv(buf: P, count: c_int, dt: H, message: P, status: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Mrecv(buf, count, dt, message, status));
+    // SAFETY: pass-through, with our own status buffer when the application ignores it.
+    s.mrecv(message, count.into(), dt, status, |st| unsafe {
+        PMPI_Mrecv(buf, count, dt, message, st)
+    })
+}
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn MPI_Imrecv(buf: P, count: c_int, dt: H, message: P, req: P) -> c_int {
+    let (s, _g) = real_or!(PMPI_Imrecv(buf, count, dt, message, req));
+    // SAFETY: pass-through of the application's arguments.
+    s.imrecv(message, count.into(), dt, req, || unsafe {
+        PMPI_Imrecv(buf, count, dt, message, req)
+    })
+}
+
+optional!(MPI_Mrecv_c => PMPI_Mrecv_c:
+    pub unsafe extern "C" fn wrapper(buf: P, count: i64, dt: H, message: P, status: P) -> c_int {
+        let (s, _g) = real_or!(PMPI_Mrecv_c(buf, count, dt, message, status));
+        // SAFETY: pass-through, with our own status buffer when the application ignores it.
+        s.mrecv(message, count, dt, status, |st| unsafe {
+            PMPI_Mrecv_c(buf, count, dt, message, st)
+        })
+    }
+);
+
+optional!(MPI_Imrecv_c => PMPI_Imrecv_c:
+    pub unsafe extern "C" fn wrapper(buf: P, count: i64, dt: H, message: P, req: P) -> c_int {
+        let (s, _g) = real_or!(PMPI_Imrecv_c(buf, count, dt, message, req));
+        // SAFETY: pass-through of the application's arguments.
+        s.imrecv(message, count, dt, req, || unsafe {
+            PMPI_Imrecv_c(buf, count, dt, message, req)
+        })
+    }
+);
