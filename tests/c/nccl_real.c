@@ -2,6 +2,10 @@
  * got: run with and without the shim, the two outputs must be identical. Without a GPU the init
  * fails (and the shim must record that failure). The unique id goes to stderr (it differs per
  * run) so the test can compute the communicator's commHash.
+ *
+ * Built as a program, or with -DNCCL_REAL_LIBRARY as a shared library exporting
+ * `nccl_real_run()`, which Python loads with ctypes (RTLD_LOCAL): then libnccl.so.2 is a private
+ * dependency, outside the global scope, as in a framework's extension module.
  */
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +18,7 @@ const char *ncclGetErrorString(int);
 const char *ncclGetLastError(ncclComm_t);
 int ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
 
-int main(void) {
+int nccl_real_run(void) {
     int v = 0;
     int rc = ncclGetVersion(&v);
     printf("ncclGetVersion: rc=%d version=%d\n", rc, v);
@@ -33,5 +37,10 @@ int main(void) {
     rc = ncclCommInitRank(&comm, 1, id, 0);
     printf("ncclCommInitRank: rc=%d comm=%s\n", rc, comm ? "set" : "null");
     printf("ncclGetLastError: '%s'\n", ncclGetLastError(NULL));
+    fflush(stdout);
     return 0;
 }
+
+#ifndef NCCL_REAL_LIBRARY
+int main(void) { return nccl_real_run(); }
+#endif

@@ -6,8 +6,10 @@
 #      1 KiB … 64 MiB under the shim are recorded, every one GPU-timed with a sane duration and
 #      algorithm bandwidth (bus bandwidth is 0 by definition on one rank), and the communicator id
 #      equals the commId NCCL itself prints (NCCL_DEBUG=INFO);
-#   2. a one-rank torch.distributed NCCL job: its all-reduces and all-gathers, GPU-timed, and an
-#      all-reduce captured into a CUDA graph recorded again at each of 5 graph replays;
+#   2. a torch.distributed NCCL job under torchrun, one rank per GPU present (PyTorch loads
+#      libnccl.so.2 as a private dependency of its extension module): the same results with and
+#      without the shim, its all-reduces and all-gathers GPU-timed, and an all-reduce captured into
+#      a CUDA graph recorded again at each of 5 graph replays;
 #   3. the profiler-plugin path (NCCL_PROFILER_PLUGIN=libcommscope.so), when the library exports it;
 #   4. the host-side cost per ncclAllReduce with and without the shim, and of one cudaEventRecord.
 # Prints one verdict line; exit 0 when every check passed, 1 otherwise. Takes about a minute.
@@ -40,9 +42,17 @@ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 90 "$cs" run --trace-dir "$work/t
   "$work/nccl_gpu" timing > "$work/c.out" 2> "$work/c.err" || fail "nccl_gpu under the shim: $(tail -3 "$work/c.err")"
 "$cs" trace summary --format json "$work/t/gpu-c" > "$work/c.json" || fail "trace summary of gpu-c"
 
-# 2. The torch job under the shim.
-timeout 120 "$cs" run --trace-dir "$work/t" --job-id gpu-torch -- "$py" "$here/torch_job.py" \
+# 2. The torch job under torchrun, one rank per GPU, without and with the shim.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+torchrun=("$py" -m torch.distributed.run --standalone --nproc_per_node="$ngpu")
+timeout 120 "${torchrun[@]}" "$here/torch_job.py" > "$work/torch.plain.out" 2> "$work/torch.plain.err" \
+  || fail "torch job without the shim: $(tail -3 "$work/torch.plain.err")"
+timeout 120 "$cs" run --trace-dir "$work/t" --job-id gpu-torch -- "${torchrun[@]}" "$here/torch_job.py" \
   > "$work/torch.out" 2> "$work/torch.err" || fail "torch job under the shim: $(tail -3 "$work/torch.err")"
+grep '^result:' "$work/torch.plain.out" > "$work/r.plain"
+grep '^result:' "$work/torch.out" > "$work/r.shim"
+[ -s "$work/r.plain" ] || fail "the torch job printed no result"
+cmp -s "$work/r.plain" "$work/r.shim" || fail "torch results differ under the shim: $(cat "$work/r.plain") vs $(cat "$work/r.shim")"
 "$cs" trace summary --format json "$work/t/gpu-torch" > "$work/torch.json" || fail "trace summary of gpu-torch"
 
 # 3. The profiler-plugin path, when this build has it.
@@ -59,16 +69,17 @@ base=$(timeout 60 "$work/nccl_gpu" cost 20000 2>/dev/null) || fail "cost loop wi
 with=$(LD_PRELOAD="$shim" COMMSCOPE_TRACE_DIR="$work/cost" timeout 60 "$work/nccl_gpu" cost 20000 2>/dev/null) \
   || fail "cost loop under the shim"
 
-"$py" - "$work" "$plugin" "$base" "$with" "$gpu" <<'PY'
+"$py" - "$work" "$plugin" "$base" "$with" "$gpu" "$ngpu" <<'PY'
 import json, re, sys
-work, plugin, base, with_, gpu = sys.argv[1:6]
+work, plugin, base, with_, gpu, ngpu = sys.argv[1:7]
+ranks = int(ngpu)
 problems = []
 
 def comm_with(summary, op):
     cs = [c for c in summary.get("comms", []) if c.get("ops", {}).get(op)]
     return cs[0] if cs else None
 
-def check_job(name, path, expect):
+def check_job(name, path, expect, ranks=1):
     s = json.load(open(path))
     out = []
     for op, n in expect.items():
@@ -90,16 +101,19 @@ def check_job(name, path, expect):
             problems.append(f"{name}: mean {op} duration {mean:.1f} us")
         if not alg > 0:
             problems.append(f"{name}: {op} algbw {alg}")
-        if bus not in (None, 0, 0.0):
+        if ranks == 1 and bus not in (None, 0, 0.0):
             problems.append(f"{name}: {op} busbw {bus} on one rank (must be 0)")
+        if ranks > 1 and not (bus or 0) > 0:
+            problems.append(f"{name}: {op} busbw {bus} on {ranks} ranks")
         out.append(f"{calls} {op} ({mean:.0f} us, {alg:.1f} GB/s)")
     return s, ", ".join(out)
 
 c, c_text = check_job("C program", f"{work}/c.json", {"allreduce": 90, "allgather": 45})
-t, t_text = check_job("torch", f"{work}/torch.json", {"allreduce": 20, "allgather": 10})
+t, t_text = check_job("torch", f"{work}/torch.json", {"allreduce": 21 * ranks, "allgather": 10 * ranks}, ranks)
+t_text = f"{ranks} rank(s) under torchrun, same results with and without the shim, " + t_text
 # The graph replays, when this PyTorch could capture the all-reduce.
 m = re.search(r"graph launches: (\d+)", open(f"{work}/torch.out", errors="replace").read())
-want = int(m.group(1)) if m else 0
+want = int(m.group(1)) * ranks if m else 0
 if want:
     got = (comm_with(t, "allreduce") or {}).get("graph_launches", {}).get("allreduce", 0)
     if got != want:

@@ -60,7 +60,8 @@ fn compile(compiler: &Path, args: &[&str], src: &Path, out: &Path, libs: &[&str]
 
 static BUILD: Mutex<()> = Mutex::new(());
 
-/// The directory holding the test doubles (`libcuda.so.1`, `libnccl.so.2`) and `nccl_job`,
+/// The directory holding the test doubles (`libcuda.so.1`, `libnccl.so.2`), `nccl_job` and
+/// `nccl_dlsym_job`,
 /// built on first use. Programs there find the doubles through their run path.
 pub fn doubles() -> PathBuf {
     let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,6 +98,21 @@ pub fn doubles() -> PathBuf {
                 "-l:libcuda.so.1",
                 "-lpthread",
                 "-lrt",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+        );
+    }
+    let dlsym_c = src.join("nccl_dlsym_job.c");
+    let dlsym_job = dir.join("nccl_dlsym_job");
+    if newer(&[&dlsym_c, &cuda], &dlsym_job) {
+        cc(
+            &[],
+            &dlsym_c,
+            &dlsym_job,
+            &[
+                &format!("-L{dir_s}"),
+                "-l:libcuda.so.1",
+                "-ldl",
                 "-Wl,-rpath,$ORIGIN",
             ],
         );
@@ -226,16 +242,30 @@ pub fn real_nccl_dir() -> PathBuf {
 /// `tests/c/<name>.c` compiled against the real NCCL (the programs declare what they call, so
 /// no NCCL header is needed).
 pub fn build_against_real_nccl(name: &str) -> PathBuf {
+    build_real(name, name, &[])
+}
+
+/// `tests/c/<name>.c` built as a shared library `lib<name>.so` linked against the real
+/// `libnccl.so.2` (with `-DNCCL_REAL_LIBRARY`), for a program to load at run time.
+pub fn build_library_against_real_nccl(name: &str) -> PathBuf {
+    build_real(
+        name,
+        &format!("lib{name}.so"),
+        &["-shared", "-fPIC", "-DNCCL_REAL_LIBRARY"],
+    )
+}
+
+fn build_real(name: &str, out_name: &str, args: &[&str]) -> PathBuf {
     let _g = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let lib = real_nccl_dir();
     let src = crate::c_dir().join(format!("{name}.c"));
     let dir = bin_dir().join("c-programs").join("nccl");
     std::fs::create_dir_all(&dir).expect("create build dir");
-    let out = dir.join(name);
+    let out = dir.join(out_name);
     if newer(&[&src], &out) {
         let l = lib.to_str().expect("utf-8 path");
         cc(
-            &[],
+            args,
             &src,
             &out,
             &[

@@ -13,7 +13,9 @@ use std::process::Command;
 
 use std::time::{Duration, Instant};
 
-use commscope_tests::nccl::{build_against_real_nccl, build_mpi_job, doubles, rccl_doubles};
+use commscope_tests::nccl::{
+    build_against_real_nccl, build_library_against_real_nccl, build_mpi_job, doubles, rccl_doubles,
+};
 use commscope_tests::services::{Services, run_with_agent};
 use commscope_tests::{
     Flavour, analyze_json, assert_ok, launch, load_job, run_traced, shim, summary_json,
@@ -503,7 +505,6 @@ fn init_all_takes_the_id_nccl_drew() {
 fn real_nccl_passes_through_and_its_failed_init_is_a_comm_error() {
     let prog = build_against_real_nccl("nccl_real");
     let plain = Command::new(&prog).output().expect("run nccl_real");
-    assert_ok(&plain, "nccl_real without the shim");
     let tmp = tempfile::tempdir().expect("tempdir");
     let traced = run_traced(
         tmp.path(),
@@ -511,25 +512,55 @@ fn real_nccl_passes_through_and_its_failed_init_is_a_comm_error() {
         &[prog.clone().into_os_string()],
         &[],
     );
-    assert_ok(&traced, "nccl_real under commscope run");
-    // Version, unique id, error strings, last error and the init's failure: all unchanged.
+    check_real_nccl(&plain, &traced, &tmp.path().join("nccl-real"));
+}
+
+#[test]
+fn real_nccl_loaded_privately_through_ctypes_is_unchanged_and_recorded() {
+    // A library linked against libnccl.so.2, loaded by Python with RTLD_LOCAL: NCCL is then
+    // invisible to the global scope, as in a framework's extension module.
+    let lib = build_library_against_real_nccl("nccl_real");
+    let py = commscope_tests::python::interpreter();
+    let script = commscope_tests::python::script("nccl_ctypes.py");
+    let cmd: Vec<OsString> = vec![py.into(), script.into(), lib.into()];
+    let plain = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .output()
+        .expect("run python");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let traced = run_traced(tmp.path(), "nccl-ctypes", &cmd, &[]);
+    let out = String::from_utf8_lossy(&traced.stdout);
+    assert!(out.contains("nccl_real_run: 0"), "{out}");
+    check_real_nccl(&plain, &traced, &tmp.path().join("nccl-ctypes"));
+}
+
+/// The real NCCL's answers are the same with and without the shim (version, unique id, error
+/// strings, last error, the failed init), and the failed init is one `comm-error` finding.
+fn check_real_nccl(plain: &std::process::Output, traced: &std::process::Output, trace: &Path) {
+    assert_ok(plain, "the real NCCL without the shim");
+    assert_ok(traced, "the real NCCL under commscope run");
     assert_eq!(
         String::from_utf8_lossy(&plain.stdout),
         String::from_utf8_lossy(&traced.stdout)
     );
     let out = String::from_utf8_lossy(&plain.stdout);
     assert!(out.contains("ncclGetVersion: rc=0 version=23203"), "{out}");
+    assert!(out.contains("ncclGetUniqueId: rc=0 filled=1"), "{out}");
     assert!(
-        !out.contains("ncclCommInitRank: rc=0"),
-        "no GPU here, so the init must fail: {out}"
+        out.contains("ncclCommInitRank: rc=1 comm=null"),
+        "no GPU here, so the init fails with ncclUnhandledCudaError: {out}"
     );
     let err = String::from_utf8_lossy(&traced.stderr);
+    assert!(
+        !err.contains("symbol lookup error") && !err.contains(" has no "),
+        "the shim could not find NCCL: {err}"
+    );
     let id = err
         .lines()
         .find_map(|l| l.strip_prefix("unique id: "))
         .expect("the unique id on stderr");
     let hash = nccl_hash::init_comm_hash(Version(23203), &unhex(id));
-    let v = analyze_json(&tmp.path().join("nccl-real"));
+    let v = analyze_json(trace);
     let f = v["findings"].as_array().expect("findings");
     assert_eq!(f.len(), 1, "{v:#}");
     assert_eq!(f[0]["kind"], "comm-error");
@@ -542,6 +573,59 @@ fn real_nccl_passes_through_and_its_failed_init_is_a_comm_error() {
             && s.contains("CUDA driver version is insufficient"),
         "{s}"
     );
+}
+
+#[test]
+fn a_program_calling_nccl_through_its_own_dlopen_handle_is_recorded_by_the_profiler_plugin() {
+    let d = doubles();
+    let cmd: Vec<OsString> = vec![
+        d.join("nccl_dlsym_job").into(),
+        d.join("libnccl.so.2").into(),
+        "3".into(),
+        "6".into(),
+    ];
+    // The preload alone cannot see calls made through dlsym on NCCL's own handle.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let o = run_traced(tmp.path(), "nccl-dlsym", &cmd, &[]);
+    assert_ok(&o, "nccl_dlsym_job under the preload");
+    assert!(
+        !tmp.path().join("nccl-dlsym").exists(),
+        "the preload saw calls it cannot see"
+    );
+    // NCCL's profiler plugin sees them.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let plugin = shim();
+    let o = run_traced(
+        tmp.path(),
+        "nccl-dlsym",
+        &cmd,
+        &[("NCCL_PROFILER_PLUGIN", plugin.to_str().expect("utf-8"))],
+    );
+    assert_ok(&o, "nccl_dlsym_job with the profiler plugin");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .expect("unique id");
+    let world = nccl_hash::init_comm_hash(Version(23203), &unhex(id));
+    let recs = by_rank(&tmp.path().join("nccl-dlsym"));
+    assert_eq!(recs.len(), 3, "one trace per rank");
+    for (rank, (calls, comms, _)) in &recs {
+        assert!(
+            created(comms).iter().any(|c| c.comm_id == world),
+            "rank {rank}: the communicator under NCCL's commHash"
+        );
+        let ar: Vec<u64> = calls
+            .iter()
+            .filter(|c| c.comm_id == world && c.op() == Op::Allreduce)
+            .map(|c| c.op_seq)
+            .collect();
+        assert_eq!(ar, (0..6).collect::<Vec<u64>>(), "rank {rank}");
+        assert!(
+            calls.iter().all(|c| c.has_gpu_time() && c.bytes == 4 << 20),
+            "rank {rank}: {calls:?}"
+        );
+    }
 }
 
 #[test]
