@@ -919,9 +919,7 @@ mod tests {
         assert!(err.to_string().contains("newer"), "{err}");
         shm.u64_at(H_MAGIC).store(1, Ordering::Relaxed);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { Shm::attach(base, g.total_size()) }.expect_err("magic"),
-            LayoutError::BadMagic
-        );
+        let err = unsafe { Shm::attach(base, g.total_size()) }.expect_err("magic");
+        assert_eq!(err, LayoutError::BadMagic);
     }
 }

@@ -576,10 +576,10 @@ const PARENT: usize = 8;
 const U: usize = 24;
 
 unsafe extern "C" fn start_v5(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8) -> c_int {
-    // SAFETY: NCCL's descriptor, whose header starts with a u64 type in v5 and later.
     let t = if d.is_null() {
         0
     } else {
+        // SAFETY: NCCL's descriptor, whose header starts with a u64 type in v5 and later.
         unsafe { rd::<u64>(d, 0) }
     };
     // SAFETY: NCCL's arguments.
@@ -587,10 +587,10 @@ unsafe extern "C" fn start_v5(ctx: *mut c_void, h: *mut *mut c_void, d: *const u
 }
 
 unsafe extern "C" fn start_v4(ctx: *mut c_void, h: *mut *mut c_void, d: *const u8) -> c_int {
-    // SAFETY: NCCL's descriptor, whose type is a u8 in v4.
     let t = if d.is_null() {
         0
     } else {
+        // SAFETY: NCCL's descriptor, whose type is a u8 in v4.
         u64::from(unsafe { rd::<u8>(d, 0) })
     };
     // SAFETY: NCCL's arguments.
@@ -833,10 +833,10 @@ unsafe extern "C" fn record_state(h: *mut c_void, state: c_int, args: *const u8)
             }
             kind::STEP => {
                 let t = now_mono();
-                // SAFETY: `proxyStep.transSize` (a size_t) is the union's first field.
                 let size = if args.is_null() {
                     0
                 } else {
+                    // SAFETY: `proxyStep.transSize` (a size_t) is the union's first field.
                     unsafe { rd::<usize>(args, 0) as u64 }
                 };
                 let mut s = e.step.lock().unwrap_or_else(|x| x.into_inner());

@@ -122,6 +122,7 @@ impl Shim {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_split(comm: H, color: c_int, key: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_split(comm, color, key, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Comm_split(comm, color, key, newcomm)
     })
@@ -136,6 +137,7 @@ pub unsafe extern "C" fn MPI_Comm_split_type(
     newcomm: P,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_split_type(comm, kind, key, info, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Comm_split_type(comm, kind, key, info, newcomm)
     })
@@ -144,6 +146,7 @@ pub unsafe extern "C" fn MPI_Comm_split_type(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_dup(comm: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_dup(comm, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
         PMPI_Comm_dup(comm, newcomm)
     })
@@ -152,6 +155,7 @@ pub unsafe extern "C" fn MPI_Comm_dup(comm: H, newcomm: P) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_dup_with_info(comm: H, info: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_dup_with_info(comm, info, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
         PMPI_Comm_dup_with_info(comm, info, newcomm)
     })
@@ -160,6 +164,7 @@ pub unsafe extern "C" fn MPI_Comm_dup_with_info(comm: H, info: H, newcomm: P) ->
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_idup(comm: H, newcomm: P, req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_idup(comm, newcomm, req));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Dup, || unsafe {
         PMPI_Comm_idup(comm, newcomm, req)
     })
@@ -168,6 +173,7 @@ pub unsafe extern "C" fn MPI_Comm_idup(comm: H, newcomm: P, req: P) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_create(comm: H, group: H, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_create(comm, group, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Comm_create(comm, group, newcomm)
     })
@@ -176,6 +182,7 @@ pub unsafe extern "C" fn MPI_Comm_create(comm: H, group: H, newcomm: P) -> c_int
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_create_group(comm: H, group: H, tag: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_create_group(comm, group, tag, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Group, || unsafe {
         PMPI_Comm_create_group(comm, group, tag, newcomm)
     })
@@ -193,6 +200,7 @@ pub unsafe extern "C" fn MPI_Cart_create(
     let (s, _g) = real_or!(PMPI_Cart_create(
         comm, ndims, dims, periods, reorder, newcomm
     ));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Cart_create(comm, ndims, dims, periods, reorder, newcomm)
     })
@@ -201,6 +209,7 @@ pub unsafe extern "C" fn MPI_Cart_create(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Cart_sub(comm: H, remain: IP, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Cart_sub(comm, remain, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Cart_sub(comm, remain, newcomm)
     })
@@ -218,6 +227,7 @@ pub unsafe extern "C" fn MPI_Graph_create(
     let (s, _g) = real_or!(PMPI_Graph_create(
         comm, nnodes, index, edges, reorder, newcomm
     ));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Graph_create(comm, nnodes, index, edges, reorder, newcomm)
     })
@@ -238,6 +248,7 @@ pub unsafe extern "C" fn MPI_Dist_graph_create(
     let (s, _g) = real_or!(PMPI_Dist_graph_create(
         comm, n, sources, degrees, dests, weights, info, reorder, newcomm
     ));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Dist_graph_create(
             comm, n, sources, degrees, dests, weights, info, reorder, newcomm,
@@ -261,6 +272,7 @@ pub unsafe extern "C" fn MPI_Dist_graph_create_adjacent(
     let (s, _g) = real_or!(PMPI_Dist_graph_create_adjacent(
         comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm
     ));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(comm, newcomm, Ctor::Collective, || unsafe {
         PMPI_Dist_graph_create_adjacent(
             comm, indeg, sources, sweights, outdeg, dests, dweights, info, reorder, newcomm,
@@ -285,6 +297,7 @@ pub unsafe extern "C" fn MPI_Intercomm_create(
         tag,
         newcomm
     ));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(local, newcomm, Ctor::Inter, || unsafe {
         PMPI_Intercomm_create(local, local_leader, peer, remote_leader, tag, newcomm)
     })
@@ -293,6 +306,7 @@ pub unsafe extern "C" fn MPI_Intercomm_create(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Intercomm_merge(inter: H, high: c_int, newcomm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Intercomm_merge(inter, high, newcomm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.ctor(inter, newcomm, Ctor::Collective, || unsafe {
         PMPI_Intercomm_merge(inter, high, newcomm)
     })
@@ -301,10 +315,10 @@ pub unsafe extern "C" fn MPI_Intercomm_merge(inter: H, high: c_int, newcomm: P) 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_free(comm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_free(comm));
-    // SAFETY: MPI requires a valid pointer to a communicator handle.
     let h = if comm.is_null() {
         0
     } else {
+        // SAFETY: MPI requires a valid pointer to a communicator handle.
         unsafe { s.abi.read_handle(comm) }
     };
     // SAFETY: pass-through.
@@ -318,10 +332,10 @@ pub unsafe extern "C" fn MPI_Comm_free(comm: P) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Comm_disconnect(comm: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Comm_disconnect(comm));
-    // SAFETY: MPI requires a valid pointer to a communicator handle.
     let h = if comm.is_null() {
         0
     } else {
+        // SAFETY: MPI requires a valid pointer to a communicator handle.
         unsafe { s.abi.read_handle(comm) }
     };
     // SAFETY: pass-through.

@@ -245,10 +245,10 @@ pub(crate) fn any(
         let mut own = [0u8; STATUS_MAX];
         let st: P = status.or(own.as_mut_ptr().cast());
         let rc = real(st);
-        // SAFETY: MPI wrote `index`.
         let i = if index.is_null() {
             -1
         } else {
+            // SAFETY: MPI wrote `index`.
             (unsafe { *index }) - r.index_base
         };
         if done(flag) && i >= 0 && (i as usize) < hs.len() {
@@ -279,10 +279,10 @@ pub(crate) fn some(
             }
             let st = statuses(s, r.n, sts, &mut scratch);
             let rc = real(st);
-            // SAFETY: MPI wrote `outcount`.
             let k = if outcount.is_null() {
                 0
             } else {
+                // SAFETY: MPI wrote `outcount`.
                 unsafe { *outcount }
             };
             if k > 0 && k != s.abi.undefined && !indices.is_null() {
@@ -473,10 +473,10 @@ pub unsafe extern "C" fn MPI_Testsome(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Request_free(req));
-    // SAFETY: MPI requires a valid request pointer.
     let h = if (s.requests.is_empty() && s.persistent.is_empty()) || req.is_null() {
         0
     } else {
+        // SAFETY: MPI requires a valid request pointer.
         unsafe { s.abi.read_handle(req) }
     };
     // SAFETY: pass-through.

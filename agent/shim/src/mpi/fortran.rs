@@ -111,7 +111,7 @@ macro_rules! fortran {
         fortran!(@def $lower $upper ($($a: $t),*) |$real| $body);
     };
     (@def $lower:ident $upper:ident ($($a:ident: $t:ty),*) |$real:ident| $body:expr) => {
-        mod $lower {
+        pub mod $lower {
             #[allow(unused_imports)]
             use super::*;
 

@@ -56,7 +56,7 @@ macro_rules! cstr {
 macro_rules! optional {
     ($name:ident => $real:ident: $($def:tt)*) => {
         #[allow(non_snake_case)]
-        mod $name {
+        pub mod $name {
             #[allow(unused_imports)]
             use super::*;
             $($def)*

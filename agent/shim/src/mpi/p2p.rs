@@ -108,6 +108,7 @@ pub unsafe extern "C" fn MPI_Send(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Send(buf, count, dt, dest, tag, comm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.send(0, count.into(), dt, dest, tag, comm, || unsafe {
         PMPI_Send(buf, count, dt, dest, tag, comm)
     })
@@ -130,6 +131,7 @@ pub unsafe extern "C" fn MPI_Ssend(
         dest,
         tag,
         comm,
+        // SAFETY: pass-through of the application's own arguments to the real function.
         || unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) },
     )
 }
@@ -151,6 +153,7 @@ pub unsafe extern "C" fn MPI_Bsend(
         dest,
         tag,
         comm,
+        // SAFETY: pass-through of the application's own arguments to the real function.
         || unsafe { PMPI_Bsend(buf, count, dt, dest, tag, comm) },
     )
 }
@@ -165,6 +168,7 @@ pub unsafe extern "C" fn MPI_Rsend(
     comm: H,
 ) -> c_int {
     let (s, _g) = real_or!(PMPI_Rsend(buf, count, dt, dest, tag, comm));
+    // SAFETY: pass-through of the application's own arguments to the real function.
     s.send(flags::READY, count.into(), dt, dest, tag, comm, || unsafe {
         PMPI_Rsend(buf, count, dt, dest, tag, comm)
     })
@@ -255,6 +259,7 @@ pub unsafe extern "C" fn MPI_Isend(
         tag,
         comm,
         req,
+        // SAFETY: pass-through of the application's own arguments to the real function.
         || unsafe { PMPI_Isend(buf, count, dt, dest, tag, comm, req) },
     )
 }
@@ -279,6 +284,7 @@ pub unsafe extern "C" fn MPI_Issend(
         tag,
         comm,
         req,
+        // SAFETY: pass-through of the application's own arguments to the real function.
         || unsafe { PMPI_Issend(buf, count, dt, dest, tag, comm, req) },
     )
 }
@@ -303,6 +309,7 @@ pub unsafe extern "C" fn MPI_Irecv(
         tag,
         comm,
         req,
+        // SAFETY: pass-through of the application's own arguments to the real function.
         || unsafe { PMPI_Irecv(buf, count, dt, src, tag, comm, req) },
     )
 }

@@ -147,6 +147,7 @@ macro_rules! persistent_init {
                 tag,
                 comm,
                 req,
+                // SAFETY: pass-through of the application's own arguments to the real function.
                 || unsafe { $real(buf, count, dt, peer, tag, comm, req) },
             )
         }
@@ -174,10 +175,10 @@ persistent_init!(MPI_Recv_init, PMPI_Recv_init, Op::Recv, 0, P);
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Start(req: P) -> c_int {
     let (s, _g) = real_or!(PMPI_Start(req));
-    // SAFETY: MPI requires a valid request pointer.
     let h = if s.persistent.is_empty() || req.is_null() {
         0
     } else {
+        // SAFETY: MPI requires a valid request pointer.
         unsafe { s.abi.read_handle(req) }
     };
     // SAFETY: pass-through.

@@ -118,7 +118,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
 }
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclAlltoAll {
+pub mod ncclAlltoAll {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -142,7 +142,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclGather {
+pub mod ncclGather {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -167,7 +167,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclScatter {
+pub mod ncclScatter {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -222,7 +222,7 @@ pub unsafe extern "C" fn ncclRecv(
 }
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclAllReduceConfig {
+pub mod ncclAllReduceConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -248,7 +248,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclBroadcastConfig {
+pub mod ncclBroadcastConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -274,7 +274,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclReduceConfig {
+pub mod ncclReduceConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -301,7 +301,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclAllGatherConfig {
+pub mod ncclAllGatherConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -326,7 +326,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclReduceScatterConfig {
+pub mod ncclReduceScatterConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -352,7 +352,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclAlltoAllConfig {
+pub mod ncclAlltoAllConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -377,7 +377,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclGatherConfig {
+pub mod ncclGatherConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -403,7 +403,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclScatterConfig {
+pub mod ncclScatterConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(

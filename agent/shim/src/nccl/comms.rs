@@ -69,7 +69,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
 }
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclCommInitRankConfig {
+pub mod ncclCommInitRankConfig {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -98,7 +98,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclCommInitRankScalable {
+pub mod ncclCommInitRankScalable {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
 }
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclCommSplit {
+pub mod ncclCommSplit {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -223,10 +223,10 @@ mod ncclCommSplit {
         shielded(shim, || {
             let Some((pid, count)) = parent else { return };
             let id = nccl_hash::split_comm_hash(hash_version(), pid, count, color);
-            // SAFETY: NCCL writes the new communicator (or NULL) on success.
             let h = if newcomm.is_null() {
                 0
             } else {
+                // SAFETY: NCCL writes the new communicator (or NULL) on success.
                 unsafe { *newcomm }
             };
             if rc != result::SUCCESS && rc != result::IN_PROGRESS {
@@ -263,7 +263,7 @@ crate::resolve::optional_export!(
 );
 
 /// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-mod ncclCommShrink {
+pub mod ncclCommShrink {
     use super::*;
 
     pub unsafe extern "C" fn wrapper(
@@ -292,10 +292,10 @@ mod ncclCommShrink {
         shielded(shim, || {
             let Some(pid) = parent else { return };
             let id = nccl_hash::shrink_comm_hash(pid);
-            // SAFETY: NCCL writes the new communicator (or NULL) on success.
             let h = if newcomm.is_null() {
                 0
             } else {
+                // SAFETY: NCCL writes the new communicator (or NULL) on success.
                 unsafe { *newcomm }
             };
             if rc != result::SUCCESS && rc != result::IN_PROGRESS {
