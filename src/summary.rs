@@ -270,6 +270,8 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     }
                     cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
                     let me = c.comm_rank;
+                    // A call that returned an error moved no message: nothing to pair.
+                    let op = if c.status == 0 { op } else { Op::None };
                     match op {
                         Op::Send if c.peer >= 0 => {
                             p2p.send += 1;
@@ -689,6 +691,18 @@ mod tests {
         };
         let s = summarize(&job(vec![process(0, vec![Record::Call(send)])]));
         assert_eq!((s.p2p.matched, s.p2p.unmatched), (0, 1));
+    }
+
+    #[test]
+    fn a_send_that_returned_an_error_is_not_a_message() {
+        let failed = Call {
+            peer: 4,
+            tag: 0,
+            status: 6,
+            ..call(0, Op::Send, 0, 10)
+        };
+        let s = summarize(&job(vec![process(0, vec![Record::Call(failed)])]));
+        assert_eq!((s.p2p.send, s.p2p.matched, s.p2p.unmatched), (0, 0, 0));
     }
 
     #[test]

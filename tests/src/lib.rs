@@ -94,11 +94,12 @@ pub fn c_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c")
 }
 
-/// Compiles `tests/c/<name>.c` with a flavour's `mpicc` (cached per flavour under the target
-/// directory, rebuilt when the source is newer).
+/// Compiles `tests/c/<name>.c` (`name` may name a subdirectory: `fidelity/errors`) with a
+/// flavour's `mpicc` (cached per flavour under the target directory, rebuilt when the source or
+/// a header beside it is newer).
 pub fn build(flavour: Flavour, name: &str) -> PathBuf {
     let src = c_dir().join(format!("{name}.c"));
-    cached(flavour, name, &src, |tmp| {
+    cached(flavour, &name.replace('/', "-"), &src, |tmp| {
         flavour
             .mpi()
             .compile(&src, tmp)
@@ -141,11 +142,19 @@ fn cached(flavour: Flavour, out_name: &str, src: &Path, compile: impl FnOnce(&Pa
     let out_dir = bin_dir().join("c-programs").join(flavour.name());
     std::fs::create_dir_all(&out_dir).expect("create build dir");
     let out = out_dir.join(out_name);
+    let newest_input = std::fs::read_dir(src.parent().expect("source dir"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p == src || p.extension().is_some_and(|x| x == "h"))
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max();
     let fresh = match (
-        std::fs::metadata(src).and_then(|m| m.modified()),
+        newest_input,
         std::fs::metadata(&out).and_then(|m| m.modified()),
     ) {
-        (Ok(s), Ok(o)) => o >= s,
+        (Some(s), Ok(o)) => o >= s,
         _ => false,
     };
     if !fresh {

@@ -32,10 +32,17 @@ pub enum Op {
     Send = 17,
     Recv = 18,
     Sendrecv = 19,
+    /// Neighbourhood collectives (MPI-3, on a topology communicator): every member exchanges with
+    /// its neighbours only, so members' sizes differ and nobody waits for the whole communicator.
+    NeighborAllgather = 20,
+    NeighborAllgatherv = 21,
+    NeighborAlltoall = 22,
+    NeighborAlltoallv = 23,
+    NeighborAlltoallw = 24,
 }
 
 /// Number of op codes (the size of per-op counter arrays).
-pub const OP_COUNT: usize = 20;
+pub const OP_COUNT: usize = 25;
 
 impl Op {
     /// Every operation, in code order (without [`Op::None`]).
@@ -59,6 +66,11 @@ impl Op {
         Op::Send,
         Op::Recv,
         Op::Sendrecv,
+        Op::NeighborAllgather,
+        Op::NeighborAllgatherv,
+        Op::NeighborAlltoall,
+        Op::NeighborAlltoallv,
+        Op::NeighborAlltoallw,
     ];
 
     /// Decodes a code; unknown codes become [`Op::None`].
@@ -92,6 +104,11 @@ impl Op {
             Op::Send => "send",
             Op::Recv => "recv",
             Op::Sendrecv => "sendrecv",
+            Op::NeighborAllgather => "neighbor_allgather",
+            Op::NeighborAllgatherv => "neighbor_allgatherv",
+            Op::NeighborAlltoall => "neighbor_alltoall",
+            Op::NeighborAlltoallv => "neighbor_alltoallv",
+            Op::NeighborAlltoallw => "neighbor_alltoallw",
         }
     }
 
@@ -119,6 +136,18 @@ impl Op {
                 | Op::Alltoallv
                 | Op::Alltoallw
                 | Op::Barrier
+        )
+    }
+
+    /// Neighbourhood collectives (`neighbor_*`).
+    pub fn is_neighborhood(self) -> bool {
+        matches!(
+            self,
+            Op::NeighborAllgather
+                | Op::NeighborAllgatherv
+                | Op::NeighborAlltoall
+                | Op::NeighborAlltoallv
+                | Op::NeighborAlltoallw
         )
     }
 

@@ -137,6 +137,10 @@ pub struct Abi {
     pub status_error: usize,
     /// Size of a handle stored in memory (arrays, output arguments): 8 or 4.
     pub handle_size: usize,
+    /// `MPI_Topo_test`'s answers for Cartesian and graph topologies (the flavours swap them;
+    /// `MPI_DIST_GRAPH` is 3 in both).
+    pub topo_cart: c_int,
+    pub topo_graph: c_int,
     /// Predefined datatypes: (normalized handle, code).
     pub dtypes: Vec<(u64, u16)>,
 }
@@ -211,6 +215,8 @@ impl Abi {
                 status_tag: 4,
                 status_error: 8,
                 handle_size: 8,
+                topo_cart: 1,
+                topo_graph: 2,
                 dtypes: dtypes.into_iter().filter(|&(h, _)| h != 0).collect(),
             }
         } else if !lookup(c"PMPI_Init").is_null() {
@@ -274,6 +280,8 @@ impl Abi {
                 status_tag: 12,
                 status_error: 16,
                 handle_size: 4,
+                topo_cart: 2,
+                topo_graph: 1,
                 dtypes,
             }
         } else {
@@ -303,6 +311,8 @@ impl Abi {
             status_tag: 0,
             status_error: 0,
             handle_size: 8,
+            topo_cart: 1,
+            topo_graph: 2,
             dtypes: Vec::new(),
         }
     }

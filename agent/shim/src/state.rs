@@ -268,6 +268,10 @@ crate::abi::pmpi_own! {
     fn PMPI_Bcast(buf: *mut c_void, count: c_int, dtype: H, root: c_int, comm: H) -> c_int;
     fn PMPI_Type_size(dtype: H, size: *mut c_int) -> c_int;
     fn PMPI_Get_count(status: *const c_void, dtype: H, count: *mut c_int) -> c_int;
+    fn PMPI_Topo_test(comm: H, status: *mut c_int) -> c_int;
+    fn PMPI_Cartdim_get(comm: H, ndims: *mut c_int) -> c_int;
+    fn PMPI_Graph_neighbors_count(comm: H, rank: c_int, n: *mut c_int) -> c_int;
+    fn PMPI_Dist_graph_neighbors_count(comm: H, indeg: *mut c_int, outdeg: *mut c_int, weighted: *mut c_int) -> c_int;
 }
 
 /// Activates recording after a successful `MPI_Init`. Never fails the application: on any
@@ -683,6 +687,7 @@ impl Shim {
             return None;
         }
         let (inter, size, rank, remote) = self.comm_shape(h);
+        let (indegree, outdegree) = if inter { (0, 0) } else { self.degrees(h) };
         let id = self.local_comm_id(key);
         let flags = comm_flags::LOCAL_ID | if inter { comm_flags::INTERCOMM } else { 0 };
         match self.comms.insert(
@@ -693,6 +698,8 @@ impl Shim {
                 rank,
                 remote_size: remote,
                 flags,
+                indegree,
+                outdegree,
             },
         ) {
             Some(e) => {
@@ -731,6 +738,38 @@ impl Shim {
             }
         }
         (inter != 0, size, rank, remote)
+    }
+
+    /// (in-degree, out-degree) of a topology communicator: the neighbours this rank receives
+    /// from and sends to in a neighbourhood collective; (0, 0) without a topology.
+    pub fn degrees(&self, h: H) -> (i32, i32) {
+        const DIST_GRAPH: c_int = 3;
+        let mut kind: c_int = -1;
+        // SAFETY: valid out-pointers; `h` is a communicator the application passed or got.
+        unsafe {
+            if PMPI_Topo_test(h, &mut kind) != 0 {
+                return (0, 0);
+            }
+            match kind {
+                k if k == self.abi.topo_cart => {
+                    let mut nd: c_int = 0;
+                    PMPI_Cartdim_get(h, &mut nd);
+                    (2 * nd.max(0), 2 * nd.max(0))
+                }
+                k if k == self.abi.topo_graph => {
+                    let (mut rank, mut n) = (0, 0);
+                    PMPI_Comm_rank(h, &mut rank);
+                    PMPI_Graph_neighbors_count(h, rank, &mut n);
+                    (n.max(0), n.max(0))
+                }
+                DIST_GRAPH => {
+                    let (mut i, mut o, mut w) = (0, 0, 0);
+                    PMPI_Dist_graph_neighbors_count(h, &mut i, &mut o, &mut w);
+                    (i.max(0), o.max(0))
+                }
+                _ => (0, 0),
+            }
+        }
     }
 
     /// Sorted world ranks of a communicator's members (both groups of an intercommunicator).

@@ -41,6 +41,10 @@ pub struct CommEntry {
     pub rank: AtomicI32,
     pub remote_size: AtomicI32,
     pub flags: AtomicU32,
+    /// A topology communicator's neighbours this rank receives from and sends to (0 without a
+    /// topology), for the neighbourhood collectives' sizes.
+    pub indegree: AtomicI32,
+    pub outdegree: AtomicI32,
 }
 
 /// Communicators by normalized handle.
@@ -58,6 +62,8 @@ pub struct CommInfo {
     pub rank: i32,
     pub remote_size: i32,
     pub flags: u32,
+    pub indegree: i32,
+    pub outdegree: i32,
 }
 
 impl CommTable {
@@ -112,6 +118,8 @@ impl CommTable {
                 e.rank.store(info.rank, Ordering::Relaxed);
                 e.remote_size.store(info.remote_size, Ordering::Relaxed);
                 e.flags.store(info.flags, Ordering::Relaxed);
+                e.indegree.store(info.indegree, Ordering::Relaxed);
+                e.outdegree.store(info.outdegree, Ordering::Relaxed);
                 e.key.store(handle, Ordering::Release);
                 return Some(e);
             }

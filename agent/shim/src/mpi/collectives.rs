@@ -1,8 +1,9 @@
-//! Blocking and nonblocking collectives: each records one call around its `PMPI_*` twin.
+//! Blocking, nonblocking and neighbourhood collectives: each records one call around its `PMPI_*` twin.
 //!
 //! Data volume (`bytes`) per op follows nccl-tests' "size" (see [`super`]).
 
 use std::ffi::c_int;
+use std::sync::atomic::Ordering;
 
 use commscope_wire::op::{Op, dtype, flags};
 
@@ -386,3 +387,112 @@ icollective!(MPI_Ialltoallv => PMPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: I
     |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
 icollective!(MPI_Ialltoallw => PMPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,
     |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
+
+// ----- neighbourhood collectives -----------------------------------------------------------------
+//
+// On a topology communicator every member exchanges with its neighbours only. Sizes follow the
+// same rule as the dense collectives, over the neighbours: the gathered total received for
+// all-gather and all-to-all (count × in-degree), the sum of the send counts for the v/w
+// all-to-alls (over the out-degree).
+
+/// (in-degree, out-degree) of a communicator, from its entry.
+fn degrees(s: &Shim, comm: H) -> (u64, u64) {
+    s.comm(comm).map_or((0, 0), |e| {
+        (
+            e.indegree.load(Ordering::Relaxed).max(0) as u64,
+            e.outdegree.load(Ordering::Relaxed).max(0) as u64,
+        )
+    })
+}
+
+/// `neighbor_allgather` and `neighbor_alltoall`: what arrives from the in-neighbours.
+pub(crate) fn neighbor_info(s: &Shim, comm: H, rcount: impl Into<i64> + Copy, rt: H) -> CollInfo {
+    let (indeg, _) = degrees(s, comm);
+    CollInfo {
+        bytes: cnt(rcount) * s.type_size(rt) * indeg,
+        count: cnt(rcount) * indeg,
+        dtype: s.dt(rt),
+        root: -1,
+        flags: 0,
+    }
+}
+
+/// `neighbor_allgatherv`: the sum of the counts received from the in-neighbours.
+pub(crate) fn neighbor_v_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    comm: H,
+    counts: *const T,
+    t: H,
+    outgoing: bool,
+) -> CollInfo {
+    let (indeg, outdeg) = degrees(s, comm);
+    // SAFETY: MPI requires one count per in- (or out-) neighbour.
+    let c = unsafe { sum(counts, if outgoing { outdeg } else { indeg }) };
+    CollInfo {
+        bytes: c * s.type_size(t),
+        count: c,
+        dtype: s.dt(t),
+        root: -1,
+        flags: 0,
+    }
+}
+
+/// `neighbor_alltoallw`: counts and datatypes per out-neighbour.
+pub(crate) fn neighbor_w_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    comm: H,
+    counts: *const T,
+    types: CP,
+) -> CollInfo {
+    let (_, outdeg) = degrees(s, comm);
+    let (mut bytes, mut count) = (0u64, 0u64);
+    if !counts.is_null() && !types.is_null() {
+        for i in 0..outdeg as usize {
+            // SAFETY: MPI requires one count and one datatype per out-neighbour.
+            let (c, t) = unsafe { (cnt(*counts.add(i)), s.abi.read_handle_at(types, i)) };
+            count += c;
+            bytes += c * s.type_size(t as H);
+        }
+    }
+    CollInfo {
+        bytes,
+        count,
+        dtype: dtype::MIXED,
+        root: -1,
+        flags: 0,
+    }
+}
+
+pmpi! {
+    fn PMPI_Neighbor_allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoallw(sbuf: CP, scounts: IP, sdispls: CP, sts: CP, rbuf: P, rcounts: IP, rdispls: CP, rts: CP, comm: H) -> c_int;
+    fn PMPI_Ineighbor_allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoallw(sbuf: CP, scounts: IP, sdispls: CP, sts: CP, rbuf: P, rcounts: IP, rdispls: CP, rts: CP, comm: H, req: P) -> c_int;
+}
+
+collective!(MPI_Neighbor_allgather => PMPI_Neighbor_allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::NeighborAllgather,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+collective!(MPI_Neighbor_allgatherv => PMPI_Neighbor_allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H), comm, Op::NeighborAllgatherv,
+    |s, _, _, _| neighbor_v_info(s, comm, rcounts, rt, false));
+collective!(MPI_Neighbor_alltoall => PMPI_Neighbor_alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::NeighborAlltoall,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+collective!(MPI_Neighbor_alltoallv => PMPI_Neighbor_alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H), comm, Op::NeighborAlltoallv,
+    |s, _, _, _| neighbor_v_info(s, comm, scounts, st, true));
+collective!(MPI_Neighbor_alltoallw => PMPI_Neighbor_alltoallw(sbuf: CP, scounts: IP, sdispls: CP, sts: CP, rbuf: P, rcounts: IP, rdispls: CP, rts: CP, comm: H), comm, Op::NeighborAlltoallw,
+    |s, _, _, _| neighbor_w_info(s, comm, scounts, sts));
+icollective!(MPI_Ineighbor_allgather => PMPI_Ineighbor_allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::NeighborAllgather,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+icollective!(MPI_Ineighbor_allgatherv => PMPI_Ineighbor_allgatherv(sbuf: CP, scount: c_int, st: H, rbuf: P, rcounts: IP, displs: IP, rt: H, comm: H, req: P), comm, req, Op::NeighborAllgatherv,
+    |s, _, _, _| neighbor_v_info(s, comm, rcounts, rt, false));
+icollective!(MPI_Ineighbor_alltoall => PMPI_Ineighbor_alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::NeighborAlltoall,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+icollective!(MPI_Ineighbor_alltoallv => PMPI_Ineighbor_alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P), comm, req, Op::NeighborAlltoallv,
+    |s, _, _, _| neighbor_v_info(s, comm, scounts, st, true));
+icollective!(MPI_Ineighbor_alltoallw => PMPI_Ineighbor_alltoallw(sbuf: CP, scounts: IP, sdispls: CP, sts: CP, rbuf: P, rcounts: IP, rdispls: CP, rts: CP, comm: H, req: P), comm, req, Op::NeighborAlltoallw,
+    |s, _, _, _| neighbor_w_info(s, comm, scounts, sts));

@@ -84,12 +84,20 @@ impl Shim {
                 hash::derived_comm_id(domain::GROUP, 0, self.set_counter(0, &members), &members)
             }
         };
+        // Topologies (Cart, Graph, Dist_graph) and their duplicates and sub-grids.
+        let (indegree, outdegree) = if inter {
+            (0, 0)
+        } else {
+            self.degrees(shape_of)
+        };
         let info = CommInfo {
             id,
             size,
             rank,
             remote_size: remote,
             flags: if inter { comm_flags::INTERCOMM } else { 0 },
+            indegree,
+            outdegree,
         };
         match self.comms.insert(new, info) {
             Some(e) => self.comm_record(CommEvent::Created, e, parent_id, None),

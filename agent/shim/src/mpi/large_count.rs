@@ -10,8 +10,9 @@ use std::ffi::c_int;
 use commscope_wire::op::{Op, flags};
 
 use super::collectives::{
-    alltoallv_info, alltoallw_info, bcast_info, gathered, gatherv_info, reduce_info,
-    reduce_scatter_block_info, reduce_scatter_info, rooted_info, rooted_v_info,
+    alltoallv_info, alltoallw_info, bcast_info, gathered, gatherv_info, neighbor_info,
+    neighbor_v_info, neighbor_w_info, reduce_info, reduce_scatter_block_info, reduce_scatter_info,
+    rooted_info, rooted_v_info,
 };
 use super::{CP, P};
 use crate::abi::{H, pmpi};
@@ -256,3 +257,22 @@ optional!(MPI_Send_init_c => PMPI_Send_init_c:
 optional!(MPI_Recv_init_c => PMPI_Recv_init_c:
     persistent_init!(@local wrapper, PMPI_Recv_init_c, Op::Recv, 0, P, C);
 );
+
+pmpi! {
+    fn PMPI_Neighbor_allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H) -> c_int;
+    fn PMPI_Neighbor_alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H) -> c_int;
+}
+
+optional!(MPI_Neighbor_allgather_c => PMPI_Neighbor_allgather_c: collective!(@local wrapper => PMPI_Neighbor_allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::NeighborAllgather,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt)); );
+optional!(MPI_Neighbor_allgatherv_c => PMPI_Neighbor_allgatherv_c: collective!(@local wrapper => PMPI_Neighbor_allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H), comm, Op::NeighborAllgatherv,
+    |s, _, _, _| neighbor_v_info(s, comm, rcounts, rt, false)); );
+optional!(MPI_Neighbor_alltoall_c => PMPI_Neighbor_alltoall_c: collective!(@local wrapper => PMPI_Neighbor_alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::NeighborAlltoall,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt)); );
+optional!(MPI_Neighbor_alltoallv_c => PMPI_Neighbor_alltoallv_c: collective!(@local wrapper => PMPI_Neighbor_alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::NeighborAlltoallv,
+    |s, _, _, _| neighbor_v_info(s, comm, scounts, st, true)); );
+optional!(MPI_Neighbor_alltoallw_c => PMPI_Neighbor_alltoallw_c: collective!(@local wrapper => PMPI_Neighbor_alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::NeighborAlltoallw,
+    |s, _, _, _| neighbor_w_info(s, comm, scounts, sts)); );

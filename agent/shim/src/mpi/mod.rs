@@ -8,7 +8,8 @@
 
 //!
 //! One module per concern: [`lifecycle`] (init, finalize, abort, step markers), [`collectives`]
-//! (blocking, nonblocking, neighbourhood), [`persistent`] (`*_init`, `MPI_Start*`), [`p2p`],
+//! (blocking, nonblocking, neighbourhood), [`persistent`] (`*_init`, `MPI_Start*`) with
+//! [`persistent_collectives`], [`p2p`],
 //! [`completion`] (`MPI_Wait*`/`MPI_Test*`), [`comms`] (constructors, free, names),
 //! [`large_count`] (MPI-4 `_c` variants), and [`fortran`] (Open MPI's Fortran bindings, which
 //! call the C `PMPI_*` layer directly).
@@ -108,6 +109,7 @@ pub mod fortran;
 pub mod large_count;
 pub mod lifecycle;
 pub mod p2p;
+pub mod persistent_collectives;
 
 /// (size, rank, intercomm) of a communicator entry.
 pub(crate) fn shape(e: Option<&CommEntry>) -> (u64, i32, bool) {

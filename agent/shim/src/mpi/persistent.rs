@@ -8,7 +8,7 @@ use commscope_wire::op::{Op, flags};
 use commscope_wire::record::Call;
 use commscope_wire::shm::{Counter, in_flight_status};
 
-use super::{CP, P, cnt};
+use super::{CP, CollInfo, P, cnt, shape};
 use crate::abi::{H, pmpi};
 use crate::state::{Shim, Slot, shielded};
 use crate::tables::{Dir, Pending};
@@ -94,10 +94,19 @@ impl Shim {
         };
         let mut call = t.call;
         call.t_enter = now_mono();
+        let op = Op::from_code(call.op);
         if let Some(e) = self.comms.get(t.comm) {
             call.seq = e.seq.load(Ordering::Relaxed);
+            if !op.is_p2p() {
+                // Each start of a persistent collective is a new instance on its communicator
+                // (the communicator's collectives are ordered, as in `begin_coll`).
+                e.seq.store(call.seq + 1, Ordering::Relaxed);
+                let per_op = &e.op_seq[op as usize];
+                call.op_seq = per_op.load(Ordering::Relaxed);
+                per_op.store(call.op_seq + 1, Ordering::Relaxed);
+            }
         }
-        if !t.seq_at_completion {
+        if op.is_p2p() && !t.seq_at_completion {
             let dir = if Op::from_code(call.op) == Op::Recv {
                 Dir::Recv
             } else {
@@ -114,6 +123,78 @@ impl Shim {
             self.finish(c, p.slot, 0);
         }
     }
+}
+
+impl Shim {
+    /// A persistent collective was created (`MPI_*_init`, Open MPI's `MPIX_*_init`): keep its
+    /// template under the request handle; each start is one instance.
+    pub(crate) fn persistent_coll(
+        &self,
+        comm: H,
+        op: Op,
+        req: P,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let rc = real();
+        if rc != 0 || req.is_null() {
+            return rc;
+        }
+        shielded(self, || {
+            // SAFETY: MPI wrote the request handle.
+            let h = unsafe { self.abi.read_handle(req) };
+            let e = self.comm(comm);
+            let (n, me, inter) = shape(e);
+            let i = info(self, n, me, inter);
+            let mut call = Call {
+                op: op as u8,
+                flags: i.flags | flags::PERSISTENT | flags::NONBLOCKING,
+                peer: i.root,
+                tag: -1,
+                bytes: i.bytes,
+                count: i.count,
+                dtype: i.dtype,
+                rank: self.rank,
+                peer2: -1,
+                tag2: -1,
+                ..Default::default()
+            };
+            if let Some(e) = e {
+                call.comm_id = e.id.load(Ordering::Relaxed);
+                call.comm_rank = e.rank.load(Ordering::Relaxed);
+                call.comm_size = e.size.load(Ordering::Relaxed);
+                if e.flags.load(Ordering::Relaxed) & crate::tables::comm_flags::INTERCOMM != 0 {
+                    call.flags |= flags::INTERCOMM;
+                }
+            }
+            let template = Pending {
+                call,
+                slot: Slot::None,
+                seq_at_completion: false,
+                comm: self.abi.norm(comm),
+                dtype: 0,
+            };
+            if !self.persistent.insert(h, template) {
+                self.shm.count(Counter::DroppedRequests, 1);
+            }
+        });
+        rc
+    }
+}
+
+/// Defines a persistent collective `*_init` wrapper, exported where the library has it
+/// (MPI-4's `MPI_X_init`, Open MPI 4's `MPIX_X_init`): like [`icollective!`] with the `info`
+/// argument before the request.
+macro_rules! pcollective {
+    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        optional!($name => $real:
+            pub unsafe extern "C" fn wrapper($($a: $t),*) -> c_int {
+                let (s, _g) = real_or!($real($($a),*));
+                // SAFETY: pass-through of the application's arguments.
+                s.persistent_coll($comm, $op, $req, |$s, $n, $me, $inter| $info, || unsafe { $real($($a),*) })
+            }
+        );
+    };
 }
 
 /// Defines a persistent point-to-point `*_init` wrapper (`@local`: not exported, for

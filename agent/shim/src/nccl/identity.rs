@@ -82,6 +82,7 @@ impl Shim {
             rank,
             remote_size: 0,
             flags,
+            ..Default::default()
         };
         let Some(e) = self.nccl.comms.insert(handle as u64, info) else {
             self.shm
