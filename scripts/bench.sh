@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the tests); each prints its numbers, see docs/performance.md.
-#   scripts/bench.sh [shim options]         the shim: per-call cost, real all-reduce loops
+#   scripts/bench.sh [shim options]         the shim: per-call cost, real all-reduce loops, ns added
+#                                           per iteration of our loop and of IMB-MPI1 Allreduce
 #   scripts/bench.sh collector [options]    collector ingest, collector memory, agent CPU
 #   scripts/bench.sh accuracy [options]     detectors on randomized simulated jobs (virtual time)
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
@@ -95,4 +96,24 @@ if [ "${1:-}" = "collector" ]; then
   shift
   exec target/release/bench-collector "$@"
 fi
+
+# The Intel MPI Benchmarks for the `imb` part, built once per MPI flavour outside the clone:
+# from IMB_SRC (a git repository or mirror; default GitHub) at IMB_COMMIT, with each flavour's
+# mpicxx and IMB's own flags (its C++ headers' warnings aside: the MPI C++ bindings are skipped).
+IMB_SRC=${IMB_SRC:-https://github.com/intel/mpi-benchmarks}
+IMB_COMMIT=${IMB_COMMIT:-46e8757a920c334abfea6340499f1c5deaefb834}
+export COMMSCOPE_IMB_DIR=${COMMSCOPE_IMB_DIR:-${COMMSCOPE_CACHE:-/var/cache/commscope}/imb}
+for flavour in openmpi mpich; do
+  out="$COMMSCOPE_IMB_DIR/$flavour"
+  [ -x "$out/IMB-MPI1" ] && continue
+  command -v "mpicxx.$flavour" >/dev/null || continue
+  echo "bench: building IMB-MPI1 ($IMB_COMMIT) for $flavour into $out"
+  rm -rf "$out.src" && mkdir -p "$out"
+  git clone -q "$IMB_SRC" "$out.src" && git -C "$out.src" checkout -q "$IMB_COMMIT"
+  make -C "$out.src" -j"$(nproc)" IMB-MPI1 CC="mpicc.$flavour" CXX="mpicxx.$flavour" \
+    CPPFLAGS="-DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1" > "$out/build.log" 2>&1 \
+    || { echo "bench: IMB build failed, see $out/build.log"; exit 1; }
+  cp "$out.src/IMB-MPI1" "$out/IMB-MPI1"
+  rm -rf "$out.src"
+done
 exec target/release/bench-shim "$@"

@@ -3,17 +3,30 @@
 //!
 //! `clock_gettime` costs 15–30 ns; the two reads per call were half of the shim's cost. Where the
 //! kernel's clocksource is `tsc` and the processor's TSC is constant and non-stop, [`now`] reads
-//! the TSC (≈ 8 ns) and maps it linearly onto `CLOCK_MONOTONIC`. The background thread
-//! ([`Calibrator::tick`]) re-anchors the map every tick: the new map starts where the old one is
-//! at that instant (so time never jumps or runs backwards) and its slope is steered so that it
-//! meets `CLOCK_MONOTONIC` again one period later, the way NTP slews a clock. The error stays
-//! within microseconds; a larger disagreement (suspend, migration) resets the map. Everywhere
-//! else, before the first calibration, and with `COMMSCOPE_CLOCK=mono`, [`now`] is
-//! `clock_gettime(CLOCK_MONOTONIC)`.
+//! the TSC (≈ 8 ns) and maps it linearly onto `CLOCK_MONOTONIC`.
+//!
+//! The map's first slope is measured over [`FIRST_CALIBRATION_NS`] from the reading [`start`]
+//! takes at activation, by whichever thread gets there first: the application's own calls (the
+//! slow path of [`now`]) or the background thread. It must not wait for the background thread
+//! alone: that thread runs in the idle class, and on cores the ranks keep busy (polling MPI
+//! progress) it may not run for seconds — every call meanwhile paid two `clock_gettime`s.
+//! The background thread ([`Calibrator::tick`]) then re-anchors the map every tick: the new map
+//! starts where the old one is at that instant (so time never jumps or runs backwards) and its
+//! slope is steered so that it meets `CLOCK_MONOTONIC` again one period later, the way NTP slews
+//! a clock. The error stays within microseconds; a larger disagreement (suspend, migration)
+//! resets the map. Everywhere else, before the first calibration, and with
+//! `COMMSCOPE_CLOCK=mono`, [`now`] is `clock_gettime(CLOCK_MONOTONIC)`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The TSC can stand in for `CLOCK_MONOTONIC` (decided by [`start`]).
+static USABLE: AtomicBool = AtomicBool::new(false);
+/// The paired reading the first slope is measured from.
+static START_TSC: AtomicU64 = AtomicU64::new(0);
+static START_NS: AtomicU64 = AtomicU64::new(0);
+/// Taken by the one thread that publishes the first calibration.
+static CALIBRATING: AtomicBool = AtomicBool::new(false);
 static SEQ: AtomicU64 = AtomicU64::new(0);
 static BASE_TSC: AtomicU64 = AtomicU64::new(0);
 static BASE_NS: AtomicU64 = AtomicU64::new(0);
@@ -82,7 +95,53 @@ pub fn now() -> u64 {
             return map(tsc(), bt, bn, m);
         }
     }
-    mono_raw()
+    uncalibrated()
+}
+
+/// `clock_gettime`, and the first calibration once its interval has passed.
+#[cold]
+fn uncalibrated() -> u64 {
+    let m = mono_raw();
+    if USABLE.load(Ordering::Relaxed)
+        && !ENABLED.load(Ordering::Relaxed)
+        && m.saturating_sub(START_NS.load(Ordering::Relaxed)) >= FIRST_CALIBRATION_NS
+    {
+        first_calibration();
+    }
+    m
+}
+
+/// Decides whether to use the TSC and takes the reading the first slope is measured from; at
+/// activation, before any record.
+pub fn start() {
+    if !tsc_usable() {
+        return;
+    }
+    let (t, m) = paired();
+    START_TSC.store(t, Ordering::Relaxed);
+    START_NS.store(m, Ordering::Relaxed);
+    USABLE.store(true, Ordering::Release);
+}
+
+/// Publishes the first map (once, by whichever thread comes first); its slope is the TSC's rate
+/// since [`start`]. Returns the reading it was published at.
+fn first_calibration() -> Option<(u64, u64)> {
+    if CALIBRATING.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    let (t0, m0) = (
+        START_TSC.load(Ordering::Relaxed),
+        START_NS.load(Ordering::Relaxed),
+    );
+    let (t, m) = paired();
+    if t <= t0 || m.saturating_sub(m0) < FIRST_CALIBRATION_NS {
+        CALIBRATING.store(false, Ordering::Release);
+        return None;
+    }
+    let slope = ((u128::from(m - m0) << 32) / u128::from(t - t0)) as u64;
+    publish(t, m, slope);
+    ENABLED.store(true, Ordering::Release);
+    Some((t, m))
 }
 
 #[inline]
@@ -149,44 +208,37 @@ fn paired() -> (u64, u64) {
 /// Keeps the TSC map calibrated; owned by the background thread.
 #[derive(Debug)]
 pub struct Calibrator {
-    usable: bool,
-    /// The reading the slope is measured from.
-    anchor: (u64, u64),
-    calibrated: bool,
+    /// The reading the slope is measured from (once the map is published).
+    anchor: Option<(u64, u64)>,
 }
 
 impl Calibrator {
-    /// Decides whether to use the TSC and takes the first reading.
+    /// A calibrator for the map [`start`] began.
     pub fn new() -> Calibrator {
-        Calibrator {
-            usable: tsc_usable(),
-            anchor: paired(),
-            calibrated: false,
-        }
+        Calibrator { anchor: None }
     }
 
-    /// Re-anchors the map (call every few hundred milliseconds).
+    /// Re-anchors the map (call every few hundred milliseconds); publishes the first map when
+    /// the application's calls have not yet.
     pub fn tick(&mut self) {
-        if !self.usable {
+        if !USABLE.load(Ordering::Acquire) {
             return;
         }
+        let Some((t0, m0)) = self.anchor else {
+            if let Some(reading) = first_calibration() {
+                self.anchor = Some(reading);
+            } else if ENABLED.load(Ordering::Acquire) {
+                // Published by an application thread: measure from here on.
+                self.anchor = Some(paired());
+            }
+            return;
+        };
         let (t, m) = paired();
-        let (t0, m0) = self.anchor;
         if t <= t0 || m <= m0 {
             return;
         }
         // The true slope over the last interval, ns per tick in 32.32.
         let slope = ((u128::from(m - m0) << 32) / u128::from(t - t0)) as u64;
-        if !self.calibrated {
-            if m - m0 < FIRST_CALIBRATION_NS {
-                return;
-            }
-            publish(t, m, slope);
-            ENABLED.store(true, Ordering::Release);
-            self.calibrated = true;
-            self.anchor = (t, m);
-            return;
-        }
         let (bt, bn, mult) = (
             BASE_TSC.load(Ordering::Relaxed),
             BASE_NS.load(Ordering::Relaxed),
@@ -206,7 +258,7 @@ impl Calibrator {
             let hi = slope + slope / 1000;
             publish(t, ours, steered.clamp(lo, hi));
         }
-        self.anchor = (t, m);
+        self.anchor = Some((t, m));
     }
 }
 
@@ -221,13 +273,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tsc_map_tracks_clock_monotonic_and_never_runs_backwards() {
-        let mut c = Calibrator::new();
-        if !c.usable {
+    fn the_tsc_map_is_calibrated_by_the_callers_and_tracks_clock_monotonic() {
+        start();
+        if !USABLE.load(Ordering::Acquire) {
             return; // nothing to check on a machine whose kernel does not keep time with the TSC
         }
+        // No background thread yet: the callers' own reads calibrate the map.
         let mut last = 0;
-        for _ in 0..12 {
+        let begin = mono_raw();
+        while !ENABLED.load(Ordering::Acquire) {
+            let n = now();
+            assert!(n >= last, "time ran backwards: {n} < {last}");
+            last = n;
+            assert!(
+                mono_raw() - begin < 2 * FIRST_CALIBRATION_NS,
+                "not calibrated by the callers"
+            );
+        }
+        let mut c = Calibrator::new();
+        for _ in 0..8 {
             std::thread::sleep(std::time::Duration::from_millis(20));
             c.tick();
             for _ in 0..1000 {
@@ -236,14 +300,12 @@ mod tests {
                 last = n;
             }
             let (ours, theirs) = (now(), mono_raw());
-            if c.calibrated {
-                assert!(
-                    ours.abs_diff(theirs) < 200_000,
-                    "map off by {} ns",
-                    ours.abs_diff(theirs)
-                );
-            }
+            assert!(
+                ours.abs_diff(theirs) < 200_000,
+                "map off by {} ns",
+                ours.abs_diff(theirs)
+            );
         }
-        assert!(c.calibrated, "calibrated within 240 ms");
+        assert!(c.anchor.is_some(), "the background thread took over");
     }
 }

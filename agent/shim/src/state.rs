@@ -396,6 +396,7 @@ fn assemble(
     job: String,
     (pid, start_time): (u32, u64),
 ) -> Result<Shim, String> {
+    crate::clock::start();
     let node = util::env("COMMSCOPE_NODE")
         .or_else(|| util::env("NODE_NAME"))
         .filter(|s| !s.trim().is_empty())

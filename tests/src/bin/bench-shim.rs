@@ -8,11 +8,19 @@
 //!    (writing its trace file), in interleaved pairs; reports the mean ratio with its 95 %
 //!    confidence interval.
 //!
+//! 3. Nanoseconds added per iteration of rank 0's timed loop, end to end: the job runs under
+//!    `commscope run --trace-dir` (the shim preloaded by the launcher, writing its trace) or
+//!    plainly, in interleaved pairs; the per-pair differences give a mean and its 95 % interval.
+//!    Two programs: `tests/c/bench_allreduce.c` (2 ranks, 8 B, one rank per core; `added`) and
+//!    the Intel MPI Benchmarks' `IMB-MPI1 Allreduce` at 8 B on 2 and 4 ranks (`imb`; built by
+//!    `scripts/bench.sh` into `$COMMSCOPE_IMB_DIR/<flavour>/IMB-MPI1`).
+//!
 //! Run: `scripts/bench.sh [--ranks N] [--pairs P] [--scale K] [--only PARTS] [--flavours F]`
 //! (defaults: 8 ranks, 20 pairs; `--scale` multiplies the loop lengths; `--only` takes a
 //! comma-separated subset of `self` (per-call cost), `two` (one rank per core), `many` (`--ranks`
-//! ranks, Open MPI); `--flavours` a subset of `openmpi,mpich`; `--only-many-ranks` is
-//! `--only many --flavours openmpi`). Nothing else should run on the machine meanwhile.
+//! ranks, Open MPI), `added`, `imb`; `--flavours` a subset of `openmpi,mpich`;
+//! `--only-many-ranks` is `--only many --flavours openmpi`). Nothing else should run on the
+//! machine meanwhile.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,6 +109,138 @@ fn run(
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// What a traced job's files hold: (records written, records dropped because the ring was full).
+type Kept = (u64, u64);
+
+/// Runs a job under `commscope run --trace-dir` (the shim preloaded, writing its trace, as a
+/// user runs it) or, without `commscope`, plainly; returns its standard output and, traced,
+/// what its trace kept.
+fn run_job(
+    mpi: &Mpi,
+    ranks: u32,
+    exe: &Path,
+    args: &[&str],
+    commscope: Option<&Path>,
+    trace: &Path,
+) -> (String, Option<Kept>) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let mut launcher_args = mpi.launcher_args.clone();
+    if ranks <= cores
+        && let Some(i) = launcher_args
+            .iter()
+            .position(|a| a == "mpi_yield_when_idle")
+    {
+        launcher_args[i + 1] = "0".into();
+    }
+    let mut cmd = match commscope {
+        Some(cs) => {
+            let mut c = Command::new(cs);
+            c.arg("run")
+                .arg("--trace-dir")
+                .arg(trace)
+                .arg("--job-id")
+                .arg("bench")
+                .arg("--")
+                .arg(&mpi.launcher);
+            c
+        }
+        None => Command::new(&mpi.launcher),
+    };
+    cmd.args(&launcher_args)
+        .arg("-np")
+        .arg(ranks.to_string())
+        .arg(exe)
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("COMMSCOPE_TRACE_DIR")
+        .env_remove("COMMSCOPE_AGENT_SOCKET")
+        .env_remove("LD_PRELOAD");
+    let o = cmd.output().expect("run benchmark job");
+    assert!(
+        o.status.success(),
+        "benchmark job failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let kept = commscope.and_then(|cs| {
+        let s = Command::new(cs)
+            .args(["trace", "summary", "--format", "json"])
+            .arg(trace)
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&s.stdout).ok()?;
+        Some((v["records"].as_u64()?, v["dropped"]["ring_full"].as_u64()?))
+    });
+    let _ = std::fs::remove_dir_all(trace);
+    (String::from_utf8_lossy(&o.stdout).into_owned(), kept)
+}
+
+/// Mean and 95 % half-interval (Student's t) of a sample.
+fn mean_ci(v: &[f64]) -> (f64, f64) {
+    let n = v.len();
+    let mean = v.iter().sum::<f64>() / n as f64;
+    let sd = (v.iter().map(|r| (r - mean).powi(2)).sum::<f64>()
+        / (n.saturating_sub(1)).max(1) as f64)
+        .sqrt();
+    (mean, t975(n.saturating_sub(1)) * sd / (n as f64).sqrt())
+}
+
+/// Interleaved pairs of plain and `commscope run` jobs; `per_iter` turns a job's output into ns
+/// per iteration. Prints one line: the means, and the added ns per iteration with its interval.
+fn added_per_iteration(
+    label: &str,
+    pairs: u32,
+    job: impl Fn(Option<&Path>) -> (String, Option<Kept>),
+    per_iter: impl Fn(&str) -> Option<f64>,
+    commscope: &Path,
+) {
+    let (mut plain, mut with, mut added) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut written, mut dropped) = (0u64, 0u64);
+    let mut traced = || {
+        let (out, kept) = job(Some(commscope));
+        if let Some((w, d)) = kept {
+            written += w;
+            dropped += d;
+        }
+        per_iter(&out)
+    };
+    for i in 0..pairs {
+        // Alternate which goes first, so drift affects both equally.
+        let (w, p) = if i % 2 == 0 {
+            let p = per_iter(&job(None).0);
+            (traced(), p)
+        } else {
+            let w = traced();
+            (w, per_iter(&job(None).0))
+        };
+        if let (Some(w), Some(p)) = (w, p) {
+            plain.push(p);
+            with.push(w);
+            added.push(w - p);
+        }
+    }
+    let (mp, _) = mean_ci(&plain);
+    let (mw, _) = mean_ci(&with);
+    let (ma, h) = mean_ci(&added);
+    println!(
+        "{label}: {mp:.1} ns/iteration without, {mw:.1} with commscope run --trace-dir: {ma:+.1} ns added per iteration (95% CI {:+.1} .. {:+.1}, {} interleaved pairs); the traces kept {:.1} % of the records ({written} written, {dropped} dropped: ring full)",
+        ma - h,
+        ma + h,
+        added.len(),
+        100.0 * written as f64 / (written + dropped).max(1) as f64
+    );
+}
+
+/// IMB's average time per call at 8 bytes, in ns (its `t_avg[usec]` column).
+fn imb_ns(out: &str) -> Option<f64> {
+    out.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() >= 5 && w[0] == "8").then(|| w[4].parse::<f64>().ok().map(|us| us * 1000.0))?
+    })
+}
+
 fn values(out: &str, key: &str) -> Vec<f64> {
     out.lines()
         .filter_map(|l| l.strip_prefix(key))
@@ -175,7 +315,15 @@ fn main() {
 
     let scale = u64::from(arg("--scale", 1).max(1));
     let only_many = std::env::args().any(|a| a == "--only-many-ranks");
-    let parts = list_arg("--only", if only_many { "many" } else { "self,two,many" });
+    let parts = list_arg(
+        "--only",
+        if only_many {
+            "many"
+        } else {
+            "self,two,many,added,imb"
+        },
+    );
+    let commscope = release_dir().join("commscope");
     let part = |p: &str| parts.iter().any(|x| x == p);
     let flavours: Vec<Flavour> = list_arg(
         "--flavours",
@@ -224,6 +372,68 @@ fn main() {
                 md,
                 diffs.len()
             );
+        }
+
+        // 3. Nanoseconds added per iteration, end to end, under `commscope run --trace-dir`.
+        let trace_dir = dir.join("added-trace");
+        if part("added") {
+            let iters = 400_000 * scale;
+            let args = ["8".to_owned(), iters.to_string()];
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            added_per_iteration(
+                &format!("{}: bench_allreduce, 2 ranks, 8 B x {iters}", mpi.name),
+                pairs,
+                |cs| run_job(&mpi, 2, &bench_ar, &args, cs, &trace_dir),
+                |out| {
+                    values(out, "seconds")
+                        .first()
+                        .map(|s| s * 1e9 / iters as f64)
+                },
+                &commscope,
+            );
+        }
+        if part("imb") {
+            let imb_dir = std::env::var_os("COMMSCOPE_IMB_DIR")
+                .map_or_else(|| PathBuf::from("/var/cache/commscope/imb"), PathBuf::from);
+            let imb = imb_dir.join(flavour.name()).join("IMB-MPI1");
+            assert!(
+                imb.is_file(),
+                "{} missing: scripts/bench.sh builds it",
+                imb.display()
+            );
+            for ranks in [2u32, 4] {
+                // Four ranks share two cores: Open MPI's yield while idle, MPICH's busy polling
+                // (milliseconds per call), so fewer iterations.
+                let base = match (ranks, flavour) {
+                    (2, _) => 200_000,
+                    (_, Flavour::OpenMpi) => 50_000,
+                    _ => 2_000,
+                };
+                let iters = (base * scale).to_string();
+                let args = [
+                    "Allreduce",
+                    "-msglog",
+                    "3:3",
+                    "-iter",
+                    &iters,
+                    "-time",
+                    "60",
+                    "-npmin",
+                    &ranks.to_string(),
+                ]
+                .map(str::to_owned);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                added_per_iteration(
+                    &format!(
+                        "{}: IMB-MPI1 Allreduce, {ranks} ranks, 8 B x {iters}",
+                        mpi.name
+                    ),
+                    pairs,
+                    |cs| run_job(&mpi, ranks, &imb, &args, cs, &trace_dir),
+                    imb_ns,
+                    &commscope,
+                );
+            }
         }
 
         // 2. Real all-reduce loops, interleaved pairs: one rank per core (stable timings), and

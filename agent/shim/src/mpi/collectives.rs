@@ -111,10 +111,11 @@ pub(crate) fn reduce_info(
     dt: H,
     root: i32,
 ) -> CollInfo {
+    let (size, code) = s.type_info(dt);
     CollInfo {
-        bytes: cnt(count) * s.type_size(dt),
+        bytes: cnt(count) * size,
         count: cnt(count),
-        dtype: s.dt(dt),
+        dtype: code,
         root,
         flags: s.in_place(sbuf),
     }
@@ -128,10 +129,11 @@ pub(crate) fn gathered(
     rt: H,
     n: u64,
 ) -> CollInfo {
+    let (size, code) = s.type_info(rt);
     CollInfo {
-        bytes: cnt(rcount) * s.type_size(rt) * n,
+        bytes: cnt(rcount) * size * n,
         count: cnt(rcount) * n,
-        dtype: s.dt(rt),
+        dtype: code,
         root: -1,
         flags: s.in_place(sbuf),
     }
@@ -146,10 +148,11 @@ pub(crate) fn gatherv_info<T: Copy + Into<i64>>(
 ) -> CollInfo {
     // SAFETY: MPI requires `rcounts` to hold one count per rank here.
     let c = unsafe { sum(rcounts, n) };
+    let (size, code) = s.type_info(rt);
     CollInfo {
-        bytes: c * s.type_size(rt),
+        bytes: c * size,
         count: c,
-        dtype: s.dt(rt),
+        dtype: code,
         root: -1,
         flags: s.in_place(sbuf),
     }
@@ -171,10 +174,11 @@ pub(crate) fn rooted_info<C: Copy + Into<i64>>(
     } else {
         my_side
     };
+    let (size, code) = s.type_info(t);
     CollInfo {
-        bytes: cnt(c) * s.type_size(t) * n,
+        bytes: cnt(c) * size * n,
         count: cnt(c) * n,
-        dtype: s.dt(t),
+        dtype: code,
         root: s.root_value(root),
         flags: fl,
     }
@@ -197,10 +201,11 @@ pub(crate) fn rooted_v_info<T: Copy + Into<i64>, C: Copy + Into<i64>>(
     } else {
         (cnt(my.0), my.1)
     };
+    let (size, code) = s.type_info(t);
     CollInfo {
-        bytes: c * s.type_size(t),
+        bytes: c * size,
         count: c,
-        dtype: s.dt(t),
+        dtype: code,
         root: s.root_value(root),
         flags: fl,
     }
@@ -215,10 +220,11 @@ pub(crate) fn reduce_scatter_info<T: Copy + Into<i64>>(
 ) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
+    let (size, code) = s.type_info(dt);
     CollInfo {
-        bytes: c * s.type_size(dt),
+        bytes: c * size,
         count: c,
-        dtype: s.dt(dt),
+        dtype: code,
         root: -1,
         flags: s.in_place(sbuf),
     }
@@ -231,10 +237,11 @@ pub(crate) fn reduce_scatter_block_info(
     dt: H,
     n: u64,
 ) -> CollInfo {
+    let (size, code) = s.type_info(dt);
     CollInfo {
-        bytes: cnt(rcount) * n * s.type_size(dt),
+        bytes: cnt(rcount) * n * size,
         count: cnt(rcount) * n,
-        dtype: s.dt(dt),
+        dtype: code,
         root: -1,
         flags: s.in_place(sbuf) | flags::BLOCK_VARIANT,
     }
@@ -257,10 +264,11 @@ pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
     };
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(counts, n) };
+    let (size, code) = s.type_info(t);
     CollInfo {
-        bytes: c * s.type_size(t),
+        bytes: c * size,
         count: c,
-        dtype: s.dt(t),
+        dtype: code,
         root: -1,
         flags: fl,
     }
@@ -309,10 +317,11 @@ pub(crate) const NO_DATA: CollInfo = CollInfo {
 };
 
 pub(crate) fn bcast_info(s: &Shim, count: impl Into<i64> + Copy, dt: H, root: c_int) -> CollInfo {
+    let (size, code) = s.type_info(dt);
     CollInfo {
-        bytes: cnt(count) * s.type_size(dt),
+        bytes: cnt(count) * size,
         count: cnt(count),
-        dtype: s.dt(dt),
+        dtype: code,
         root: s.root_value(root),
         flags: 0,
     }
@@ -408,10 +417,11 @@ fn degrees(s: &Shim, comm: H) -> (u64, u64) {
 /// `neighbor_allgather` and `neighbor_alltoall`: what arrives from the in-neighbours.
 pub(crate) fn neighbor_info(s: &Shim, comm: H, rcount: impl Into<i64> + Copy, rt: H) -> CollInfo {
     let (indeg, _) = degrees(s, comm);
+    let (size, code) = s.type_info(rt);
     CollInfo {
-        bytes: cnt(rcount) * s.type_size(rt) * indeg,
+        bytes: cnt(rcount) * size * indeg,
         count: cnt(rcount) * indeg,
-        dtype: s.dt(rt),
+        dtype: code,
         root: -1,
         flags: 0,
     }
@@ -428,10 +438,11 @@ pub(crate) fn neighbor_v_info<T: Copy + Into<i64>>(
     let (indeg, outdeg) = degrees(s, comm);
     // SAFETY: MPI requires one count per in- (or out-) neighbour.
     let c = unsafe { sum(counts, if outgoing { outdeg } else { indeg }) };
+    let (size, code) = s.type_info(t);
     CollInfo {
-        bytes: c * s.type_size(t),
+        bytes: c * size,
         count: c,
-        dtype: s.dt(t),
+        dtype: code,
         root: -1,
         flags: 0,
     }

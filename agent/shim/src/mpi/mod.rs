@@ -21,7 +21,6 @@ use std::sync::atomic::Ordering;
 
 use commscope_wire::op::flags;
 
-use crate::abi::H;
 use crate::state::Shim;
 use crate::tables::{CommEntry, comm_flags};
 
@@ -137,9 +136,6 @@ pub(crate) struct CollInfo {
 }
 
 impl Shim {
-    pub(crate) fn dt(&self, h: H) -> u16 {
-        self.type_info(h).1
-    }
     pub(crate) fn in_place(&self, p: CP) -> u16 {
         if p as usize == self.abi.in_place {
             flags::IN_PLACE

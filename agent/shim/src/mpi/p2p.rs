@@ -40,14 +40,15 @@ impl Shim {
     ) -> c_int {
         let b = shielded(self, || {
             let count = cnt(buf_count);
+            let (size, code) = self.type_info(dt);
             self.begin_p2p(
                 comm,
                 Op::Send,
                 dest,
                 tag,
-                count * self.type_size(dt),
+                count * size,
                 count,
-                self.dt(dt),
+                code,
                 fl,
                 Dir::Send,
             )
@@ -75,14 +76,15 @@ impl Shim {
         let dir = if op == Op::Recv { Dir::Recv } else { Dir::Send };
         let b = shielded(self, || {
             let count = cnt(count);
+            let (size, code) = self.type_info(dt);
             self.begin_p2p(
                 comm,
                 op,
                 peer,
                 tag,
-                count * self.type_size(dt),
+                count * size,
                 count,
-                self.dt(dt),
+                code,
                 fl | flags::NONBLOCKING,
                 dir,
             )
@@ -189,17 +191,8 @@ impl Shim {
     ) -> c_int {
         let b = shielded(self, || {
             let c = cnt(count);
-            self.begin_p2p(
-                comm,
-                Op::Recv,
-                src,
-                tag,
-                c * self.type_size(dt),
-                c,
-                self.dt(dt),
-                0,
-                Dir::Recv,
-            )
+            let (size, code) = self.type_info(dt);
+            self.begin_p2p(comm, Op::Recv, src, tag, c * size, c, code, 0, Dir::Recv)
         });
         let mut own = [0u8; STATUS_MAX];
         let st: P = if self.abi.is_status_ignore(status) {
@@ -331,14 +324,15 @@ impl Shim {
     ) -> c_int {
         let b = shielded(self, || {
             let c = cnt(scount);
+            let (size, code) = self.type_info(st);
             let mut b = self.begin_p2p(
                 comm,
                 Op::Sendrecv,
                 dest,
                 stag,
-                c * self.type_size(st),
+                c * size,
                 c,
-                self.dt(st),
+                code,
                 0,
                 Dir::Send,
             );
@@ -530,14 +524,15 @@ impl Shim {
         let h = unsafe { self.abi.read_handle(message) };
         let p = self.probed.take(h)?;
         let c = cnt(count);
+        let (size, code) = self.type_info(dt);
         let mut call = self.p2p_call(
             p.comm,
             Op::Recv,
             p.source,
             p.tag,
-            c * self.type_size(dt),
+            c * size,
             c,
-            self.dt(dt),
+            code,
             fl | p.flags,
             Dir::Recv,
         );

@@ -47,14 +47,15 @@ impl Shim {
             // SAFETY: MPI wrote the request handle.
             let h = unsafe { self.abi.read_handle(req) };
             let c = cnt(count);
+            let (size, code) = self.type_info(dt);
             let mut call = Call {
                 op: op as u8,
                 flags: fl | flags::PERSISTENT | flags::NONBLOCKING,
                 peer: self.abi.rank_value(peer),
                 tag,
-                bytes: c * self.type_size(dt),
+                bytes: c * size,
                 count: c,
-                dtype: self.dt(dt),
+                dtype: code,
                 rank: self.rank,
                 peer2: -1,
                 tag2: -1,
