@@ -204,34 +204,41 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
 
 /// Moves published records from the ring into the trace file; returns how many.
 pub fn drain_local(shim: &Shim) -> u64 {
-    let mut guard = shim.local.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(t) = guard.as_mut() else { return 0 };
     let mut moved = 0u64;
-    loop {
-        let from = shim.shm.cursor(Consumer::Local);
-        let end = shim.shm.read_from(from, BLOCK_RECORDS, |r| t.block.push(r));
-        let records = t.block.len();
-        if records == 0 {
-            if end != from {
-                shim.shm.advance(Consumer::Local, end);
-            }
-            return moved;
-        }
-        if let Err(e) = t.writer.write_block(&mut t.block) {
-            shim.shm.count(Counter::TraceWriteErrors, 1);
-            util::warn(format_args!(
-                "failed to write {}: {e}; local tracing stopped ({records} records not written)",
-                t.path.display(),
-            ));
-            shim.shm.advance(Consumer::Local, end);
-            shim.shm.detach_consumer(Consumer::Local);
-            *guard = None;
-            return moved;
-        }
-        shim.shm.advance(Consumer::Local, end);
+    while let Some(records) = drain_block(shim) {
         moved += records as u64;
         if records < BLOCK_RECORDS {
-            return moved;
+            break;
         }
     }
+    moved
+}
+
+/// Moves one block of records (at most [`BLOCK_RECORDS`]) into the trace file; `None` when
+/// there is no trace file or nothing to move.
+fn drain_block(shim: &Shim) -> Option<usize> {
+    let mut guard = shim.local.lock().unwrap_or_else(|p| p.into_inner());
+    let t = guard.as_mut()?;
+    let from = shim.shm.cursor(Consumer::Local);
+    let end = shim.shm.read_from(from, BLOCK_RECORDS, |r| t.block.push(r));
+    let records = t.block.len();
+    if records == 0 {
+        if end != from {
+            shim.shm.advance(Consumer::Local, end);
+        }
+        return None;
+    }
+    if let Err(e) = t.writer.write_block(&mut t.block) {
+        shim.shm.count(Counter::TraceWriteErrors, 1);
+        util::warn(format_args!(
+            "failed to write {}: {e}; local tracing stopped ({records} records not written)",
+            t.path.display(),
+        ));
+        shim.shm.advance(Consumer::Local, end);
+        shim.shm.detach_consumer(Consumer::Local);
+        *guard = None;
+        return None;
+    }
+    shim.shm.advance(Consumer::Local, end);
+    Some(records)
 }
