@@ -55,6 +55,73 @@ fn a_program_that_never_calls_mpi_is_unchanged() {
 }
 
 #[test]
+fn a_call_no_library_defines_ends_the_process_as_the_loader_would() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = commscope_tests::c_dir().join("undefined_call.c");
+    let (lib, prog) = (
+        tmp.path().join("libundefined.so"),
+        tmp.path().join("undefined_call"),
+    );
+    for (args, out) in [
+        (&["-shared", "-fPIC", "-DLIBRARY"][..], &lib),
+        (&["-ldl"][..], &prog),
+    ] {
+        let o = Command::new("cc")
+            .arg("-o")
+            .arg(out)
+            .arg(&src)
+            .args(args)
+            .output()
+            .expect("run cc");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let plain = Command::new(&prog).arg(&lib).output().expect("run");
+    let traced = run_traced(
+        tmp.path(),
+        "undefined",
+        &[prog.clone().into_os_string(), lib.clone().into_os_string()],
+        &[],
+    );
+    for (o, what) in [(&plain, "without"), (&traced, "with")] {
+        assert_eq!(o.status.code(), Some(127), "{what} the shim: {o:?}");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "calling\n");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("symbol lookup error")
+                && err.contains("undefined symbol: ncclGetUniqueId"),
+            "{what} the shim: {err}"
+        );
+    }
+}
+
+/// Programs test for optional MPI functions with weak references, as mpi4py does: under the shim
+/// they must find exactly what the loaded MPI defines.
+fn optional_functions_look_the_same(flavour: Flavour) {
+    let prog = build(flavour, "weak_symbols");
+    let cmd = launch(flavour, 1, &prog, &[]);
+    let plain = direct(&cmd, &[]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let traced = run_traced(tmp.path(), "weak", &cmd, &[]);
+    assert!(
+        plain.status.success() && traced.status.success(),
+        "{plain:?} {traced:?}"
+    );
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert_eq!(out.lines().count(), 8, "{out}");
+    assert_eq!(out, String::from_utf8_lossy(&traced.stdout));
+}
+
+#[test]
+fn optional_functions_look_the_same_to_an_open_mpi_program() {
+    optional_functions_look_the_same(Flavour::OpenMpi);
+}
+
+#[test]
+fn optional_functions_look_the_same_to_an_mpich_program() {
+    optional_functions_look_the_same(Flavour::Mpich);
+}
+
+#[test]
 fn exit_status_and_signals_pass_through() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let killed = run_traced(
