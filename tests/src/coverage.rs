@@ -86,9 +86,9 @@ pub fn verify(flavour: Flavour, trace: &JobTrace, trace_dir: &Path, expect_dir: 
     let expected = read_expected(expect_dir, 8);
     assert_eq!(trace.processes.len(), 8, "one process per rank");
     assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let actual = calls_by_name(trace);
 
     // comm id -> name as each rank saw it, and the ranks that know each id.
-    let mut actual: BTreeMap<(i32, String, String), (u64, u64)> = BTreeMap::new();
     let mut id_of: HashMap<(i32, String), u64> = HashMap::new();
     let mut knowers: HashMap<u64, BTreeSet<i32>> = HashMap::new();
     let mut sizes: HashMap<u64, i32> = HashMap::new();
@@ -123,11 +123,6 @@ pub fn verify(flavour: Flavour, trace: &JobTrace, trace_dir: &Path, expect_dir: 
                         .get(&c.comm_id)
                         .cloned()
                         .unwrap_or_else(|| format!("unnamed-{:#x}", c.comm_id));
-                    let v = actual
-                        .entry((rank, name.clone(), c.op().name().to_owned()))
-                        .or_default();
-                    v.0 += 1;
-                    v.1 += c.bytes;
                     id_of.insert((rank, name), c.comm_id);
                     assert_eq!(c.status, 0, "call failed: {c:?}");
                     assert_eq!(c.rank, rank);

@@ -40,12 +40,27 @@ static FLAVOUR: AtomicU8 = AtomicU8::new(0);
 
 pub use crate::resolve::{Real, data as lookup_data, next as lookup};
 
-/// Declares the real (`PMPI_*`) entry points an application's calls are forwarded to:
-/// `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a function `PMPI_Send(a, …)` that calls the
-/// loaded MPI's, wherever that library was loaded; when no loaded library has it, the process
-/// ends as the dynamic loader would have ended it ([`crate::resolve::undefined`]).
+/// Declares the real (`PMPI_*`) functions: `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a
+/// function `PMPI_Send(a, …)` that calls the loaded MPI's, wherever that library was loaded.
+/// An application's call is forwarded this way, and when no loaded library has the function the
+/// process ends as the dynamic loader would have ended it ([`crate::resolve::undefined`]).
+/// `pmpi!(own: fn …;)` declares functions the shim calls for itself (ranks, sizes, groups, type
+/// sizes): missing, they return `MPI_ERR_OTHER` (reported once) — the shim's own queries must
+/// never hurt the job.
 macro_rules! pmpi {
-    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
+    (@address forward $real:ident) => {
+        $real.target()
+    };
+    (@address own $real:ident) => {
+        match $real.get() {
+            0 => {
+                $crate::abi::missing($real.name());
+                return $crate::abi::ERR_OTHER;
+            }
+            p => p,
+        }
+    };
+    (@def $mode:ident $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
         $(
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             #[inline]
@@ -56,48 +71,23 @@ macro_rules! pmpi {
                         Err(_) => panic!("symbol name"),
                     },
                 );
-                let p = REAL.target();
+                let p = $crate::abi::pmpi!(@address $mode REAL);
                 // SAFETY: `p` is the address of the MPI library's function of this name, whose C
                 // signature is the one declared here (handles as machine words).
                 let f: unsafe extern "C" fn($($ty),*) -> ::std::ffi::c_int = unsafe { ::std::mem::transmute(p) };
-                // SAFETY: the caller passes the application's own arguments through.
+                // SAFETY: the caller passes valid arguments (the application's own, or the shim's).
                 unsafe { f($($arg),*) }
             }
         )*
+    };
+    (own: $($rest:tt)*) => {
+        $crate::abi::pmpi!(@def own $($rest)*);
+    };
+    ($($rest:tt)*) => {
+        $crate::abi::pmpi!(@def forward $($rest)*);
     };
 }
 pub(crate) use pmpi;
-
-/// Declares `PMPI_*` functions the shim calls for itself (ranks, sizes, groups, type sizes):
-/// like [`pmpi!`], but a function the loaded library lacks returns `MPI_ERR_OTHER` (reported
-/// once) instead of ending the process — the shim's own queries must never hurt the job.
-macro_rules! pmpi_own {
-    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> c_int;)*) => {
-        $(
-            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
-            #[inline]
-            pub unsafe fn $name($($arg: $ty),*) -> ::std::ffi::c_int {
-                static REAL: $crate::resolve::Real = $crate::resolve::Real::new(
-                    match ::std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
-                        Ok(s) => s,
-                        Err(_) => panic!("symbol name"),
-                    },
-                );
-                let p = REAL.get();
-                if p == 0 {
-                    $crate::abi::missing(REAL.name());
-                    return $crate::abi::ERR_OTHER;
-                }
-                // SAFETY: `p` is the address of the MPI library's function of this name, whose C
-                // signature is the one declared here (handles as machine words).
-                let f: unsafe extern "C" fn($($ty),*) -> ::std::ffi::c_int = unsafe { ::std::mem::transmute(p) };
-                // SAFETY: the shim's own, valid arguments.
-                unsafe { f($($arg),*) }
-            }
-        )*
-    };
-}
-pub(crate) use pmpi_own;
 
 /// `MPI_ERR_OTHER` in both flavours' numbering is not the same (16 / 15); the value is only
 /// seen by the shim's own queries, never by the application.
@@ -405,7 +395,7 @@ impl Abi {
 
 /// The library's version string, from `MPI_Get_library_version`.
 pub fn library_version() -> String {
-    pmpi_own! {
+    pmpi! { own:
         fn PMPI_Get_library_version(buf: *mut c_char, len: *mut c_int) -> c_int;
     }
     // MPICH's MPI_MAX_LIBRARY_VERSION_STRING is 8192, Open MPI's 256.

@@ -255,7 +255,7 @@ fn job_from_env() -> Option<String> {
     None
 }
 
-crate::abi::pmpi_own! {
+crate::abi::pmpi! { own:
     fn PMPI_Comm_rank(comm: H, rank: *mut c_int) -> c_int;
     fn PMPI_Comm_size(comm: H, size: *mut c_int) -> c_int;
     fn PMPI_Comm_remote_size(comm: H, size: *mut c_int) -> c_int;

@@ -46,6 +46,21 @@ fn compile(mpi: &Mpi, name: &str, out: &Path) -> PathBuf {
     exe
 }
 
+/// The launcher's arguments for `ranks` ranks: one rank per core polls; more ranks than cores
+/// must yield or they starve each other.
+fn launcher_args(mpi: &Mpi, ranks: u32) -> Vec<String> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let mut args = mpi.launcher_args.clone();
+    if ranks <= cores
+        && let Some(i) = args.iter().position(|a| a == "mpi_yield_when_idle")
+    {
+        args[i + 1] = "0".into();
+    }
+    args
+}
+
 /// Runs a benchmark program, with the shim preloaded when `shim` is given, writing its trace to
 /// `trace` (deleted afterwards) when given.
 fn run(
@@ -57,19 +72,7 @@ fn run(
     trace: Option<&Path>,
 ) -> String {
     let mut cmd = Command::new(&mpi.launcher);
-    // One rank per core polls; more ranks than cores must yield or they starve each other.
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
-    let mut launcher_args = mpi.launcher_args.clone();
-    if ranks <= cores
-        && let Some(i) = launcher_args
-            .iter()
-            .position(|a| a == "mpi_yield_when_idle")
-    {
-        launcher_args[i + 1] = "0".into();
-    }
-    cmd.args(&launcher_args);
+    cmd.args(launcher_args(mpi, ranks));
     let flavour_flag = if mpi.name == "Open MPI" {
         "-x"
     } else {
@@ -123,17 +126,6 @@ fn run_job(
     commscope: Option<&Path>,
     trace: &Path,
 ) -> (String, Option<Kept>) {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
-    let mut launcher_args = mpi.launcher_args.clone();
-    if ranks <= cores
-        && let Some(i) = launcher_args
-            .iter()
-            .position(|a| a == "mpi_yield_when_idle")
-    {
-        launcher_args[i + 1] = "0".into();
-    }
     let mut cmd = match commscope {
         Some(cs) => {
             let mut c = Command::new(cs);
@@ -148,7 +140,7 @@ fn run_job(
         }
         None => Command::new(&mpi.launcher),
     };
-    cmd.args(&launcher_args)
+    cmd.args(launcher_args(mpi, ranks))
         .arg("-np")
         .arg(ranks.to_string())
         .arg(exe)

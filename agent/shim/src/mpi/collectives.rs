@@ -274,6 +274,42 @@ pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
     }
 }
 
+/// The size fields of `n` per-peer counts with a datatype each (`alltoallw`-style); `type_at(i)`
+/// reads the i-th datatype.
+///
+/// # Safety
+/// `counts` must be null or hold `n` counts, and `type_at` must be valid for `0..n`.
+pub(crate) unsafe fn mixed_info<T: Copy + Into<i64>>(
+    s: &Shim,
+    counts: *const T,
+    n: u64,
+    type_at: impl Fn(usize) -> H,
+    flags: u16,
+) -> CollInfo {
+    let (mut bytes, mut count) = (0u64, 0u64);
+    if !counts.is_null() {
+        for i in 0..n as usize {
+            // SAFETY: per the contract.
+            let c = cnt(unsafe { *counts.add(i) });
+            count += c;
+            bytes += c * s.type_size(type_at(i));
+        }
+    }
+    CollInfo {
+        bytes,
+        count,
+        dtype: dtype::MIXED,
+        root: -1,
+        flags,
+    }
+}
+
+/// A C array of datatype handles, read element by element (`NULL`: none).
+fn type_array(s: &Shim, types: CP) -> impl Fn(usize) -> H + '_ {
+    // SAFETY: callers read only indices MPI requires the array to hold.
+    move |i| unsafe { s.abi.read_handle_at(types, i) as H }
+}
+
 pub(crate) fn alltoallw_info<T: Copy + Into<i64>>(
     s: &Shim,
     sbuf: CP,
@@ -289,22 +325,13 @@ pub(crate) fn alltoallw_info<T: Copy + Into<i64>>(
     } else {
         (scounts, sts)
     };
-    let (mut bytes, mut count) = (0u64, 0u64);
-    if !counts.is_null() && !types.is_null() {
-        for i in 0..n as usize {
-            // SAFETY: MPI requires one count and one type per rank.
-            let (c, t) = unsafe { (cnt(*counts.add(i)), s.abi.read_handle_at(types, i)) };
-            count += c;
-            bytes += c * s.type_size(t as H);
-        }
-    }
-    CollInfo {
-        bytes,
-        count,
-        dtype: dtype::MIXED,
-        root: -1,
-        flags: fl,
-    }
+    let counts = if types.is_null() {
+        std::ptr::null()
+    } else {
+        counts
+    };
+    // SAFETY: MPI requires one count and one datatype per rank.
+    unsafe { mixed_info(s, counts, n, type_array(s, types), fl) }
 }
 
 /// Defines a blocking collective wrapper: the C signature, the communicator argument, the op, and
@@ -456,22 +483,13 @@ pub(crate) fn neighbor_w_info<T: Copy + Into<i64>>(
     types: CP,
 ) -> CollInfo {
     let (_, outdeg) = degrees(s, comm);
-    let (mut bytes, mut count) = (0u64, 0u64);
-    if !counts.is_null() && !types.is_null() {
-        for i in 0..outdeg as usize {
-            // SAFETY: MPI requires one count and one datatype per out-neighbour.
-            let (c, t) = unsafe { (cnt(*counts.add(i)), s.abi.read_handle_at(types, i)) };
-            count += c;
-            bytes += c * s.type_size(t as H);
-        }
-    }
-    CollInfo {
-        bytes,
-        count,
-        dtype: dtype::MIXED,
-        root: -1,
-        flags: 0,
-    }
+    let counts = if types.is_null() {
+        std::ptr::null()
+    } else {
+        counts
+    };
+    // SAFETY: MPI requires one count and one datatype per out-neighbour.
+    unsafe { mixed_info(s, counts, outdeg, type_array(s, types), 0) }
 }
 
 pmpi! {

@@ -22,16 +22,16 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use commscope_wire::op::{Op, dtype, flags};
+use commscope_wire::op::{Op, flags};
 use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN};
 
 use super::collectives::{
-    NO_DATA, alltoallv_info, bcast_info, gathered, gatherv_info, reduce_info,
+    NO_DATA, alltoallv_info, bcast_info, gathered, gatherv_info, mixed_info, reduce_info,
     reduce_scatter_block_info, reduce_scatter_info, rooted_info, rooted_v_info,
 };
 use super::comms::Ctor;
 use super::completion::{self, Requests, StatusArg};
-use super::{CP, CollInfo, P, cnt};
+use super::{CP, CollInfo, P};
 use crate::abi::{Flavour, H};
 use crate::resolve::Real;
 use crate::state::{self, Guard, Shim, activate, active_mpi, life, shielded, shutdown};
@@ -262,11 +262,24 @@ fn statuses(p: FM) -> StatusArg {
 
 /// A C handle the wrappers fill after the real call (a new request or communicator), handed to
 /// the recording logic where the C binding passes its output argument.
-struct Out(u64);
+#[derive(Default)]
+struct Out(std::cell::Cell<u64>);
 
 impl Out {
-    fn ptr(&mut self) -> P {
-        (&mut self.0 as *mut u64).cast()
+    /// Where the recording logic reads the handle.
+    fn ptr(&self) -> P {
+        self.0.as_ptr().cast()
+    }
+
+    /// Makes the real Fortran call; when it succeeded, puts the C view of the handle it wrote
+    /// (`convert`) in place. Returns the call's code.
+    fn after(&self, real: impl FnOnce(), ierr: FM, convert: impl FnOnce() -> H) -> c_int {
+        real();
+        let r = rc(ierr);
+        if r == 0 {
+            self.0.set(convert() as u64);
+        }
+        r
     }
 }
 
@@ -295,16 +308,9 @@ fn icoll(
     real: impl FnOnce(),
     ierr: FM,
 ) {
-    let mut out = Out(0);
-    let p = out.ptr();
-    s.icoll(comm_c(s, comm), op, p, info, || {
-        real();
-        let r = rc(ierr);
-        if r == 0 {
-            // SAFETY: `p` points to `out`, alive for this whole call.
-            unsafe { *(p as *mut u64) = request_c(s, req) as u64 };
-        }
-        r
+    let out = Out::default();
+    s.icoll(comm_c(s, comm), op, out.ptr(), info, || {
+        out.after(real, ierr, || request_c(s, req))
     });
 }
 
@@ -319,8 +325,7 @@ fn ip2p(
     real: impl FnOnce(),
     ierr: FM,
 ) {
-    let mut out = Out(0);
-    let p = out.ptr();
+    let out = Out::default();
     let t = type_c(s, dt);
     s.ip2p(
         op,
@@ -330,16 +335,8 @@ fn ip2p(
         v(peer),
         v(tag),
         comm_c(s, comm),
-        p,
-        || {
-            real();
-            let r = rc(ierr);
-            if r == 0 {
-                // SAFETY: `p` points to `out`, alive for this whole call.
-                unsafe { *(p as *mut u64) = request_c(s, req) as u64 };
-            }
-            r
-        },
+        out.ptr(),
+        || out.after(real, ierr, || request_c(s, req)),
     );
 }
 
@@ -354,8 +351,7 @@ fn persistent(
     real: impl FnOnce(),
     ierr: FM,
 ) {
-    let mut out = Out(0);
-    let p = out.ptr();
+    let out = Out::default();
     let t = type_c(s, dt);
     s.persistent_init(
         op,
@@ -365,31 +361,16 @@ fn persistent(
         v(peer),
         v(tag),
         comm_c(s, comm),
-        p,
-        || {
-            real();
-            let r = rc(ierr);
-            if r == 0 {
-                // SAFETY: `p` points to `out`, alive for this whole call.
-                unsafe { *(p as *mut u64) = request_c(s, req) as u64 };
-            }
-            r
-        },
+        out.ptr(),
+        || out.after(real, ierr, || request_c(s, req)),
     );
 }
 
 /// Records a communicator constructor; `newcomm` is the Fortran communicator it writes.
 fn ctor(s: &Shim, parent: F, newcomm: F, kind: Ctor, real: impl FnOnce(), ierr: FM) {
-    let mut out = Out(0);
-    let p = out.ptr();
-    s.ctor(comm_c(s, parent), p, kind, || {
-        real();
-        let r = rc(ierr);
-        if r == 0 {
-            // SAFETY: `p` points to `out`, alive for this whole call.
-            unsafe { *(p as *mut u64) = comm_c(s, newcomm) as u64 };
-        }
-        r
+    let out = Out::default();
+    s.ctor(comm_c(s, parent), out.ptr(), kind, || {
+        out.after(real, ierr, || comm_c(s, newcomm))
     });
 }
 
@@ -432,22 +413,13 @@ fn alltoallw_info(
     } else {
         (scounts, sts)
     };
-    let (mut bytes, mut count) = (0u64, 0u64);
-    if !counts.is_null() && !types.is_null() {
-        for i in 0..n as usize {
-            // SAFETY: MPI requires one count and one datatype per rank.
-            let (c, t) = unsafe { (cnt(*counts.add(i)), type_c(s, types.add(i))) };
-            count += c;
-            bytes += c * s.type_size(t);
-        }
-    }
-    CollInfo {
-        bytes,
-        count,
-        dtype: dtype::MIXED,
-        root: -1,
-        flags: fl,
-    }
+    let counts = if types.is_null() {
+        std::ptr::null()
+    } else {
+        counts
+    };
+    // SAFETY: MPI requires one count and one datatype per rank; `types.add(i)` stays inside.
+    unsafe { mixed_info(s, counts, n, |i| type_c(s, types.wrapping_add(i)), fl) }
 }
 
 // ----- lifecycle ---------------------------------------------------------------------------------
@@ -798,33 +770,38 @@ fortran!(testany TESTANY (n: F, reqs: FM, index: FM, flag: FM, st: FM, ierr: FM)
     });
 });
 
-fortran!(waitsome WAITSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real| {
+/// Waitsome/Testsome (the same arguments): `f` is the real function.
+fn some(
+    s: &Shim,
+    real: impl FnOnce(),
+    f: usize,
+    (n, reqs, outcount, indices, sts): (F, FM, FM, FM, FM),
+    ierr: FM,
+) {
     if s.requests.is_empty() {
         return real();
     }
-    let f = REAL.target();
-    completion::some(s, &requests(n, reqs), outcount, indices, statuses(sts), |stp| {
-        // SAFETY: the real Fortran waitsome, with a status array of `n` entries.
-        let f: unsafe extern "C" fn(F, FM, FM, FM, FM, FM) = unsafe { std::mem::transmute(f) };
-        // SAFETY: the application's arguments and a real status array.
-        unsafe { f(n, reqs, outcount, indices, stp.cast(), ierr) };
-        rc(ierr)
-    });
-});
+    completion::some(
+        s,
+        &requests(n, reqs),
+        outcount,
+        indices,
+        statuses(sts),
+        |stp| {
+            // SAFETY: the real Fortran waitsome or testsome, with a status array of `n` entries.
+            let f: unsafe extern "C" fn(F, FM, FM, FM, FM, FM) = unsafe { std::mem::transmute(f) };
+            // SAFETY: the application's arguments and a real status array.
+            unsafe { f(n, reqs, outcount, indices, stp.cast(), ierr) };
+            rc(ierr)
+        },
+    );
+}
 
-fortran!(testsome TESTSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real| {
-    if s.requests.is_empty() {
-        return real();
-    }
-    let f = REAL.target();
-    completion::some(s, &requests(n, reqs), outcount, indices, statuses(sts), |stp| {
-        // SAFETY: the real Fortran testsome, with a status array of `n` entries.
-        let f: unsafe extern "C" fn(F, FM, FM, FM, FM, FM) = unsafe { std::mem::transmute(f) };
-        // SAFETY: the application's arguments and a real status array.
-        unsafe { f(n, reqs, outcount, indices, stp.cast(), ierr) };
-        rc(ierr)
-    });
-});
+fortran!(waitsome WAITSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real|
+    some(s, real, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
+
+fortran!(testsome TESTSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real|
+    some(s, real, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
 
 fortran!(request_free REQUEST_FREE (req: FM, ierr: FM) |s, real| {
     let h = if s.requests.is_empty() && s.persistent.is_empty() {

@@ -27,6 +27,16 @@ pmpi! {
 }
 
 impl Shim {
+    /// The status to give the real call: the application's, or `own` when it passes its
+    /// "ignore" sentinel (the record needs the source, tag and count).
+    fn status_or_own(&self, status: P, own: &mut [u8; STATUS_MAX]) -> P {
+        if self.abi.is_status_ignore(status) {
+            own.as_mut_ptr().cast()
+        } else {
+            status
+        }
+    }
+
     /// Records a blocking send.
     pub(crate) fn send(
         &self,
@@ -195,11 +205,7 @@ impl Shim {
             self.begin_p2p(comm, Op::Recv, src, tag, c * size, c, code, 0, Dir::Recv)
         });
         let mut own = [0u8; STATUS_MAX];
-        let st: P = if self.abi.is_status_ignore(status) {
-            own.as_mut_ptr().cast()
-        } else {
-            status
-        };
+        let st = self.status_or_own(status, &mut own);
         let rc = real(st);
         if let Some(mut b) = b {
             shielded(self, || {
@@ -341,11 +347,7 @@ impl Shim {
             b
         });
         let mut own = [0u8; STATUS_MAX];
-        let stp: P = if self.abi.is_status_ignore(status) {
-            own.as_mut_ptr().cast()
-        } else {
-            status
-        };
+        let stp = self.status_or_own(status, &mut own);
         let rc = real(stp);
         if let Some(mut b) = b {
             shielded(self, || {
@@ -497,11 +499,7 @@ impl Shim {
             (call, slot)
         });
         let mut own = [0u8; STATUS_MAX];
-        let st: P = if self.abi.is_status_ignore(status) {
-            own.as_mut_ptr().cast()
-        } else {
-            status
-        };
+        let st = self.status_or_own(status, &mut own);
         let rc = real(st);
         if let Some((call, slot)) = b {
             shielded(self, || {
@@ -558,11 +556,7 @@ impl Shim {
         })
         .flatten();
         let mut own = [0u8; STATUS_MAX];
-        let st: P = if self.abi.is_status_ignore(status) {
-            own.as_mut_ptr().cast()
-        } else {
-            status
-        };
+        let st = self.status_or_own(status, &mut own);
         let rc = real(st);
         if let Some(mut b) = b {
             shielded(self, || {

@@ -28,40 +28,36 @@ pub(super) fn resolve(twin: &'static CStr) -> *mut c_void {
 /// loaded library has ends the process as the dynamic loader would), `own` ones are the shim's
 /// own queries (missing: `ncclInternalError`, and the shim records less).
 macro_rules! real {
-    (forward { $(fn $name:ident = $twin:literal ($($arg:ident: $ty:ty),* $(,)?);)* }
-     own { $(fn $oname:ident = $otwin:literal ($($oarg:ident: $oty:ty),* $(,)?);)* }) => {
+    (@address forward $real:ident, $twin:literal) => {
+        match $real.get() {
+            0 => crate::resolve::undefined(plain($twin)),
+            p => p,
+        }
+    };
+    (@address own $real:ident, $twin:literal) => {
+        match $real.get() {
+            0 => return result::INTERNAL_ERROR,
+            p => p,
+        }
+    };
+    (@def $mode:ident $(fn $name:ident = $twin:literal ($($arg:ident: $ty:ty),* $(,)?);)*) => {
         $(
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             #[inline]
             pub unsafe fn $name($($arg: $ty),*) -> c_int {
                 static REAL: Real = Real::with($twin, resolve);
-                let p = match REAL.get() {
-                    0 => crate::resolve::undefined(plain($twin)),
-                    p => p,
-                };
+                let p = real!(@address $mode REAL, $twin);
                 // SAFETY: `p` is the NCCL library's function of this name, whose C signature is
                 // the one declared here (handles and enums as machine words / ints).
                 let f: unsafe extern "C" fn($($ty),*) -> c_int = unsafe { std::mem::transmute(p) };
-                // SAFETY: the caller passes the application's own arguments through.
+                // SAFETY: the caller passes valid arguments (the application's own, or the shim's).
                 unsafe { f($($arg),*) }
             }
         )*
-        $(
-            #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
-            #[inline]
-            pub unsafe fn $oname($($oarg: $oty),*) -> c_int {
-                static REAL: Real = Real::with($otwin, resolve);
-                let p = REAL.get();
-                if p == 0 {
-                    return result::INTERNAL_ERROR;
-                }
-                // SAFETY: `p` is the NCCL library's function of this name, whose C signature is
-                // the one declared here.
-                let f: unsafe extern "C" fn($($oty),*) -> c_int = unsafe { std::mem::transmute(p) };
-                // SAFETY: the shim's own, valid arguments.
-                unsafe { f($($oarg),*) }
-            }
-        )*
+    };
+    (forward { $($forward:tt)* } own { $($own:tt)* }) => {
+        real!(@def forward $($forward)*);
+        real!(@def own $($own)*);
     };
 }
 
