@@ -146,3 +146,33 @@ fn a_fortran_2008_program_on_open_mpi_is_recorded_exactly() {
         );
     }
 }
+
+/// Every wrapped Fortran entry point, called from `use mpi`: the trace holds exactly the calls.
+fn check_every_entry_point(flavour: Flavour) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (trace, expected) = run(flavour, "coverage", tmp.path());
+    assert_eq!(calls_by_name(&trace), expected.calls, "{}", flavour.name());
+    for p in &trace.processes {
+        let rank = p.header.rank;
+        let mut persistent = 0;
+        for r in &p.records {
+            let Record::Call(c) = r else { continue };
+            assert_eq!(c.status, 0, "rank {rank}: {c:?}");
+            assert_eq!(c.flags & flags::LOCAL_COMM_ID, 0, "rank {rank}: {c:?}");
+            persistent += usize::from(c.flags & flags::PERSISTENT != 0);
+        }
+        // Even ranks start 3 persistent sends twice and a ready send once; odd ranks a receive
+        // six times.
+        assert_eq!(persistent, if rank % 2 == 0 { 7 } else { 6 }, "rank {rank}");
+    }
+}
+
+#[test]
+fn every_fortran_entry_point_on_open_mpi_is_recorded_exactly() {
+    check_every_entry_point(Flavour::OpenMpi);
+}
+
+#[test]
+fn every_fortran_entry_point_on_mpich_is_recorded_exactly_once() {
+    check_every_entry_point(Flavour::Mpich);
+}
