@@ -270,9 +270,10 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     }
                     cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
                     let me = c.comm_rank;
-                    // A call that returned an error moved no message: nothing to pair.
-                    let op = if c.status == 0 { op } else { Op::None };
                     match op {
+                        // A send that returned an error sent nothing: no message to pair. (A
+                        // receive that failed may still have consumed one, e.g. truncated.)
+                        Op::Send if c.status != 0 => {}
                         Op::Send if c.peer >= 0 => {
                             p2p.send += 1;
                             *sends

@@ -173,6 +173,20 @@ pub fn launch(flavour: Flavour, ranks: u32, program: &Path, args: &[&str]) -> Ve
     v
 }
 
+/// Runs a launch command without commscope (nothing preloaded), with extra environment: what
+/// a program does on its own, to compare with its run under the shim.
+pub fn run_plain(cmd: &[OsString], extra_env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("LD_PRELOAD");
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    c.output().expect("run without the shim")
+}
+
 /// Runs `commscope run --trace-dir DIR --job-id JOB -- CMD…` and returns its output.
 pub fn run_traced(
     trace_dir: &Path,

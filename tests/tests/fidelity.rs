@@ -5,10 +5,10 @@
 //! neighbourhood collectives, `MPI_THREAD_MULTIPLE`, `MPI_ERRORS_RETURN` and `MPI_Abort`.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use commscope_tests::coverage::{calls_by_name, read_expected};
-use commscope_tests::{Flavour, build, launch, load_job, run_traced, summary_json};
+use commscope_tests::{Flavour, build, launch, load_job, run_plain, run_traced, summary_json};
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::{ProcessEvent, Record};
 
@@ -21,13 +21,7 @@ fn run_both(flavour: Flavour, name: &str, tmp: &Path) -> (Output, Output) {
     std::fs::create_dir_all(&plain_dir).expect("mkdir");
     std::fs::create_dir_all(&traced_dir).expect("mkdir");
     let cmd = launch(flavour, RANKS, &prog, &[plain_dir.to_str().expect("utf-8")]);
-    let plain = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run without the shim");
+    let plain = run_plain(&cmd, &[]);
     let traced = run_traced(
         &tmp.join("trace"),
         name,

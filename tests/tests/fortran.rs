@@ -5,7 +5,7 @@
 
 use commscope_tests::coverage::{calls_by_name, read_expected};
 use commscope_tests::{
-    Flavour, assert_ok, build_fortran, launch, load_job, run_traced, summary_json,
+    Flavour, assert_ok, build_fortran, launch, load_job, run_plain, run_traced, summary_json,
 };
 use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::Record;
@@ -26,31 +26,15 @@ fn run(
     std::fs::create_dir_all(&expect_dir).expect("mkdir");
     let trace_dir = tmp.join("trace");
     let job = format!("fortran-{name}-{}", flavour.name());
-    let plain = std::process::Command::new(&launch(flavour, RANKS, &prog, &[])[0])
-        .args(
-            &launch(
-                flavour,
-                RANKS,
-                &prog,
-                &[expect_dir.to_str().expect("utf-8")],
-            )[1..],
-        )
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .expect("run without the shim");
-    assert_ok(&plain, "the Fortran program without the shim");
-    let out = run_traced(
-        &trace_dir,
-        &job,
-        &launch(
-            flavour,
-            RANKS,
-            &prog,
-            &[expect_dir.to_str().expect("utf-8")],
-        ),
-        &[],
+    let cmd = launch(
+        flavour,
+        RANKS,
+        &prog,
+        &[expect_dir.to_str().expect("utf-8")],
     );
+    let plain = run_plain(&cmd, &[]);
+    assert_ok(&plain, "the Fortran program without the shim");
+    let out = run_traced(&trace_dir, &job, &cmd, &[]);
     assert_ok(&out, "the Fortran program under commscope run");
     assert_eq!(
         String::from_utf8_lossy(&plain.stdout),

@@ -7,7 +7,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 
 use commscope_tests::{
-    Flavour, assert_ok, build, commscope, launch, load_job, run_traced, shim, summary_json,
+    Flavour, assert_ok, build, commscope, launch, load_job, run_plain, run_traced, shim,
+    summary_json,
 };
 use commscope_wire::record::Record;
 
@@ -18,18 +19,6 @@ fn sorted_lines(o: &Output) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-/// Runs a launch command directly (no commscope), with extra environment.
-fn direct(cmd: &[std::ffi::OsString], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(&cmd[0]);
-    c.args(&cmd[1..])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run")
 }
 
 #[test]
@@ -99,7 +88,7 @@ fn a_call_no_library_defines_ends_the_process_as_the_loader_would() {
 fn optional_functions_look_the_same(flavour: Flavour) {
     let prog = build(flavour, "weak_symbols");
     let cmd = launch(flavour, 1, &prog, &[]);
-    let plain = direct(&cmd, &[]);
+    let plain = run_plain(&cmd, &[]);
     let tmp = tempfile::tempdir().expect("tempdir");
     let traced = run_traced(tmp.path(), "weak", &cmd, &[]);
     assert!(
@@ -163,7 +152,7 @@ fn exit_status_and_signals_pass_through() {
 fn same_as_without_shim(flavour: Flavour) {
     let prog = build(flavour, "basic");
     let cmd = launch(flavour, 4, &prog, &["50", "0"]);
-    let plain = direct(&cmd, &[]);
+    let plain = run_plain(&cmd, &[]);
     assert_ok(&plain, "plain run");
     let tmp = tempfile::tempdir().expect("tempdir");
 
@@ -268,7 +257,7 @@ fn same_as_without_shim(flavour: Flavour) {
         }
     }
     env_cmd.extend(cmd[1..].iter().cloned());
-    let unwritable = direct(&env_cmd, &[]);
+    let unwritable = run_plain(&env_cmd, &[]);
     assert_eq!(unwritable.status.code(), plain.status.code());
     assert_eq!(sorted_lines(&unwritable), sorted_lines(&plain));
     let err = String::from_utf8_lossy(&unwritable.stderr);

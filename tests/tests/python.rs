@@ -10,7 +10,7 @@ use commscope_cli::traces::JobTrace;
 use commscope_tests::coverage::{Expected, calls_by_name, read_expected};
 use commscope_tests::python::{self, mpi4py_env, require_mpi4py, script};
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{Flavour, assert_ok, load_job, run_traced, summary_json};
+use commscope_tests::{Flavour, assert_ok, load_job, run_plain, run_traced, summary_json};
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::Record;
 
@@ -62,13 +62,7 @@ fn exact_run(flavour: Flavour) {
         &script("mpi4py_calls.py"),
         &[expect_dir.to_str().expect("utf-8")],
     );
-    let mut plain = std::process::Command::new(&cmd[0]);
-    plain
-        .args(&cmd[1..])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    let plain = plain.output().expect("run without the shim");
+    let plain = run_plain(&cmd, &env_refs(&env));
     assert_ok(&plain, "the mpi4py program without the shim");
     let trace_dir = tmp.path().join("trace");
     let job = format!("mpi4py-{}", flavour.name());

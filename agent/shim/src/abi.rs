@@ -38,7 +38,7 @@ impl Flavour {
 
 static FLAVOUR: AtomicU8 = AtomicU8::new(0);
 
-pub use crate::resolve::{Real, data as lookup_data, next as lookup};
+use crate::resolve;
 
 /// Declares the real (`PMPI_*`) functions: `pmpi!(fn PMPI_Send(a: T, …) -> c_int;)` makes a
 /// function `PMPI_Send(a, …)` that calls the loaded MPI's, wherever that library was loaded.
@@ -141,9 +141,9 @@ pub const STATUS_MAX: usize = 64;
 impl Abi {
     /// Detects the loaded flavour. Returns `None` when no MPI is loaded.
     pub fn detect() -> Option<Abi> {
-        let world = lookup_data(c"ompi_mpi_comm_world");
+        let world = resolve::data(c"ompi_mpi_comm_world");
         let abi = if !world.is_null() {
-            let sym = |n: &CStr| lookup_data(n) as u64;
+            let sym = |n: &CStr| resolve::data(n) as u64;
             let dt = |n: &CStr, code: u16| (sym(n), code);
             let dtypes = vec![
                 dt(c"ompi_mpi_byte", dtype::BYTE),
@@ -209,7 +209,7 @@ impl Abi {
                 topo_graph: 2,
                 dtypes: dtypes.into_iter().filter(|&(h, _)| h != 0).collect(),
             }
-        } else if !lookup(c"PMPI_Init").is_null() {
+        } else if !resolve::next(c"PMPI_Init").is_null() {
             let dtypes = vec![
                 (0x4c00010d, dtype::BYTE),
                 (0x4c000101, dtype::CHAR),

@@ -180,13 +180,24 @@ fn tsc_usable() -> bool {
     if source.trim() != "tsc" {
         return false;
     }
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .unwrap_or("");
-    let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-    has("constant_tsc") && has("nonstop_tsc")
+    invariant_tsc()
+}
+
+/// Whether the processor says its TSC runs at a constant rate in every power state (CPUID
+/// 0x8000_0007, EDX bit 8: what Linux reports as `constant_tsc` and `nonstop_tsc`). Asked of the
+/// processor rather than parsed from `/proc/cpuinfo`, which the kernel generates for every CPU
+/// (slow on large hosts) and which this runs at activation, inside `MPI_Init`.
+fn invariant_tsc() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // The extended leaf is read only when the processor reports it.
+        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A simultaneous reading of the TSC and `CLOCK_MONOTONIC` (the TSC at the middle of the

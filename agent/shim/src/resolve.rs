@@ -167,22 +167,53 @@ fn program() -> String {
 // library defines the real function, else 0 — to the program the function is defined exactly
 // when it would be without commscope.
 
-/// Defines `$export` as an optional export of `$wrapper`: bound to the wrapper when a loaded
-/// object other than this library defines one of the `$probe` names (tried in order; the first
-/// is the function the wrapper forwards to), else unresolved (a weak reference reads 0).
+/// Defines an optional export of `$wrapper` (a GNU indirect function whose resolver is
+/// [`optional`]):
+/// - `optional_export!(NAME, wrapper, [probe, …])` exports `NAME`, bound to the wrapper when a
+///   loaded object other than this library defines one of the probes (tried in order; the first
+///   is the function the wrapper forwards to), else unresolved (a weak reference reads 0);
+/// - `optional_export!(fn rust_name = "exported name", wrapper)` exports a name built by a
+///   macro (`concat!`), bound when another object defines that very name.
 macro_rules! optional_export {
     ($export:ident, $wrapper:path, [$($probe:expr),+ $(,)?]) => {
+        $crate::resolve::optional_export!(@def $export, stringify!($export), $wrapper, [$($probe),+]);
+    };
+    (fn $rust:ident = $name:expr, $wrapper:path) => {
+        $crate::resolve::optional_export!(@def $rust, $name, $wrapper, [
+            match ::std::ffi::CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes()) {
+                Ok(s) => s,
+                Err(_) => panic!("symbol name"),
+            }
+        ]);
+    };
+    (@def $rust:ident, $name:expr, $wrapper:path, [$($probe:expr),+]) => {
         /// The resolver of an optional export (GNU indirect function): see
         /// [`crate::resolve::optional`].
-        #[cfg_attr(not(test), unsafe(no_mangle))]
-        pub extern "C" fn $export() -> usize {
+        #[cfg_attr(not(test), unsafe(export_name = $name))]
+        pub extern "C" fn $rust() -> usize {
             $crate::resolve::optional($wrapper as *const () as usize, &[$($probe),+])
         }
         #[cfg(not(test))]
-        ::std::arch::global_asm!(concat!(".type ", stringify!($export), ", @gnu_indirect_function"));
+        ::std::arch::global_asm!(concat!(".type ", $name, ", @gnu_indirect_function"));
     };
 }
 pub(crate) use optional_export;
+
+/// Defines `$name` as an optional export of the `pub unsafe extern "C" fn wrapper` that `$def`
+/// defines (in a module of that name, so the wrapper needs no name of its own), bound when one
+/// of the probes is defined elsewhere ([`optional_export`]).
+macro_rules! optional_wrapper {
+    ($name:ident, [$($probe:expr),+ $(,)?]: $($def:tt)*) => {
+        #[allow(non_snake_case)]
+        pub mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $($def)*
+        }
+        $crate::resolve::optional_export!($name, $name::wrapper, [$($probe),+]);
+    };
+}
+pub(crate) use optional_wrapper;
 
 /// The address an optional export binds to: `wrapper` when a loaded object other than this
 /// library defines `probes[0]`; the real function itself when only a later probe is defined

@@ -666,7 +666,7 @@ impl Shim {
             e.size.load(Ordering::Relaxed),
             e.remote_size.load(Ordering::Relaxed),
         );
-        c.flags = comm_call_flags(e.flags.load(Ordering::Relaxed));
+        c.flags = e.call_flags();
         c
     }
 
@@ -869,18 +869,8 @@ impl Shim {
             ..Default::default()
         };
         if let Some(e) = comm {
-            call.comm_id = e.id.load(Ordering::Relaxed);
-            // MPI requires the collectives on one communicator to be issued in the same order by
-            // every member, so no two threads of a correct program issue them concurrently: a
-            // plain load and store suffice (no locked read-modify-write on the hot path).
-            call.seq = e.seq.load(Ordering::Relaxed);
-            e.seq.store(call.seq + 1, Ordering::Relaxed);
-            let per_op = &e.op_seq[op as usize];
-            call.op_seq = per_op.load(Ordering::Relaxed);
-            per_op.store(call.op_seq + 1, Ordering::Relaxed);
-            call.comm_rank = e.rank.load(Ordering::Relaxed);
-            call.comm_size = e.size.load(Ordering::Relaxed);
-            call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
+            e.stamp(&mut call);
+            e.next_instance(&mut call, op);
         }
         let slot = self.claim(&call, in_flight_status::IN_CALL);
         Begun { call, slot }
@@ -949,11 +939,8 @@ impl Shim {
             call.flags |= flags::ANY_TAG;
         }
         if let Some(e) = self.comm(comm) {
-            call.comm_id = e.id.load(Ordering::Relaxed);
+            e.stamp(&mut call);
             call.seq = e.seq.load(Ordering::Relaxed);
-            call.comm_rank = e.rank.load(Ordering::Relaxed);
-            call.comm_size = e.size.load(Ordering::Relaxed);
-            call.flags |= comm_call_flags(e.flags.load(Ordering::Relaxed));
         }
         call
     }
@@ -1101,15 +1088,4 @@ impl Shim {
         *c += 1;
         v
     }
-}
-
-fn comm_call_flags(f: u32) -> u16 {
-    let mut out = 0;
-    if f & comm_flags::LOCAL_ID != 0 {
-        out |= flags::LOCAL_COMM_ID;
-    }
-    if f & comm_flags::INTERCOMM != 0 {
-        out |= flags::INTERCOMM;
-    }
-    out
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use commscope_wire::hash::splitmix64;
-use commscope_wire::op::OP_COUNT;
+use commscope_wire::op::{OP_COUNT, Op, flags};
 use commscope_wire::record::Call;
 
 const EMPTY: u64 = 0;
@@ -45,6 +45,44 @@ pub struct CommEntry {
     /// topology), for the neighbourhood collectives' sizes.
     pub indegree: AtomicI32,
     pub outdegree: AtomicI32,
+}
+
+impl CommEntry {
+    /// The flags a call on this communicator carries (`LOCAL_COMM_ID`, `INTERCOMM`).
+    #[inline]
+    pub fn call_flags(&self) -> u16 {
+        let f = self.flags.load(Ordering::Relaxed);
+        let mut out = 0;
+        if f & comm_flags::LOCAL_ID != 0 {
+            out |= flags::LOCAL_COMM_ID;
+        }
+        if f & comm_flags::INTERCOMM != 0 {
+            out |= flags::INTERCOMM;
+        }
+        out
+    }
+
+    /// Stamps a call with this communicator: its id, the caller's rank in it, its size, flags.
+    #[inline]
+    pub fn stamp(&self, call: &mut Call) {
+        call.comm_id = self.id.load(Ordering::Relaxed);
+        call.comm_rank = self.rank.load(Ordering::Relaxed);
+        call.comm_size = self.size.load(Ordering::Relaxed);
+        call.flags |= self.call_flags();
+    }
+
+    /// Numbers a collective as this communicator's next instance (`seq`, and `op_seq` for its
+    /// op). The libraries require one order of collectives per communicator on every member, so
+    /// no two threads of a correct program issue them concurrently: a plain load and store
+    /// suffice (no locked read-modify-write on the hot path).
+    #[inline]
+    pub fn next_instance(&self, call: &mut Call, op: Op) {
+        call.seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(call.seq + 1, Ordering::Relaxed);
+        let per_op = &self.op_seq[op as usize];
+        call.op_seq = per_op.load(Ordering::Relaxed);
+        per_op.store(call.op_seq + 1, Ordering::Relaxed);
+    }
 }
 
 /// Communicators by normalized handle.

@@ -83,18 +83,6 @@ macro_rules! cstr_lit {
     };
 }
 
-/// Exports `$wrapper` as the optional (indirect) function `$name`.
-macro_rules! fortran_export {
-    ($wrapper:path, $rust:ident, $name:expr) => {
-        #[cfg_attr(not(test), unsafe(export_name = $name))]
-        pub extern "C" fn $rust() -> usize {
-            $crate::resolve::optional($wrapper as *const () as usize, &[cstr_lit!($name)])
-        }
-        #[cfg(not(test))]
-        ::std::arch::global_asm!(concat!(".type ", $name, ", @gnu_indirect_function"));
-    };
-}
-
 /// Defines the Fortran entry point `$lower` under all its names, forwarding to the real one.
 /// `|s, real| body` runs when recording on Open MPI (with `real()` making the real call),
 /// `always |real| body` in every case.
@@ -130,11 +118,11 @@ macro_rules! fortran {
                 $body
             }
 
-            fortran_export!(wrapper, ompi, concat!("ompi_", stringify!($lower), "_f"));
-            fortran_export!(wrapper, plain, concat!("mpi_", stringify!($lower)));
-            fortran_export!(wrapper, under, concat!("mpi_", stringify!($lower), "_"));
-            fortran_export!(wrapper, under2, concat!("mpi_", stringify!($lower), "__"));
-            fortran_export!(wrapper, upper, concat!("MPI_", stringify!($upper)));
+            $crate::resolve::optional_export!(fn ompi = concat!("ompi_", stringify!($lower), "_f"), wrapper);
+            $crate::resolve::optional_export!(fn plain = concat!("mpi_", stringify!($lower)), wrapper);
+            $crate::resolve::optional_export!(fn under = concat!("mpi_", stringify!($lower), "_"), wrapper);
+            $crate::resolve::optional_export!(fn under2 = concat!("mpi_", stringify!($lower), "__"), wrapper);
+            $crate::resolve::optional_export!(fn upper = concat!("MPI_", stringify!($upper)), wrapper);
         }
     };
 }

@@ -52,16 +52,10 @@ macro_rules! cstr {
 
 /// Exports the wrapper `$def` defines (a `pub unsafe extern "C" fn wrapper`, written with a
 /// defining macro's `@local` form) as `$name`, only where the loaded MPI has `$real` (or, without
-/// its profiling twin, `$name` itself): [`crate::resolve::optional_export`].
+/// its profiling twin, `$name` itself): [`crate::resolve::optional_wrapper`].
 macro_rules! optional {
     ($name:ident => $real:ident: $($def:tt)*) => {
-        #[allow(non_snake_case)]
-        pub mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-            $($def)*
-        }
-        $crate::resolve::optional_export!($name, $name::wrapper, [cstr!($real), cstr!($name)]);
+        $crate::resolve::optional_wrapper!($name, [cstr!($real), cstr!($name)]: $($def)*);
     };
 }
 

@@ -10,7 +10,7 @@ use commscope_wire::shm::{Counter, in_flight_status};
 
 use super::{CP, P, cnt};
 use crate::abi::{H, STATUS_MAX, pmpi};
-use crate::state::{Begun, Shim, shielded};
+use crate::state::{Begun, Shim, Slot, shielded};
 use crate::tables::{Dir, Probed};
 
 pmpi! {
@@ -484,7 +484,8 @@ impl Shim {
         }
     }
 
-    /// Records `MPI_Mprobe` (in flight while it blocks) or `MPI_Improbe` (`flag`).
+    /// Records `MPI_Mprobe` (in flight while it blocks) or `MPI_Improbe` (`flag`): notes the
+    /// message a successful probe matched.
     fn probe(
         &self,
         (src, tag, comm): (c_int, c_int, H),
@@ -495,7 +496,13 @@ impl Shim {
     ) -> c_int {
         let b = shielded(self, || {
             let call = self.p2p_call(comm, Op::Recv, src, tag, 0, 0, 0, 0, Dir::Recv);
-            let slot = self.claim(&call, in_flight_status::IN_CALL);
+            // Only the blocking probe waits; a nonblocking one, often polled in a loop, is never
+            // in flight.
+            let slot = if flag.is_null() {
+                self.claim(&call, in_flight_status::IN_CALL)
+            } else {
+                Slot::None
+            };
             (call, slot)
         });
         let mut own = [0u8; STATUS_MAX];

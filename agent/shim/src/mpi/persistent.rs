@@ -69,9 +69,7 @@ impl Shim {
                 call.flags |= flags::ANY_TAG;
             }
             if let Some(e) = self.comm(comm) {
-                call.comm_id = e.id.load(Ordering::Relaxed);
-                call.comm_rank = e.rank.load(Ordering::Relaxed);
-                call.comm_size = e.size.load(Ordering::Relaxed);
+                e.stamp(&mut call);
             }
             let wildcard = recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
             let template = Pending {
@@ -97,14 +95,11 @@ impl Shim {
         call.t_enter = now_mono();
         let op = Op::from_code(call.op);
         if let Some(e) = self.comms.get(t.comm) {
-            call.seq = e.seq.load(Ordering::Relaxed);
-            if !op.is_p2p() {
-                // Each start of a persistent collective is a new instance on its communicator
-                // (the communicator's collectives are ordered, as in `begin_coll`).
-                e.seq.store(call.seq + 1, Ordering::Relaxed);
-                let per_op = &e.op_seq[op as usize];
-                call.op_seq = per_op.load(Ordering::Relaxed);
-                per_op.store(call.op_seq + 1, Ordering::Relaxed);
+            if op.is_p2p() {
+                call.seq = e.seq.load(Ordering::Relaxed);
+            } else {
+                // Each start of a persistent collective is a new instance on its communicator.
+                e.next_instance(&mut call, op);
             }
         }
         if op.is_p2p() && !t.seq_at_completion {
@@ -161,12 +156,7 @@ impl Shim {
                 ..Default::default()
             };
             if let Some(e) = e {
-                call.comm_id = e.id.load(Ordering::Relaxed);
-                call.comm_rank = e.rank.load(Ordering::Relaxed);
-                call.comm_size = e.size.load(Ordering::Relaxed);
-                if e.flags.load(Ordering::Relaxed) & crate::tables::comm_flags::INTERCOMM != 0 {
-                    call.flags |= flags::INTERCOMM;
-                }
+                e.stamp(&mut call);
             }
             let template = Pending {
                 call,

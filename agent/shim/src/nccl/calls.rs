@@ -117,10 +117,8 @@ pub unsafe extern "C" fn ncclReduceScatter(
     )
 }
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclAlltoAll {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclAlltoAll, [c"pncclAlltoAll", c"ncclAlltoAll"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -134,17 +132,10 @@ pub mod ncclAlltoAll {
             real::all_to_all(s, r, n, dt, comm, st)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclAlltoAll,
-    ncclAlltoAll::wrapper,
-    [c"pncclAlltoAll", c"ncclAlltoAll"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclGather {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclGather, [c"pncclGather", c"ncclGather"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -159,17 +150,10 @@ pub mod ncclGather {
             real::gather(s, r, n, dt, root, comm, st)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclGather,
-    ncclGather::wrapper,
-    [c"pncclGather", c"ncclGather"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclScatter {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclScatter, [c"pncclScatter", c"ncclScatter"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -184,11 +168,6 @@ pub mod ncclScatter {
             real::scatter(s, r, n, dt, root, comm, st)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclScatter,
-    ncclScatter::wrapper,
-    [c"pncclScatter", c"ncclScatter"]
 );
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -221,10 +200,8 @@ pub unsafe extern "C" fn ncclRecv(
     )
 }
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclAllReduceConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclAllReduceConfig, [c"pncclAllReduceConfig", c"ncclAllReduceConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -240,17 +217,10 @@ pub mod ncclAllReduceConfig {
             real::all_reduce_config(s, r, n, dt, op, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclAllReduceConfig,
-    ncclAllReduceConfig::wrapper,
-    [c"pncclAllReduceConfig", c"ncclAllReduceConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclBroadcastConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclBroadcastConfig, [c"pncclBroadcastConfig", c"ncclBroadcastConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -266,17 +236,10 @@ pub mod ncclBroadcastConfig {
             real::broadcast_config(s, r, n, dt, root, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclBroadcastConfig,
-    ncclBroadcastConfig::wrapper,
-    [c"pncclBroadcastConfig", c"ncclBroadcastConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclReduceConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclReduceConfig, [c"pncclReduceConfig", c"ncclReduceConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -293,17 +256,10 @@ pub mod ncclReduceConfig {
             real::reduce_config(s, r, n, dt, op, root, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclReduceConfig,
-    ncclReduceConfig::wrapper,
-    [c"pncclReduceConfig", c"ncclReduceConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclAllGatherConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclAllGatherConfig, [c"pncclAllGatherConfig", c"ncclAllGatherConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -318,17 +274,10 @@ pub mod ncclAllGatherConfig {
             real::all_gather_config(s, r, n, dt, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclAllGatherConfig,
-    ncclAllGatherConfig::wrapper,
-    [c"pncclAllGatherConfig", c"ncclAllGatherConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclReduceScatterConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclReduceScatterConfig, [c"pncclReduceScatterConfig", c"ncclReduceScatterConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -344,17 +293,10 @@ pub mod ncclReduceScatterConfig {
             real::reduce_scatter_config(s, r, n, dt, op, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclReduceScatterConfig,
-    ncclReduceScatterConfig::wrapper,
-    [c"pncclReduceScatterConfig", c"ncclReduceScatterConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclAlltoAllConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclAlltoAllConfig, [c"pncclAlltoAllConfig", c"ncclAlltoAllConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -369,17 +311,10 @@ pub mod ncclAlltoAllConfig {
             real::all_to_all_config(s, r, n, dt, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclAlltoAllConfig,
-    ncclAlltoAllConfig::wrapper,
-    [c"pncclAlltoAllConfig", c"ncclAlltoAllConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclGatherConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclGatherConfig, [c"pncclGatherConfig", c"ncclGatherConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -395,17 +330,10 @@ pub mod ncclGatherConfig {
             real::gather_config(s, r, n, dt, root, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclGatherConfig,
-    ncclGatherConfig::wrapper,
-    [c"pncclGatherConfig", c"ncclGatherConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclScatterConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclScatterConfig, [c"pncclScatterConfig", c"ncclScatterConfig"]:
     pub unsafe extern "C" fn wrapper(
         s: CP,
         r: P,
@@ -421,9 +349,4 @@ pub mod ncclScatterConfig {
             real::scatter_config(s, r, n, dt, root, comm, st, cfg)
         )
     }
-}
-crate::resolve::optional_export!(
-    ncclScatterConfig,
-    ncclScatterConfig::wrapper,
-    [c"pncclScatterConfig", c"ncclScatterConfig"]
 );

@@ -68,10 +68,8 @@ pub unsafe extern "C" fn ncclCommInitRank(
     rc
 }
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclCommInitRankConfig {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclCommInitRankConfig, [c"pncclCommInitRankConfig", c"ncclCommInitRankConfig"]:
     pub unsafe extern "C" fn wrapper(
         comm: *mut NComm,
         nranks: c_int,
@@ -90,17 +88,10 @@ pub mod ncclCommInitRankConfig {
         unsafe { after_init(comm, nranks, rank, &id, config, rc) };
         rc
     }
-}
-crate::resolve::optional_export!(
-    ncclCommInitRankConfig,
-    ncclCommInitRankConfig::wrapper,
-    [c"pncclCommInitRankConfig", c"ncclCommInitRankConfig"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclCommInitRankScalable {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclCommInitRankScalable, [c"pncclCommInitRankScalable", c"ncclCommInitRankScalable"]:
     pub unsafe extern "C" fn wrapper(
         comm: *mut NComm,
         nranks: c_int,
@@ -124,11 +115,6 @@ pub mod ncclCommInitRankScalable {
         }
         rc
     }
-}
-crate::resolve::optional_export!(
-    ncclCommInitRankScalable,
-    ncclCommInitRankScalable::wrapper,
-    [c"pncclCommInitRankScalable", c"ncclCommInitRankScalable"]
 );
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -192,10 +178,8 @@ pub unsafe extern "C" fn ncclCommInitAll(
     rc
 }
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclCommSplit {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclCommSplit, [c"pncclCommSplit", c"ncclCommSplit"]:
     pub unsafe extern "C" fn wrapper(
         comm: NComm,
         color: c_int,
@@ -255,17 +239,10 @@ pub mod ncclCommSplit {
         });
         rc
     }
-}
-crate::resolve::optional_export!(
-    ncclCommSplit,
-    ncclCommSplit::wrapper,
-    [c"pncclCommSplit", c"ncclCommSplit"]
 );
 
-/// Exported only where the loaded NCCL has it ([`crate::resolve::optional_export`]).
-pub mod ncclCommShrink {
-    use super::*;
-
+// Exported only where the loaded NCCL has it.
+crate::resolve::optional_wrapper!(ncclCommShrink, [c"pncclCommShrink", c"ncclCommShrink"]:
     pub unsafe extern "C" fn wrapper(
         comm: NComm,
         exclude: *mut c_int,
@@ -317,11 +294,6 @@ pub mod ncclCommShrink {
         });
         rc
     }
-}
-crate::resolve::optional_export!(
-    ncclCommShrink,
-    ncclCommShrink::wrapper,
-    [c"pncclCommShrink", c"ncclCommShrink"]
 );
 
 /// Takes a communicator off the async-error list before NCCL frees it.

@@ -12,7 +12,7 @@ use commscope_wire::shm::in_flight_status;
 
 use crate::cuda::{self, Handle};
 use crate::state::{Guard, Shim, Slot, active, shielded};
-use crate::tables::{Dir, comm_flags};
+use crate::tables::Dir;
 use crate::util::now_mono;
 
 use super::*;
@@ -78,20 +78,11 @@ pub(super) fn begin(
             ..Default::default()
         };
         if let Some(e) = e {
-            call.comm_id = e.id.load(Ordering::Relaxed);
-            call.comm_rank = e.rank.load(Ordering::Relaxed);
-            call.comm_size = e.size.load(Ordering::Relaxed);
-            if e.flags.load(Ordering::Relaxed) & comm_flags::LOCAL_ID != 0 {
-                call.flags |= flags::LOCAL_COMM_ID;
-            }
-            call.seq = e.seq.load(Ordering::Relaxed);
+            e.stamp(&mut call);
             if p2p.is_none() {
-                // NCCL requires one order of collectives per communicator on every rank, so
-                // no two threads issue them concurrently: a plain load and store suffice.
-                e.seq.store(call.seq + 1, Ordering::Relaxed);
-                let per_op = &e.op_seq[op as usize];
-                call.op_seq = per_op.load(Ordering::Relaxed);
-                per_op.store(call.op_seq + 1, Ordering::Relaxed);
+                e.next_instance(&mut call, op);
+            } else {
+                call.seq = e.seq.load(Ordering::Relaxed);
             }
         }
         if let Some(dir) = p2p {
