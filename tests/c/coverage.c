@@ -151,6 +151,11 @@ static void p2p(void) {
     MPI_Buffer_attach(bbuf, bsize);
     MPI_Bsend(sbuf, 64, MPI_CHAR, left, 12, MPI_COMM_WORLD); call(w, "send", 64);
     MPI_Recv(rbuf, 64, MPI_CHAR, right, MPI_ANY_TAG, MPI_COMM_WORLD, &st); call(w, "recv", 64);
+    /* The same with a nonblocking buffered send. */
+    MPI_Request bq;
+    MPI_Ibsend(sbuf, 48, MPI_CHAR, left, 14, MPI_COMM_WORLD, &bq); call(w, "send", 48);
+    MPI_Recv(rbuf, 64, MPI_CHAR, right, 14, MPI_COMM_WORLD, &st); call(w, "recv", 48);
+    MPI_Wait(&bq, MPI_STATUS_IGNORE);
     MPI_Buffer_detach(&bbuf, &bsize);
     free(bbuf);
     /* Ready send: the receive is posted before a barrier. */
@@ -158,6 +163,13 @@ static void p2p(void) {
     MPI_Irecv(rbuf, 32, MPI_CHAR, left, 13, MPI_COMM_WORLD, &rq); call(w, "recv", 32);
     MPI_Barrier(MPI_COMM_WORLD); call(w, "barrier", 0);
     MPI_Rsend(sbuf, 32, MPI_CHAR, right, 13, MPI_COMM_WORLD); call(w, "send", 32);
+    MPI_Wait(&rq, MPI_STATUS_IGNORE);
+    /* And a nonblocking ready send. */
+    MPI_Irecv(rbuf, 24, MPI_CHAR, left, 15, MPI_COMM_WORLD, &rq); call(w, "recv", 24);
+    MPI_Barrier(MPI_COMM_WORLD); call(w, "barrier", 0);
+    MPI_Request irs;
+    MPI_Irsend(sbuf, 24, MPI_CHAR, right, 15, MPI_COMM_WORLD, &irs); call(w, "send", 24);
+    MPI_Wait(&irs, MPI_STATUS_IGNORE);
     MPI_Wait(&rq, MPI_STATUS_IGNORE);
     /* Nonblocking exchanges with three tags, completed by different calls. */
     MPI_Request r[6];

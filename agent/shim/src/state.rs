@@ -876,32 +876,21 @@ impl Shim {
         Begun { call, slot }
     }
 
-    /// Starts recording a point-to-point call; `peer` and `tag` are the application's values
-    /// (possibly wildcards). `seq_now` assigns the p2p sequence at once (sends, and receives
-    /// without wildcards).
+    /// Starts recording a point-to-point call from its entry record ([`Shim::p2p_call`]): the
+    /// message sequence is assigned now for a send, and for a receive without wildcards
+    /// (messages match in posting order); a wildcard receive's waits for its status.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub fn begin_p2p(
-        &self,
-        comm: H,
-        op: Op,
-        peer: i32,
-        tag: i32,
-        bytes: u64,
-        count: u64,
-        dtype: u16,
-        flags: u16,
-        dir: Dir,
-    ) -> Begun {
-        let mut call = self.p2p_call(comm, op, peer, tag, bytes, count, dtype, flags, dir);
-        if call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 || dir == Dir::Send {
+    pub fn begin_p2p(&self, mut call: Call) -> Begun {
+        let dir = Dir::of(Op::from_code(call.op));
+        if dir == Dir::Send || call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 {
             self.assign_p2p_seq(&mut call, dir);
         }
         let slot = self.claim(&call, in_flight_status::IN_CALL);
         Begun { call, slot }
     }
 
-    /// A point-to-point call's record as it enters, without its p2p sequence.
+    /// A point-to-point call's record as it enters, without its p2p sequence; `peer` and `tag`
+    /// are the application's values (possibly wildcards).
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn p2p_call(
@@ -914,7 +903,6 @@ impl Shim {
         count: u64,
         dtype: u16,
         flags: u16,
-        dir: Dir,
     ) -> Call {
         let t = now_mono();
         let mut call = Call {
@@ -935,7 +923,7 @@ impl Shim {
         if peer == self.abi.any_source {
             call.flags |= flags::ANY_SOURCE;
         }
-        if dir == Dir::Recv && tag == self.abi.any_tag {
+        if Dir::of(op) == Dir::Recv && tag == self.abi.any_tag {
             call.flags |= flags::ANY_TAG;
         }
         if let Some(e) = self.comm(comm) {
@@ -948,16 +936,34 @@ impl Shim {
     /// Sets `op_seq` from the p2p counters (`peer`/`tag` must be resolved).
     #[inline]
     pub fn assign_p2p_seq(&self, call: &mut Call, dir: Dir) {
-        if call.peer < 0 {
-            return; // MPI_PROC_NULL: no message
+        if let Some(s) = self.next_p2p_seq(call, call.peer, call.tag, dir) {
+            call.op_seq = s;
         }
-        match self.p2p.next(call.comm_id, call.peer, call.tag, dir) {
-            Some(s) => call.op_seq = s,
-            None => {
-                call.flags |= flags::P2P_SEQ_UNKNOWN;
-                self.shm.count(Counter::DroppedP2pSeq, 1);
-            }
+    }
+
+    /// Sets `op_seq2`, a send-receive's receive half, from the p2p counters (`peer2`/`tag2`
+    /// must be resolved).
+    #[inline]
+    pub fn assign_p2p_seq2(&self, call: &mut Call) {
+        if let Some(s) = self.next_p2p_seq(call, call.peer2, call.tag2, Dir::Recv) {
+            call.op_seq2 = s;
         }
+    }
+
+    /// The next message sequence between this rank and `peer` on `call`'s communicator and
+    /// `tag`; none for `MPI_PROC_NULL` (no message), nor when the table is full (then `call`
+    /// is flagged and the loss counted).
+    #[inline]
+    fn next_p2p_seq(&self, call: &mut Call, peer: i32, tag: i32, dir: Dir) -> Option<u64> {
+        if peer < 0 {
+            return None;
+        }
+        let s = self.p2p.next(call.comm_id, peer, tag, dir);
+        if s.is_none() {
+            call.flags |= flags::P2P_SEQ_UNKNOWN;
+            self.shm.count(Counter::DroppedP2pSeq, 1);
+        }
+        s
     }
 
     /// Fills in what a receive's status tells (source, tag, sequence for wildcards).

@@ -403,6 +403,13 @@ pub enum Dir {
     Recv = 2,
 }
 
+impl Dir {
+    /// The direction of a point-to-point op's message (a send-receive's first half: its send).
+    pub fn of(op: Op) -> Dir {
+        if op == Op::Recv { Dir::Recv } else { Dir::Send }
+    }
+}
+
 impl P2pTable {
     /// A table of `capacity` counters (a power of two).
     pub fn new(capacity: usize) -> P2pTable {

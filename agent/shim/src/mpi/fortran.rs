@@ -605,6 +605,10 @@ fortran!(isend ISEND (buf: CP, count: F, dt: F, dest: F, tag: F, comm: F, req: F
     ip2p(s, Op::Send, 0, (count, dt, dest, tag, comm), req, real, ierr));
 fortran!(issend ISSEND (buf: CP, count: F, dt: F, dest: F, tag: F, comm: F, req: FM, ierr: FM) |s, real|
     ip2p(s, Op::Send, flags::SYNCHRONOUS, (count, dt, dest, tag, comm), req, real, ierr));
+fortran!(ibsend IBSEND (buf: CP, count: F, dt: F, dest: F, tag: F, comm: F, req: FM, ierr: FM) |s, real|
+    ip2p(s, Op::Send, flags::BUFFERED, (count, dt, dest, tag, comm), req, real, ierr));
+fortran!(irsend IRSEND (buf: CP, count: F, dt: F, dest: F, tag: F, comm: F, req: FM, ierr: FM) |s, real|
+    ip2p(s, Op::Send, flags::READY, (count, dt, dest, tag, comm), req, real, ierr));
 fortran!(irecv IRECV (buf: P, count: F, dt: F, src: F, tag: F, comm: F, req: FM, ierr: FM) |s, real|
     ip2p(s, Op::Recv, 0, (count, dt, src, tag, comm), req, real, ierr));
 

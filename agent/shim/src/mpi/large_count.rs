@@ -55,6 +55,10 @@ pmpi! {
     fn PMPI_Isend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Issend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Irecv_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ibsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Irsend_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Isendrecv_c(sbuf: CP, scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int, rtag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Isendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Sendrecv_c(sbuf: CP, scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
     fn PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
     fn PMPI_Send_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
@@ -106,150 +110,52 @@ optional!(MPI_Ialltoall_c => PMPI_Ialltoall_c: icollective!(@local wrapper => PM
 optional!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
     |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
 
-/// Defines a blocking large-count send wrapper.
-macro_rules! send_c {
-    ($name:ident, $real:ident, $fl:expr) => {
-        optional!($name => $real:
-        pub unsafe extern "C" fn wrapper(
-            buf: CP,
-            count: C,
-            dt: H,
-            dest: c_int,
-            tag: c_int,
-            comm: H,
-        ) -> c_int {
-            let (s, _g) = real_or!($real(buf, count, dt, dest, tag, comm));
-            // SAFETY: pass-through of the application's arguments.
-            s.send($fl, count, dt, dest, tag, comm, || unsafe {
-                $real(buf, count, dt, dest, tag, comm)
-            })
-        }
-        );
-    };
-}
-
-send_c!(MPI_Send_c, PMPI_Send_c, 0);
-send_c!(MPI_Ssend_c, PMPI_Ssend_c, flags::SYNCHRONOUS);
-send_c!(MPI_Bsend_c, PMPI_Bsend_c, flags::BUFFERED);
-send_c!(MPI_Rsend_c, PMPI_Rsend_c, flags::READY);
-
-optional!(MPI_Recv_c => PMPI_Recv_c:
-pub unsafe extern "C" fn wrapper(
-    buf: P,
-    count: C,
-    dt: H,
-    src: c_int,
-    tag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Recv_c(buf, count, dt, src, tag, comm, status));
-    // SAFETY: pass-through, with our own status buffer when the application ignores it.
-    s.recv(count, dt, src, tag, comm, status, |st| unsafe {
-        PMPI_Recv_c(buf, count, dt, src, tag, comm, st)
-    })
-}
-);
-
-/// Defines a nonblocking large-count send or receive wrapper.
-macro_rules! ip2p_c {
-    ($name:ident, $real:ident, $op:expr, $fl:expr, $buf:ty) => {
-        optional!($name => $real:
-        pub unsafe extern "C" fn wrapper(
-            buf: $buf,
-            count: C,
-            dt: H,
-            peer: c_int,
-            tag: c_int,
-            comm: H,
-            req: P,
-        ) -> c_int {
-            let (s, _g) = real_or!($real(buf, count, dt, peer, tag, comm, req));
-            // SAFETY: pass-through of the application's arguments.
-            s.ip2p($op, $fl, count, dt, peer, tag, comm, req, || unsafe {
-                $real(buf, count, dt, peer, tag, comm, req)
-            })
-        }
-        );
-    };
-}
-
-ip2p_c!(MPI_Isend_c, PMPI_Isend_c, Op::Send, 0, CP);
-ip2p_c!(
-    MPI_Issend_c,
-    PMPI_Issend_c,
-    Op::Send,
-    flags::SYNCHRONOUS,
-    CP
-);
-ip2p_c!(MPI_Irecv_c, PMPI_Irecv_c, Op::Recv, 0, P);
-
-optional!(MPI_Sendrecv_c => PMPI_Sendrecv_c:
-pub unsafe extern "C" fn wrapper(
-    sbuf: CP,
-    scount: C,
-    st: H,
-    dest: c_int,
-    stag: c_int,
-    rbuf: P,
-    rcount: C,
-    rt: H,
-    src: c_int,
-    rtag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Sendrecv_c(
-        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
-    ));
-    // SAFETY: pass-through, with a real status buffer.
-    s.sendrecv(
-        scount,
-        st,
-        dest,
-        stag,
-        src,
-        rtag,
-        comm,
-        status,
-        |stp| unsafe {
-            PMPI_Sendrecv_c(
-                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
-            )
-        },
-    )
-}
-);
-
-optional!(MPI_Sendrecv_replace_c => PMPI_Sendrecv_replace_c:
-pub unsafe extern "C" fn wrapper(
-    buf: P,
-    count: C,
-    dt: H,
-    dest: c_int,
-    stag: c_int,
-    src: c_int,
-    rtag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Sendrecv_replace_c(
-        buf, count, dt, dest, stag, src, rtag, comm, status
-    ));
-    // SAFETY: pass-through, with a real status buffer.
-    s.sendrecv(
-        count,
-        dt,
-        dest,
-        stag,
-        src,
-        rtag,
-        comm,
-        status,
-        |stp| unsafe { PMPI_Sendrecv_replace_c(buf, count, dt, dest, stag, src, rtag, comm, stp) },
-    )
-}
-);
+optional!(MPI_Send_c => PMPI_Send_c: p2p!(@local wrapper => PMPI_Send_c(buf: CP, count: C, dt: H,
+        dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(0, count, dt, dest, tag, comm, real)););
+optional!(MPI_Ssend_c => PMPI_Ssend_c: p2p!(@local wrapper => PMPI_Ssend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::SYNCHRONOUS, count, dt, dest, tag, comm, real)););
+optional!(MPI_Bsend_c => PMPI_Bsend_c: p2p!(@local wrapper => PMPI_Bsend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::BUFFERED, count, dt, dest, tag, comm, real)););
+optional!(MPI_Rsend_c => PMPI_Rsend_c: p2p!(@local wrapper => PMPI_Rsend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::READY, count, dt, dest, tag, comm, real)););
+optional!(MPI_Recv_c => PMPI_Recv_c: p2p!(@local wrapper => PMPI_Recv_c(buf: P, count: C, dt: H,
+        src: c_int, tag: c_int, comm: H, status: P),
+    |s, real(status)| s.recv(count, dt, src, tag, comm, status, real)););
+optional!(MPI_Isend_c => PMPI_Isend_c: p2p!(@local wrapper => PMPI_Isend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, 0, count, dt, dest, tag, comm, req, real)););
+optional!(MPI_Issend_c => PMPI_Issend_c: p2p!(@local wrapper => PMPI_Issend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::SYNCHRONOUS, count, dt, dest, tag, comm, req, real)););
+optional!(MPI_Ibsend_c => PMPI_Ibsend_c: p2p!(@local wrapper => PMPI_Ibsend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::BUFFERED, count, dt, dest, tag, comm, req, real)););
+optional!(MPI_Irsend_c => PMPI_Irsend_c: p2p!(@local wrapper => PMPI_Irsend_c(buf: CP, count: C,
+        dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::READY, count, dt, dest, tag, comm, req, real)););
+optional!(MPI_Irecv_c => PMPI_Irecv_c: p2p!(@local wrapper => PMPI_Irecv_c(buf: P, count: C,
+        dt: H, src: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Recv, 0, count, dt, src, tag, comm, req, real)););
+optional!(MPI_Sendrecv_c => PMPI_Sendrecv_c: p2p!(@local wrapper => PMPI_Sendrecv_c(sbuf: CP,
+        scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int,
+        rtag: c_int, comm: H, status: P),
+    |s, real(status)| s.sendrecv(scount, st, dest, stag, src, rtag, comm, status, real)););
+optional!(MPI_Sendrecv_replace_c => PMPI_Sendrecv_replace_c: p2p!(@local wrapper =>
+        PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int,
+        rtag: c_int, comm: H, status: P),
+    |s, real(status)| s.sendrecv(count, dt, dest, stag, src, rtag, comm, status, real)););
+optional!(MPI_Isendrecv_c => PMPI_Isendrecv_c: p2p!(@local wrapper => PMPI_Isendrecv_c(sbuf: CP,
+        scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int,
+        rtag: c_int, comm: H, req: P),
+    |s, real| s.isendrecv(scount, st, dest, stag, src, rtag, comm, req, real)););
+optional!(MPI_Isendrecv_replace_c => PMPI_Isendrecv_replace_c: p2p!(@local wrapper =>
+        PMPI_Isendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int,
+        rtag: c_int, comm: H, req: P),
+    |s, real| s.isendrecv(count, dt, dest, stag, src, rtag, comm, req, real)););
 
 optional!(MPI_Send_init_c => PMPI_Send_init_c:
     persistent_init!(@local wrapper, PMPI_Send_init_c, Op::Send, 0, CP, C);

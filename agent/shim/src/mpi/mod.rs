@@ -77,6 +77,26 @@ macro_rules! collective {
     };
 }
 
+/// Defines a point-to-point wrapper: the C signature, then `|shim, real|` and the recording call,
+/// where `real()` calls the real function with the application's arguments, or `real(status)`
+/// (with the name of the status argument) with the status the shim gives it. `@local` defines it
+/// without exporting it (for [`optional!`]).
+macro_rules! p2p {
+    (@local $name:ident => $($rest:tt)*) => { p2p!(@def [] $name => $($rest)*); };
+    ($name:ident => $($rest:tt)*) => {
+        p2p!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name => $($rest)*);
+    };
+    (@def [$($attr:tt)*] $name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), |$s:ident, $f:ident $(($st:ident))?| $body:expr) => {
+        $($attr)*
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            let ($s, _g) = real_or!($real($($a),*));
+            // SAFETY: pass-through of the application's arguments (and a status to fill).
+            let $f = |$($st: P)?| unsafe { $real($($a),*) };
+            $body
+        }
+    };
+}
+
 /// Defines a nonblocking collective wrapper, like [`collective!`] plus the request argument.
 macro_rules! icollective {
     (@local $name:ident => $($rest:tt)*) => { icollective!(@def [] $name => $($rest)*); };

@@ -14,6 +14,10 @@ use crate::state::{Begun, Shim, Slot, shielded};
 use crate::tables::{Dir, Probed};
 
 pmpi! {
+    fn PMPI_Ibsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Irsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Isendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: c_int, rt: H, src: c_int, rtag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Isendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H) -> c_int;
     fn PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
@@ -37,6 +41,20 @@ impl Shim {
         }
     }
 
+    /// The entry record of a point-to-point call of `count` elements of `dt` to or from `peer`.
+    pub(crate) fn typed_call(
+        &self,
+        op: Op,
+        fl: u16,
+        (count, dt): (i64, H),
+        (peer, tag): (c_int, c_int),
+        comm: H,
+    ) -> Call {
+        let c = cnt(count);
+        let (size, code) = self.type_info(dt);
+        self.p2p_call(comm, op, peer, tag, c * size, c, code, fl)
+    }
+
     /// Records a blocking send.
     pub(crate) fn send(
         &self,
@@ -49,19 +67,7 @@ impl Shim {
         real: impl FnOnce() -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let count = cnt(buf_count);
-            let (size, code) = self.type_info(dt);
-            self.begin_p2p(
-                comm,
-                Op::Send,
-                dest,
-                tag,
-                count * size,
-                count,
-                code,
-                fl,
-                Dir::Send,
-            )
+            self.begin_p2p(self.typed_call(Op::Send, fl, (buf_count, dt), (dest, tag), comm))
         });
         let rc = real();
         if let Some(b) = b {
@@ -83,110 +89,20 @@ impl Shim {
         req: P,
         real: impl FnOnce() -> c_int,
     ) -> c_int {
-        let dir = if op == Op::Recv { Dir::Recv } else { Dir::Send };
         let b = shielded(self, || {
-            let count = cnt(count);
-            let (size, code) = self.type_info(dt);
-            self.begin_p2p(
-                comm,
-                op,
-                peer,
-                tag,
-                count * size,
-                count,
-                code,
-                fl | flags::NONBLOCKING,
-                dir,
-            )
+            let fl = fl | flags::NONBLOCKING;
+            self.begin_p2p(self.typed_call(op, fl, (count, dt), (peer, tag), comm))
         });
         let rc = real();
         if let Some(b) = b {
-            let later =
-                dir == Dir::Recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
-            let recv_type = if dir == Dir::Recv { dt } else { 0 };
+            let recv = op == Op::Recv;
+            let later = recv && b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
+            let recv_type = if recv { dt } else { 0 };
             shielded(self, || self.posted(b, rc, req, later, recv_type));
         }
         rc
     }
-}
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Send(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Send(buf, count, dt, dest, tag, comm));
-    // SAFETY: pass-through of the application's own arguments to the real function.
-    s.send(0, count.into(), dt, dest, tag, comm, || unsafe {
-        PMPI_Send(buf, count, dt, dest, tag, comm)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Ssend(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Ssend(buf, count, dt, dest, tag, comm));
-    s.send(
-        flags::SYNCHRONOUS,
-        count.into(),
-        dt,
-        dest,
-        tag,
-        comm,
-        // SAFETY: pass-through of the application's own arguments to the real function.
-        || unsafe { PMPI_Ssend(buf, count, dt, dest, tag, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Bsend(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Bsend(buf, count, dt, dest, tag, comm));
-    s.send(
-        flags::BUFFERED,
-        count.into(),
-        dt,
-        dest,
-        tag,
-        comm,
-        // SAFETY: pass-through of the application's own arguments to the real function.
-        || unsafe { PMPI_Bsend(buf, count, dt, dest, tag, comm) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Rsend(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Rsend(buf, count, dt, dest, tag, comm));
-    // SAFETY: pass-through of the application's own arguments to the real function.
-    s.send(flags::READY, count.into(), dt, dest, tag, comm, || unsafe {
-        PMPI_Rsend(buf, count, dt, dest, tag, comm)
-    })
-}
-
-impl Shim {
     /// Records a blocking receive around `real`, which gets the status to fill.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn recv(
@@ -200,9 +116,7 @@ impl Shim {
         real: impl FnOnce(P) -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let c = cnt(count);
-            let (size, code) = self.type_info(dt);
-            self.begin_p2p(comm, Op::Recv, src, tag, c * size, c, code, 0, Dir::Recv)
+            self.begin_p2p(self.typed_call(Op::Recv, 0, (count, dt), (src, tag), comm))
         });
         let mut own = [0u8; STATUS_MAX];
         let st = self.status_or_own(status, &mut own);
@@ -221,97 +135,26 @@ impl Shim {
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Recv(
-    buf: P,
-    count: c_int,
-    dt: H,
-    src: c_int,
-    tag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Recv(buf, count, dt, src, tag, comm, status));
-    // SAFETY: pass-through, with our own status buffer when the application ignores it.
-    s.recv(count.into(), dt, src, tag, comm, status, |st| unsafe {
-        PMPI_Recv(buf, count, dt, src, tag, comm, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Isend(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Isend(buf, count, dt, dest, tag, comm, req));
-    s.ip2p(
-        Op::Send,
-        0,
-        count.into(),
-        dt,
-        dest,
-        tag,
-        comm,
-        req,
-        // SAFETY: pass-through of the application's own arguments to the real function.
-        || unsafe { PMPI_Isend(buf, count, dt, dest, tag, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Issend(
-    buf: CP,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    tag: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Issend(buf, count, dt, dest, tag, comm, req));
-    s.ip2p(
-        Op::Send,
-        flags::SYNCHRONOUS,
-        count.into(),
-        dt,
-        dest,
-        tag,
-        comm,
-        req,
-        // SAFETY: pass-through of the application's own arguments to the real function.
-        || unsafe { PMPI_Issend(buf, count, dt, dest, tag, comm, req) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Irecv(
-    buf: P,
-    count: c_int,
-    dt: H,
-    src: c_int,
-    tag: c_int,
-    comm: H,
-    req: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Irecv(buf, count, dt, src, tag, comm, req));
-    s.ip2p(
-        Op::Recv,
-        0,
-        count.into(),
-        dt,
-        src,
-        tag,
-        comm,
-        req,
-        // SAFETY: pass-through of the application's own arguments to the real function.
-        || unsafe { PMPI_Irecv(buf, count, dt, src, tag, comm, req) },
-    )
-}
+p2p!(MPI_Send => PMPI_Send(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(0, count.into(), dt, dest, tag, comm, real));
+p2p!(MPI_Ssend => PMPI_Ssend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::SYNCHRONOUS, count.into(), dt, dest, tag, comm, real));
+p2p!(MPI_Bsend => PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::BUFFERED, count.into(), dt, dest, tag, comm, real));
+p2p!(MPI_Rsend => PMPI_Rsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+    |s, real| s.send(flags::READY, count.into(), dt, dest, tag, comm, real));
+p2p!(MPI_Recv => PMPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, status: P),
+    |s, real(status)| s.recv(count.into(), dt, src, tag, comm, status, real));
+p2p!(MPI_Isend => PMPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, 0, count.into(), dt, dest, tag, comm, req, real));
+p2p!(MPI_Issend => PMPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::SYNCHRONOUS, count.into(), dt, dest, tag, comm, req, real));
+p2p!(MPI_Ibsend => PMPI_Ibsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::BUFFERED, count.into(), dt, dest, tag, comm, req, real));
+p2p!(MPI_Irsend => PMPI_Irsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Send, flags::READY, count.into(), dt, dest, tag, comm, req, real));
+p2p!(MPI_Irecv => PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P),
+    |s, real| s.ip2p(Op::Recv, 0, count.into(), dt, src, tag, comm, req, real));
 
 impl Shim {
     /// Records a send-receive around `real`, which gets the status to fill.
@@ -329,22 +172,7 @@ impl Shim {
         real: impl FnOnce(P) -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let c = cnt(scount);
-            let (size, code) = self.type_info(st);
-            let mut b = self.begin_p2p(
-                comm,
-                Op::Sendrecv,
-                dest,
-                stag,
-                c * size,
-                c,
-                code,
-                0,
-                Dir::Send,
-            );
-            b.call.peer2 = self.abi.rank_value(src);
-            b.call.tag2 = rtag;
-            b
+            self.begin_sendrecv((scount, st), (dest, stag), (src, rtag), comm, 0)
         });
         let mut own = [0u8; STATUS_MAX];
         let stp = self.status_or_own(status, &mut own);
@@ -353,99 +181,109 @@ impl Shim {
             shielded(self, || {
                 if rc == 0 {
                     // SAFETY: MPI filled the status.
-                    let (from, tag, _) = unsafe { self.abi.status_fields(stp as *const u8) };
-                    b.call.peer2 = self.abi.rank_value(from);
-                    b.call.tag2 = tag;
-                    if src == self.abi.any_source {
-                        b.call.flags |= flags::ANY_SOURCE;
-                    }
-                    if rtag == self.abi.any_tag {
-                        b.call.flags |= flags::ANY_TAG;
-                    }
-                    if b.call.peer2 >= 0 {
-                        match self
-                            .p2p
-                            .next(b.call.comm_id, b.call.peer2, b.call.tag2, Dir::Recv)
-                        {
-                            Some(q) => b.call.op_seq2 = q,
-                            None => {
-                                b.call.flags |= flags::P2P_SEQ_UNKNOWN;
-                                self.shm.count(Counter::DroppedP2pSeq, 1);
-                            }
-                        }
-                    }
+                    unsafe { self.complete_sendrecv(&mut b.call, stp as *const u8) };
                 }
                 self.finish(b.call, b.slot, rc)
             });
         }
         rc
     }
+
+    /// Records a nonblocking send-receive (`MPI_Isendrecv`, `MPI_Isendrecv_replace`), completed
+    /// like any request. Its receive half is resolved when posted: MPICH 4.0 completes these
+    /// requests with an empty status, so a wildcard source or tag is left unresolved (flagged
+    /// `P2P_SEQ_UNKNOWN`, counted as a dropped p2p sequence) rather than taken from it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn isendrecv(
+        &self,
+        scount: i64,
+        st: H,
+        dest: c_int,
+        stag: c_int,
+        src: c_int,
+        rtag: c_int,
+        comm: H,
+        req: P,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        let b = shielded(self, || {
+            let fl = flags::NONBLOCKING;
+            let mut b = self.begin_sendrecv((scount, st), (dest, stag), (src, rtag), comm, fl);
+            if b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0 {
+                b.call.flags |= flags::P2P_SEQ_UNKNOWN;
+                self.shm.count(Counter::DroppedP2pSeq, 1);
+            }
+            b
+        });
+        let rc = real();
+        if let Some(b) = b {
+            shielded(self, || self.posted(b, rc, req, false, 0));
+        }
+        rc
+    }
+
+    /// Starts recording a send-receive. The send half's sequence is assigned now, and so is the
+    /// receive half's when its source and tag are named (messages match in posting order); a
+    /// wildcard's waits for the status ([`Shim::complete_sendrecv`]).
+    fn begin_sendrecv(
+        &self,
+        (scount, st): (i64, H),
+        (dest, stag): (c_int, c_int),
+        (src, rtag): (c_int, c_int),
+        comm: H,
+        fl: u16,
+    ) -> Begun {
+        let call = self.typed_call(Op::Sendrecv, fl, (scount, st), (dest, stag), comm);
+        let mut b = self.begin_p2p(call);
+        b.call.peer2 = self.abi.rank_value(src);
+        b.call.tag2 = rtag;
+        if src == self.abi.any_source {
+            b.call.flags |= flags::ANY_SOURCE;
+        }
+        if rtag == self.abi.any_tag {
+            b.call.flags |= flags::ANY_TAG;
+        }
+        if b.call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 {
+            self.assign_p2p_seq2(&mut b.call);
+        }
+        b
+    }
+
+    /// Resolves a blocking send-receive's wildcard receive half from its status: source, tag and
+    /// sequence.
+    ///
+    /// # Safety
+    /// `st` must point to a status of the loaded flavour.
+    unsafe fn complete_sendrecv(&self, call: &mut Call, st: *const u8) {
+        if call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) == 0 {
+            return;
+        }
+        // SAFETY: per the contract.
+        let (from, tag, _) = unsafe { self.abi.status_fields(st) };
+        if call.flags & flags::ANY_SOURCE != 0 {
+            call.peer2 = self.abi.rank_value(from);
+        }
+        if call.flags & flags::ANY_TAG != 0 {
+            call.tag2 = tag;
+        }
+        self.assign_p2p_seq2(call);
+    }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Sendrecv(
-    sbuf: CP,
-    scount: c_int,
-    st: H,
-    dest: c_int,
-    stag: c_int,
-    rbuf: P,
-    rcount: c_int,
-    rt: H,
-    src: c_int,
-    rtag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Sendrecv(
-        sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, status
-    ));
-    // SAFETY: pass-through, with a real status buffer.
-    s.sendrecv(
-        scount.into(),
-        st,
-        dest,
-        stag,
-        src,
-        rtag,
-        comm,
-        status,
-        |stp| unsafe {
-            PMPI_Sendrecv(
-                sbuf, scount, st, dest, stag, rbuf, rcount, rt, src, rtag, comm, stp,
-            )
-        },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Sendrecv_replace(
-    buf: P,
-    count: c_int,
-    dt: H,
-    dest: c_int,
-    stag: c_int,
-    src: c_int,
-    rtag: c_int,
-    comm: H,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Sendrecv_replace(
-        buf, count, dt, dest, stag, src, rtag, comm, status
-    ));
-    // SAFETY: pass-through, with a real status buffer.
-    s.sendrecv(
-        count.into(),
-        dt,
-        dest,
-        stag,
-        src,
-        rtag,
-        comm,
-        status,
-        |stp| unsafe { PMPI_Sendrecv_replace(buf, count, dt, dest, stag, src, rtag, comm, stp) },
-    )
-}
+p2p!(MPI_Sendrecv => PMPI_Sendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int,
+        rbuf: P, rcount: c_int, rt: H, src: c_int, rtag: c_int, comm: H, status: P),
+    |s, real(status)| s.sendrecv(scount.into(), st, dest, stag, src, rtag, comm, status, real));
+p2p!(MPI_Sendrecv_replace => PMPI_Sendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int,
+        stag: c_int, src: c_int, rtag: c_int, comm: H, status: P),
+    |s, real(status)| s.sendrecv(count.into(), dt, dest, stag, src, rtag, comm, status, real));
+optional!(MPI_Isendrecv => PMPI_Isendrecv: p2p!(@local wrapper => PMPI_Isendrecv(sbuf: CP,
+        scount: c_int, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: c_int, rt: H, src: c_int,
+        rtag: c_int, comm: H, req: P),
+    |s, real| s.isendrecv(scount.into(), st, dest, stag, src, rtag, comm, req, real)););
+optional!(MPI_Isendrecv_replace => PMPI_Isendrecv_replace: p2p!(@local wrapper =>
+        PMPI_Isendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int, stag: c_int, src: c_int,
+        rtag: c_int, comm: H, req: P),
+    |s, real| s.isendrecv(count.into(), dt, dest, stag, src, rtag, comm, req, real)););
 
 // ----- matched probes ----------------------------------------------------------------------------
 //
@@ -495,7 +333,7 @@ impl Shim {
         real: impl FnOnce(P) -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let call = self.p2p_call(comm, Op::Recv, src, tag, 0, 0, 0, 0, Dir::Recv);
+            let call = self.p2p_call(comm, Op::Recv, src, tag, 0, 0, 0, 0);
             // Only the blocking probe waits; a nonblocking one, often polled in a loop, is never
             // in flight.
             let slot = if flag.is_null() {
@@ -528,19 +366,8 @@ impl Shim {
         // SAFETY: MPI requires a valid message handle pointer.
         let h = unsafe { self.abi.read_handle(message) };
         let p = self.probed.take(h)?;
-        let c = cnt(count);
-        let (size, code) = self.type_info(dt);
-        let mut call = self.p2p_call(
-            p.comm,
-            Op::Recv,
-            p.source,
-            p.tag,
-            c * size,
-            c,
-            code,
-            fl | p.flags,
-            Dir::Recv,
-        );
+        let fl = fl | p.flags;
+        let mut call = self.typed_call(Op::Recv, fl, (count, dt), (p.source, p.tag), p.comm);
         call.t_enter = p.t_enter;
         self.assign_p2p_seq(&mut call, Dir::Recv);
         Some(call)
@@ -667,3 +494,5 @@ optional!(MPI_Imrecv_c => PMPI_Imrecv_c:
         })
     }
 );
+
+// MPI-4 nonblocking send-receives (MPICH 4; not Open MPI 4.1).

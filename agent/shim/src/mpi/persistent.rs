@@ -8,7 +8,7 @@ use commscope_wire::op::{Op, flags};
 use commscope_wire::record::Call;
 use commscope_wire::shm::{Counter, in_flight_status};
 
-use super::{CP, CollInfo, P, cnt, shape};
+use super::{CP, CollInfo, P, shape};
 use crate::abi::{H, pmpi};
 use crate::state::{Shim, Slot, shielded};
 use crate::tables::{Dir, Pending};
@@ -46,31 +46,9 @@ impl Shim {
         shielded(self, || {
             // SAFETY: MPI wrote the request handle.
             let h = unsafe { self.abi.read_handle(req) };
-            let c = cnt(count);
-            let (size, code) = self.type_info(dt);
-            let mut call = Call {
-                op: op as u8,
-                flags: fl | flags::PERSISTENT | flags::NONBLOCKING,
-                peer: self.abi.rank_value(peer),
-                tag,
-                bytes: c * size,
-                count: c,
-                dtype: code,
-                rank: self.rank,
-                peer2: -1,
-                tag2: -1,
-                ..Default::default()
-            };
+            let fl = fl | flags::PERSISTENT | flags::NONBLOCKING;
+            let call = self.typed_call(op, fl, (count, dt), (peer, tag), comm);
             let recv = op == Op::Recv;
-            if recv && peer == self.abi.any_source {
-                call.flags |= flags::ANY_SOURCE;
-            }
-            if recv && tag == self.abi.any_tag {
-                call.flags |= flags::ANY_TAG;
-            }
-            if let Some(e) = self.comm(comm) {
-                e.stamp(&mut call);
-            }
             let wildcard = recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
             let template = Pending {
                 call,
@@ -103,12 +81,7 @@ impl Shim {
             }
         }
         if op.is_p2p() && !t.seq_at_completion {
-            let dir = if Op::from_code(call.op) == Op::Recv {
-                Dir::Recv
-            } else {
-                Dir::Send
-            };
-            self.assign_p2p_seq(&mut call, dir);
+            self.assign_p2p_seq(&mut call, Dir::of(op));
         }
         let slot = self.claim(&call, in_flight_status::POSTED);
         let p = Pending { call, slot, ..t };
