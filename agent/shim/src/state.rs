@@ -839,10 +839,11 @@ impl Shim {
         self.type_info(dt).0
     }
 
-    /// Starts recording a collective.
+    /// A collective's record as it enters, stamped with its communicator's identity and not yet
+    /// numbered ([`Shim::begin_coll`] makes it the communicator's next instance).
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    pub fn begin_coll(
+    pub fn coll_call(
         &self,
         comm: Option<&CommEntry>,
         op: Op,
@@ -851,8 +852,7 @@ impl Shim {
         dtype: u16,
         root: i32,
         flags: u16,
-    ) -> Begun {
-        let t = now_mono();
+    ) -> Call {
         let mut call = Call {
             op: op as u8,
             flags,
@@ -865,11 +865,21 @@ impl Shim {
             clock: Clock::HostMono as u8,
             peer2: -1,
             tag2: -1,
-            t_enter: t,
+            t_enter: now_mono(),
             ..Default::default()
         };
         if let Some(e) = comm {
             e.stamp(&mut call);
+        }
+        call
+    }
+
+    /// Starts recording a collective from its entry record ([`Shim::coll_call`]): the next
+    /// instance on its communicator.
+    #[inline]
+    pub fn begin_coll(&self, comm: Option<&CommEntry>, mut call: Call) -> Begun {
+        if let Some(e) = comm {
+            let op = Op::from_code(call.op);
             e.next_instance(&mut call, op);
         }
         let slot = self.claim(&call, in_flight_status::IN_CALL);

@@ -6,10 +6,12 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 use commscope_wire::op::{Op, dtype, flags};
+use commscope_wire::record::Call;
 
 use super::{CP, CollInfo, IP, P, cnt, shape, sum};
 use crate::abi::{H, pmpi};
 use crate::state::{Shim, shielded};
+use crate::tables::CommEntry;
 
 pmpi! {
     fn PMPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H) -> c_int;
@@ -49,6 +51,24 @@ pmpi! {
 }
 
 impl Shim {
+    /// A collective's entry record on `comm`, sized by `info` from the communicator's shape
+    /// (`|shim, ranks, my rank, intercomm|`), with `fl` added to its flags; and the
+    /// communicator's entry.
+    #[inline(always)]
+    pub(crate) fn sized_coll(
+        &self,
+        comm: H,
+        op: Op,
+        fl: u16,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+    ) -> (Call, Option<&CommEntry>) {
+        let e = self.comm(comm);
+        let (n, me, inter) = shape(e);
+        let i = info(self, n, me, inter);
+        let call = self.coll_call(e, op, i.bytes, i.count, i.dtype, i.root, i.flags | fl);
+        (call, e)
+    }
+
     /// Records a collective around `real`.
     #[inline(always)]
     pub(crate) fn coll(
@@ -59,10 +79,8 @@ impl Shim {
         real: impl FnOnce() -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let e = self.comm(comm);
-            let (n, me, inter) = shape(e);
-            let i = info(self, n, me, inter);
-            self.begin_coll(e, op, i.bytes, i.count, i.dtype, i.root, i.flags)
+            let (call, e) = self.sized_coll(comm, op, 0, info);
+            self.begin_coll(e, call)
         });
         let rc = real();
         if let Some(b) = b {
@@ -82,18 +100,8 @@ impl Shim {
         real: impl FnOnce() -> c_int,
     ) -> c_int {
         let b = shielded(self, || {
-            let e = self.comm(comm);
-            let (n, me, inter) = shape(e);
-            let i = info(self, n, me, inter);
-            self.begin_coll(
-                e,
-                op,
-                i.bytes,
-                i.count,
-                i.dtype,
-                i.root,
-                i.flags | flags::NONBLOCKING,
-            )
+            let (call, e) = self.sized_coll(comm, op, flags::NONBLOCKING, info);
+            self.begin_coll(e, call)
         });
         let rc = real();
         if let Some(b) = b {
@@ -111,14 +119,7 @@ pub(crate) fn reduce_info(
     dt: H,
     root: i32,
 ) -> CollInfo {
-    let (size, code) = s.type_info(dt);
-    CollInfo {
-        bytes: cnt(count) * size,
-        count: cnt(count),
-        dtype: code,
-        root,
-        flags: s.in_place(sbuf),
-    }
+    CollInfo::typed(s, cnt(count), dt, root, s.in_place(sbuf))
 }
 
 /// Per-rank part × ranks, measured on the receive side.
@@ -129,14 +130,7 @@ pub(crate) fn gathered(
     rt: H,
     n: u64,
 ) -> CollInfo {
-    let (size, code) = s.type_info(rt);
-    CollInfo {
-        bytes: cnt(rcount) * size * n,
-        count: cnt(rcount) * n,
-        dtype: code,
-        root: -1,
-        flags: s.in_place(sbuf),
-    }
+    CollInfo::typed(s, cnt(rcount) * n, rt, -1, s.in_place(sbuf))
 }
 
 pub(crate) fn gatherv_info<T: Copy + Into<i64>>(
@@ -148,14 +142,7 @@ pub(crate) fn gatherv_info<T: Copy + Into<i64>>(
 ) -> CollInfo {
     // SAFETY: MPI requires `rcounts` to hold one count per rank here.
     let c = unsafe { sum(rcounts, n) };
-    let (size, code) = s.type_info(rt);
-    CollInfo {
-        bytes: c * size,
-        count: c,
-        dtype: code,
-        root: -1,
-        flags: s.in_place(sbuf),
-    }
+    CollInfo::typed(s, c, rt, -1, s.in_place(sbuf))
 }
 
 /// Gather/scatter: the root knows the total; other ranks know their part × ranks.
@@ -174,14 +161,7 @@ pub(crate) fn rooted_info<C: Copy + Into<i64>>(
     } else {
         my_side
     };
-    let (size, code) = s.type_info(t);
-    CollInfo {
-        bytes: cnt(c) * size * n,
-        count: cnt(c) * n,
-        dtype: code,
-        root: s.root_value(root),
-        flags: fl,
-    }
+    CollInfo::typed(s, cnt(c) * n, t, s.root_value(root), fl)
 }
 
 pub(crate) fn rooted_v_info<T: Copy + Into<i64>, C: Copy + Into<i64>>(
@@ -201,14 +181,7 @@ pub(crate) fn rooted_v_info<T: Copy + Into<i64>, C: Copy + Into<i64>>(
     } else {
         (cnt(my.0), my.1)
     };
-    let (size, code) = s.type_info(t);
-    CollInfo {
-        bytes: c * size,
-        count: c,
-        dtype: code,
-        root: s.root_value(root),
-        flags: fl,
-    }
+    CollInfo::typed(s, c, t, s.root_value(root), fl)
 }
 
 pub(crate) fn reduce_scatter_info<T: Copy + Into<i64>>(
@@ -220,14 +193,7 @@ pub(crate) fn reduce_scatter_info<T: Copy + Into<i64>>(
 ) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
-    let (size, code) = s.type_info(dt);
-    CollInfo {
-        bytes: c * size,
-        count: c,
-        dtype: code,
-        root: -1,
-        flags: s.in_place(sbuf),
-    }
+    CollInfo::typed(s, c, dt, -1, s.in_place(sbuf))
 }
 
 pub(crate) fn reduce_scatter_block_info(
@@ -237,14 +203,13 @@ pub(crate) fn reduce_scatter_block_info(
     dt: H,
     n: u64,
 ) -> CollInfo {
-    let (size, code) = s.type_info(dt);
-    CollInfo {
-        bytes: cnt(rcount) * n * size,
-        count: cnt(rcount) * n,
-        dtype: code,
-        root: -1,
-        flags: s.in_place(sbuf) | flags::BLOCK_VARIANT,
-    }
+    CollInfo::typed(
+        s,
+        cnt(rcount) * n,
+        dt,
+        -1,
+        s.in_place(sbuf) | flags::BLOCK_VARIANT,
+    )
 }
 
 pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
@@ -264,14 +229,7 @@ pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
     };
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(counts, n) };
-    let (size, code) = s.type_info(t);
-    CollInfo {
-        bytes: c * size,
-        count: c,
-        dtype: code,
-        root: -1,
-        flags: fl,
-    }
+    CollInfo::typed(s, c, t, -1, fl)
 }
 
 /// The size fields of `n` per-peer counts with a datatype each (`alltoallw`-style); `type_at(i)`
@@ -344,14 +302,7 @@ pub(crate) const NO_DATA: CollInfo = CollInfo {
 };
 
 pub(crate) fn bcast_info(s: &Shim, count: impl Into<i64> + Copy, dt: H, root: c_int) -> CollInfo {
-    let (size, code) = s.type_info(dt);
-    CollInfo {
-        bytes: cnt(count) * size,
-        count: cnt(count),
-        dtype: code,
-        root: s.root_value(root),
-        flags: 0,
-    }
+    CollInfo::typed(s, cnt(count), dt, s.root_value(root), 0)
 }
 
 collective!(MPI_Barrier => PMPI_Barrier(comm: H), comm, Op::Barrier, |_s, _, _, _| NO_DATA);
@@ -444,14 +395,7 @@ fn degrees(s: &Shim, comm: H) -> (u64, u64) {
 /// `neighbor_allgather` and `neighbor_alltoall`: what arrives from the in-neighbours.
 pub(crate) fn neighbor_info(s: &Shim, comm: H, rcount: impl Into<i64> + Copy, rt: H) -> CollInfo {
     let (indeg, _) = degrees(s, comm);
-    let (size, code) = s.type_info(rt);
-    CollInfo {
-        bytes: cnt(rcount) * size * indeg,
-        count: cnt(rcount) * indeg,
-        dtype: code,
-        root: -1,
-        flags: 0,
-    }
+    CollInfo::typed(s, cnt(rcount) * indeg, rt, -1, 0)
 }
 
 /// `neighbor_allgatherv`: the sum of the counts received from the in-neighbours.
@@ -465,14 +409,7 @@ pub(crate) fn neighbor_v_info<T: Copy + Into<i64>>(
     let (indeg, outdeg) = degrees(s, comm);
     // SAFETY: MPI requires one count per in- (or out-) neighbour.
     let c = unsafe { sum(counts, if outgoing { outdeg } else { indeg }) };
-    let (size, code) = s.type_info(t);
-    CollInfo {
-        bytes: c * size,
-        count: c,
-        dtype: code,
-        root: -1,
-        flags: 0,
-    }
+    CollInfo::typed(s, c, t, -1, 0)
 }
 
 /// `neighbor_alltoallw`: counts and datatypes per out-neighbour.

@@ -202,6 +202,9 @@ pub(crate) fn all(
     flag: *const c_int,
     real: impl Fn(P) -> c_int,
 ) -> c_int {
+    if s.requests.is_empty() {
+        return real(sts.raw);
+    }
     HANDLES.with(|hc| {
         STATUSES.with(|sc| {
             let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
@@ -235,6 +238,9 @@ pub(crate) fn any(
     status: StatusArg,
     real: impl Fn(P) -> c_int,
 ) -> c_int {
+    if s.requests.is_empty() {
+        return real(status.raw);
+    }
     HANDLES.with(|hc| {
         let Ok(mut hs) = hc.try_borrow_mut() else {
             return real(status.raw);
@@ -269,6 +275,9 @@ pub(crate) fn some(
     sts: StatusArg,
     real: impl Fn(P) -> c_int,
 ) -> c_int {
+    if s.requests.is_empty() {
+        return real(sts.raw);
+    }
     HANDLES.with(|hc| {
         STATUSES.with(|sc| {
             let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
@@ -333,142 +342,27 @@ impl Shim {
     }
 }
 
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Wait(req: P, status: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Wait(req, status));
-    let Some(h) = s.pending_at(req) else {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Wait(req, status) };
-    };
-    // SAFETY: pass-through with a real status buffer.
-    one(
-        s,
-        h,
-        s.given_status(status),
-        std::ptr::null(),
-        |st| unsafe { PMPI_Wait(req, st) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Test(req: P, flag: *mut c_int, status: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Test(req, flag, status));
-    let Some(h) = s.pending_at(req) else {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Test(req, flag, status) };
-    };
-    // SAFETY: pass-through with a real status buffer.
-    one(s, h, s.given_status(status), flag, |st| unsafe {
-        PMPI_Test(req, flag, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Waitall(n: c_int, reqs: P, sts: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Waitall(n, reqs, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Waitall(n, reqs, sts) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status array of `n` entries (or the application's own).
-    all(s, &r, s.given_status(sts), std::ptr::null(), |st| unsafe {
-        PMPI_Waitall(n, reqs, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Testall(n, reqs, flag, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Testall(n, reqs, flag, sts) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status array of `n` entries (or the application's own).
-    all(s, &r, s.given_status(sts), flag, |st| unsafe {
-        PMPI_Testall(n, reqs, flag, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Waitany(n: c_int, reqs: P, index: *mut c_int, status: P) -> c_int {
-    let (s, _g) = real_or!(PMPI_Waitany(n, reqs, index, status));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Waitany(n, reqs, index, status) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status buffer.
-    any(
-        s,
-        &r,
-        index,
-        std::ptr::null(),
-        s.given_status(status),
-        |st| unsafe { PMPI_Waitany(n, reqs, index, st) },
-    )
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testany(
-    n: c_int,
-    reqs: P,
-    index: *mut c_int,
-    flag: *mut c_int,
-    status: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Testany(n, reqs, index, flag, status));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Testany(n, reqs, index, flag, status) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status buffer.
-    any(s, &r, index, flag, s.given_status(status), |st| unsafe {
-        PMPI_Testany(n, reqs, index, flag, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Waitsome(
-    n: c_int,
-    reqs: P,
-    outcount: *mut c_int,
-    indices: *mut c_int,
-    sts: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Waitsome(n, reqs, outcount, indices, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Waitsome(n, reqs, outcount, indices, sts) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status array.
-    some(s, &r, outcount, indices, s.given_status(sts), |st| unsafe {
-        PMPI_Waitsome(n, reqs, outcount, indices, st)
-    })
-}
-
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn MPI_Testsome(
-    n: c_int,
-    reqs: P,
-    outcount: *mut c_int,
-    indices: *mut c_int,
-    sts: P,
-) -> c_int {
-    let (s, _g) = real_or!(PMPI_Testsome(n, reqs, outcount, indices, sts));
-    if s.requests.is_empty() {
-        // SAFETY: pass-through.
-        return unsafe { PMPI_Testsome(n, reqs, outcount, indices, sts) };
-    }
-    let r = Requests::c(s, n, reqs);
-    // SAFETY: pass-through with a real status array.
-    some(s, &r, outcount, indices, s.given_status(sts), |st| unsafe {
-        PMPI_Testsome(n, reqs, outcount, indices, st)
-    })
-}
+wrap!(MPI_Wait => PMPI_Wait(req: P, status: P), |s, real(status)| match s.pending_at(req) {
+    None => real(status),
+    Some(h) => one(s, h, s.given_status(status), std::ptr::null(), real),
+});
+wrap!(MPI_Test => PMPI_Test(req: P, flag: *mut c_int, status: P), |s, real(status)|
+match s.pending_at(req) {
+    None => real(status),
+    Some(h) => one(s, h, s.given_status(status), flag, real),
+});
+wrap!(MPI_Waitall => PMPI_Waitall(n: c_int, reqs: P, sts: P), |s, real(sts)|
+    all(s, &Requests::c(s, n, reqs), s.given_status(sts), std::ptr::null(), real));
+wrap!(MPI_Testall => PMPI_Testall(n: c_int, reqs: P, flag: *mut c_int, sts: P), |s, real(sts)|
+    all(s, &Requests::c(s, n, reqs), s.given_status(sts), flag, real));
+wrap!(MPI_Waitany => PMPI_Waitany(n: c_int, reqs: P, index: *mut c_int, status: P), |s, real(status)|
+    any(s, &Requests::c(s, n, reqs), index, std::ptr::null(), s.given_status(status), real));
+wrap!(MPI_Testany => PMPI_Testany(n: c_int, reqs: P, index: *mut c_int, flag: *mut c_int, status: P),
+    |s, real(status)| any(s, &Requests::c(s, n, reqs), index, flag, s.given_status(status), real));
+wrap!(MPI_Waitsome => PMPI_Waitsome(n: c_int, reqs: P, outcount: *mut c_int, indices: *mut c_int, sts: P),
+    |s, real(sts)| some(s, &Requests::c(s, n, reqs), outcount, indices, s.given_status(sts), real));
+wrap!(MPI_Testsome => PMPI_Testsome(n: c_int, reqs: P, outcount: *mut c_int, indices: *mut c_int, sts: P),
+    |s, real(sts)| some(s, &Requests::c(s, n, reqs), outcount, indices, s.given_status(sts), real));
 
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Request_free(req: P) -> c_int {

@@ -707,9 +707,6 @@ fortran!(test TEST (req: FM, flag: FM, st: FM, ierr: FM) |s, real| {
 });
 
 fortran!(waitall WAITALL (n: F, reqs: FM, sts: FM, ierr: FM) |s, real| {
-    if s.requests.is_empty() {
-        return real();
-    }
     let f = REAL.target();
     completion::all(s, &requests(n, reqs), statuses(sts), std::ptr::null(), |stp| {
         // SAFETY: the real Fortran waitall, with a status array of `n` entries.
@@ -721,9 +718,6 @@ fortran!(waitall WAITALL (n: F, reqs: FM, sts: FM, ierr: FM) |s, real| {
 });
 
 fortran!(testall TESTALL (n: F, reqs: FM, flag: FM, sts: FM, ierr: FM) |s, real| {
-    if s.requests.is_empty() {
-        return real();
-    }
     let f = REAL.target();
     completion::all(s, &requests(n, reqs), statuses(sts), flag, |stp| {
         // SAFETY: the real Fortran testall, with a status array of `n` entries.
@@ -735,9 +729,6 @@ fortran!(testall TESTALL (n: F, reqs: FM, flag: FM, sts: FM, ierr: FM) |s, real|
 });
 
 fortran!(waitany WAITANY (n: F, reqs: FM, index: FM, st: FM, ierr: FM) |s, real| {
-    if s.requests.is_empty() {
-        return real();
-    }
     let f = REAL.target();
     completion::any(s, &requests(n, reqs), index, std::ptr::null(), status(st), |stp| {
         // SAFETY: the real Fortran waitany, with a status buffer of 6 integers.
@@ -749,9 +740,6 @@ fortran!(waitany WAITANY (n: F, reqs: FM, index: FM, st: FM, ierr: FM) |s, real|
 });
 
 fortran!(testany TESTANY (n: F, reqs: FM, index: FM, flag: FM, st: FM, ierr: FM) |s, real| {
-    if s.requests.is_empty() {
-        return real();
-    }
     let f = REAL.target();
     completion::any(s, &requests(n, reqs), index, flag, status(st), |stp| {
         // SAFETY: the real Fortran testany, with a status buffer of 6 integers.
@@ -763,16 +751,7 @@ fortran!(testany TESTANY (n: F, reqs: FM, index: FM, flag: FM, st: FM, ierr: FM)
 });
 
 /// Waitsome/Testsome (the same arguments): `f` is the real function.
-fn some(
-    s: &Shim,
-    real: impl FnOnce(),
-    f: usize,
-    (n, reqs, outcount, indices, sts): (F, FM, FM, FM, FM),
-    ierr: FM,
-) {
-    if s.requests.is_empty() {
-        return real();
-    }
+fn some(s: &Shim, f: usize, (n, reqs, outcount, indices, sts): (F, FM, FM, FM, FM), ierr: FM) {
     completion::some(
         s,
         &requests(n, reqs),
@@ -790,10 +769,10 @@ fn some(
 }
 
 fortran!(waitsome WAITSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real|
-    some(s, real, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
+    some(s, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
 
 fortran!(testsome TESTSOME (n: F, reqs: FM, outcount: FM, indices: FM, sts: FM, ierr: FM) |s, real|
-    some(s, real, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
+    some(s, REAL.target(), (n, reqs, outcount, indices, sts), ierr));
 
 fortran!(request_free REQUEST_FREE (req: FM, ierr: FM) |s, real| {
     let h = if s.requests.is_empty() && s.persistent.is_empty() {

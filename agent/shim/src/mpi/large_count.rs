@@ -110,49 +110,49 @@ optional!(MPI_Ialltoall_c => PMPI_Ialltoall_c: icollective!(@local wrapper => PM
 optional!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
     |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
 
-optional!(MPI_Send_c => PMPI_Send_c: p2p!(@local wrapper => PMPI_Send_c(buf: CP, count: C, dt: H,
+optional!(MPI_Send_c => PMPI_Send_c: wrap!(@local wrapper => PMPI_Send_c(buf: CP, count: C, dt: H,
         dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(0, count, dt, dest, tag, comm, real)););
-optional!(MPI_Ssend_c => PMPI_Ssend_c: p2p!(@local wrapper => PMPI_Ssend_c(buf: CP, count: C,
+optional!(MPI_Ssend_c => PMPI_Ssend_c: wrap!(@local wrapper => PMPI_Ssend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::SYNCHRONOUS, count, dt, dest, tag, comm, real)););
-optional!(MPI_Bsend_c => PMPI_Bsend_c: p2p!(@local wrapper => PMPI_Bsend_c(buf: CP, count: C,
+optional!(MPI_Bsend_c => PMPI_Bsend_c: wrap!(@local wrapper => PMPI_Bsend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::BUFFERED, count, dt, dest, tag, comm, real)););
-optional!(MPI_Rsend_c => PMPI_Rsend_c: p2p!(@local wrapper => PMPI_Rsend_c(buf: CP, count: C,
+optional!(MPI_Rsend_c => PMPI_Rsend_c: wrap!(@local wrapper => PMPI_Rsend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::READY, count, dt, dest, tag, comm, real)););
-optional!(MPI_Recv_c => PMPI_Recv_c: p2p!(@local wrapper => PMPI_Recv_c(buf: P, count: C, dt: H,
+optional!(MPI_Recv_c => PMPI_Recv_c: wrap!(@local wrapper => PMPI_Recv_c(buf: P, count: C, dt: H,
         src: c_int, tag: c_int, comm: H, status: P),
     |s, real(status)| s.recv(count, dt, src, tag, comm, status, real)););
-optional!(MPI_Isend_c => PMPI_Isend_c: p2p!(@local wrapper => PMPI_Isend_c(buf: CP, count: C,
+optional!(MPI_Isend_c => PMPI_Isend_c: wrap!(@local wrapper => PMPI_Isend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, 0, count, dt, dest, tag, comm, req, real)););
-optional!(MPI_Issend_c => PMPI_Issend_c: p2p!(@local wrapper => PMPI_Issend_c(buf: CP, count: C,
+optional!(MPI_Issend_c => PMPI_Issend_c: wrap!(@local wrapper => PMPI_Issend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::SYNCHRONOUS, count, dt, dest, tag, comm, req, real)););
-optional!(MPI_Ibsend_c => PMPI_Ibsend_c: p2p!(@local wrapper => PMPI_Ibsend_c(buf: CP, count: C,
+optional!(MPI_Ibsend_c => PMPI_Ibsend_c: wrap!(@local wrapper => PMPI_Ibsend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::BUFFERED, count, dt, dest, tag, comm, req, real)););
-optional!(MPI_Irsend_c => PMPI_Irsend_c: p2p!(@local wrapper => PMPI_Irsend_c(buf: CP, count: C,
+optional!(MPI_Irsend_c => PMPI_Irsend_c: wrap!(@local wrapper => PMPI_Irsend_c(buf: CP, count: C,
         dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::READY, count, dt, dest, tag, comm, req, real)););
-optional!(MPI_Irecv_c => PMPI_Irecv_c: p2p!(@local wrapper => PMPI_Irecv_c(buf: P, count: C,
+optional!(MPI_Irecv_c => PMPI_Irecv_c: wrap!(@local wrapper => PMPI_Irecv_c(buf: P, count: C,
         dt: H, src: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Recv, 0, count, dt, src, tag, comm, req, real)););
-optional!(MPI_Sendrecv_c => PMPI_Sendrecv_c: p2p!(@local wrapper => PMPI_Sendrecv_c(sbuf: CP,
+optional!(MPI_Sendrecv_c => PMPI_Sendrecv_c: wrap!(@local wrapper => PMPI_Sendrecv_c(sbuf: CP,
         scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int,
         rtag: c_int, comm: H, status: P),
     |s, real(status)| s.sendrecv(scount, st, dest, stag, src, rtag, comm, status, real)););
-optional!(MPI_Sendrecv_replace_c => PMPI_Sendrecv_replace_c: p2p!(@local wrapper =>
+optional!(MPI_Sendrecv_replace_c => PMPI_Sendrecv_replace_c: wrap!(@local wrapper =>
         PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int,
         rtag: c_int, comm: H, status: P),
     |s, real(status)| s.sendrecv(count, dt, dest, stag, src, rtag, comm, status, real)););
-optional!(MPI_Isendrecv_c => PMPI_Isendrecv_c: p2p!(@local wrapper => PMPI_Isendrecv_c(sbuf: CP,
+optional!(MPI_Isendrecv_c => PMPI_Isendrecv_c: wrap!(@local wrapper => PMPI_Isendrecv_c(sbuf: CP,
         scount: C, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: C, rt: H, src: c_int,
         rtag: c_int, comm: H, req: P),
     |s, real| s.isendrecv(scount, st, dest, stag, src, rtag, comm, req, real)););
-optional!(MPI_Isendrecv_replace_c => PMPI_Isendrecv_replace_c: p2p!(@local wrapper =>
+optional!(MPI_Isendrecv_replace_c => PMPI_Isendrecv_replace_c: wrap!(@local wrapper =>
         PMPI_Isendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int,
         rtag: c_int, comm: H, req: P),
     |s, real| s.isendrecv(count, dt, dest, stag, src, rtag, comm, req, real)););

@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 
 use commscope_wire::op::flags;
 
+use crate::abi::H;
 use crate::state::Shim;
 use crate::tables::{CommEntry, comm_flags};
 
@@ -77,14 +78,14 @@ macro_rules! collective {
     };
 }
 
-/// Defines a point-to-point wrapper: the C signature, then `|shim, real|` and the recording call,
-/// where `real()` calls the real function with the application's arguments, or `real(status)`
-/// (with the name of the status argument) with the status the shim gives it. `@local` defines it
-/// without exporting it (for [`optional!`]).
-macro_rules! p2p {
-    (@local $name:ident => $($rest:tt)*) => { p2p!(@def [] $name => $($rest)*); };
+/// Defines a wrapper from the C signature, then `|shim, real|` and the call that records it:
+/// `real()` calls the real function with the application's arguments, `real(status)` (naming a
+/// status argument) with the status the shim passes instead. `@local` defines it without
+/// exporting it (for [`optional!`]).
+macro_rules! wrap {
+    (@local $name:ident => $($rest:tt)*) => { wrap!(@def [] $name => $($rest)*); };
     ($name:ident => $($rest:tt)*) => {
-        p2p!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name => $($rest)*);
+        wrap!(@def [#[cfg_attr(not(test), unsafe(no_mangle))]] $name => $($rest)*);
     };
     (@def [$($attr:tt)*] $name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), |$s:ident, $f:ident $(($st:ident))?| $body:expr) => {
         $($attr)*
@@ -147,6 +148,20 @@ pub(crate) struct CollInfo {
     pub dtype: u16,
     pub root: i32,
     pub flags: u16,
+}
+
+impl CollInfo {
+    /// `count` elements of datatype `t`.
+    pub(crate) fn typed(s: &Shim, count: u64, t: H, root: i32, flags: u16) -> CollInfo {
+        let (size, code) = s.type_info(t);
+        CollInfo {
+            bytes: count * size,
+            count,
+            dtype: code,
+            root,
+            flags,
+        }
+    }
 }
 
 impl Shim {

@@ -135,25 +135,25 @@ impl Shim {
     }
 }
 
-p2p!(MPI_Send => PMPI_Send(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+wrap!(MPI_Send => PMPI_Send(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(0, count.into(), dt, dest, tag, comm, real));
-p2p!(MPI_Ssend => PMPI_Ssend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+wrap!(MPI_Ssend => PMPI_Ssend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::SYNCHRONOUS, count.into(), dt, dest, tag, comm, real));
-p2p!(MPI_Bsend => PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+wrap!(MPI_Bsend => PMPI_Bsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::BUFFERED, count.into(), dt, dest, tag, comm, real));
-p2p!(MPI_Rsend => PMPI_Rsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
+wrap!(MPI_Rsend => PMPI_Rsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H),
     |s, real| s.send(flags::READY, count.into(), dt, dest, tag, comm, real));
-p2p!(MPI_Recv => PMPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, status: P),
+wrap!(MPI_Recv => PMPI_Recv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, status: P),
     |s, real(status)| s.recv(count.into(), dt, src, tag, comm, status, real));
-p2p!(MPI_Isend => PMPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+wrap!(MPI_Isend => PMPI_Isend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, 0, count.into(), dt, dest, tag, comm, req, real));
-p2p!(MPI_Issend => PMPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+wrap!(MPI_Issend => PMPI_Issend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::SYNCHRONOUS, count.into(), dt, dest, tag, comm, req, real));
-p2p!(MPI_Ibsend => PMPI_Ibsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+wrap!(MPI_Ibsend => PMPI_Ibsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::BUFFERED, count.into(), dt, dest, tag, comm, req, real));
-p2p!(MPI_Irsend => PMPI_Irsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
+wrap!(MPI_Irsend => PMPI_Irsend(buf: CP, count: c_int, dt: H, dest: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Send, flags::READY, count.into(), dt, dest, tag, comm, req, real));
-p2p!(MPI_Irecv => PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P),
+wrap!(MPI_Irecv => PMPI_Irecv(buf: P, count: c_int, dt: H, src: c_int, tag: c_int, comm: H, req: P),
     |s, real| s.ip2p(Op::Recv, 0, count.into(), dt, src, tag, comm, req, real));
 
 impl Shim {
@@ -270,17 +270,17 @@ impl Shim {
     }
 }
 
-p2p!(MPI_Sendrecv => PMPI_Sendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int,
+wrap!(MPI_Sendrecv => PMPI_Sendrecv(sbuf: CP, scount: c_int, st: H, dest: c_int, stag: c_int,
         rbuf: P, rcount: c_int, rt: H, src: c_int, rtag: c_int, comm: H, status: P),
     |s, real(status)| s.sendrecv(scount.into(), st, dest, stag, src, rtag, comm, status, real));
-p2p!(MPI_Sendrecv_replace => PMPI_Sendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int,
+wrap!(MPI_Sendrecv_replace => PMPI_Sendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int,
         stag: c_int, src: c_int, rtag: c_int, comm: H, status: P),
     |s, real(status)| s.sendrecv(count.into(), dt, dest, stag, src, rtag, comm, status, real));
-optional!(MPI_Isendrecv => PMPI_Isendrecv: p2p!(@local wrapper => PMPI_Isendrecv(sbuf: CP,
+optional!(MPI_Isendrecv => PMPI_Isendrecv: wrap!(@local wrapper => PMPI_Isendrecv(sbuf: CP,
         scount: c_int, st: H, dest: c_int, stag: c_int, rbuf: P, rcount: c_int, rt: H, src: c_int,
         rtag: c_int, comm: H, req: P),
     |s, real| s.isendrecv(scount.into(), st, dest, stag, src, rtag, comm, req, real)););
-optional!(MPI_Isendrecv_replace => PMPI_Isendrecv_replace: p2p!(@local wrapper =>
+optional!(MPI_Isendrecv_replace => PMPI_Isendrecv_replace: wrap!(@local wrapper =>
         PMPI_Isendrecv_replace(buf: P, count: c_int, dt: H, dest: c_int, stag: c_int, src: c_int,
         rtag: c_int, comm: H, req: P),
     |s, real| s.isendrecv(count.into(), dt, dest, stag, src, rtag, comm, req, real)););

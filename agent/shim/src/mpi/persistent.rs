@@ -5,10 +5,9 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 use commscope_wire::op::{Op, flags};
-use commscope_wire::record::Call;
 use commscope_wire::shm::{Counter, in_flight_status};
 
-use super::{CP, CollInfo, P, shape};
+use super::{CP, CollInfo, P};
 use crate::abi::{H, pmpi};
 use crate::state::{Shim, Slot, shielded};
 use crate::tables::{Dir, Pending};
@@ -39,6 +38,51 @@ impl Shim {
         req: P,
         real: impl FnOnce() -> c_int,
     ) -> c_int {
+        self.keep_template(req, real, || {
+            let fl = fl | flags::PERSISTENT | flags::NONBLOCKING;
+            let call = self.typed_call(op, fl, (count, dt), (peer, tag), comm);
+            let recv = op == Op::Recv;
+            Pending {
+                call,
+                slot: Slot::None,
+                seq_at_completion: recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0,
+                comm: self.abi.norm(comm),
+                dtype: if recv { dt as u64 } else { 0 },
+            }
+        })
+    }
+
+    /// A persistent collective was created (`MPI_*_init`, Open MPI's `MPIX_*_init`): keep its
+    /// template under the request handle; each start is one instance.
+    pub(crate) fn persistent_coll(
+        &self,
+        comm: H,
+        op: Op,
+        req: P,
+        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
+        real: impl FnOnce() -> c_int,
+    ) -> c_int {
+        self.keep_template(req, real, || {
+            let fl = flags::PERSISTENT | flags::NONBLOCKING;
+            let (call, _) = self.sized_coll(comm, op, fl, info);
+            Pending {
+                call,
+                slot: Slot::None,
+                seq_at_completion: false,
+                comm: self.abi.norm(comm),
+                dtype: 0,
+            }
+        })
+    }
+
+    /// Calls `real`, which creates a persistent request at `req`, and keeps the request's
+    /// template (counted when the table is full).
+    fn keep_template(
+        &self,
+        req: P,
+        real: impl FnOnce() -> c_int,
+        template: impl FnOnce() -> Pending,
+    ) -> c_int {
         let rc = real();
         if rc != 0 || req.is_null() {
             return rc;
@@ -46,18 +90,7 @@ impl Shim {
         shielded(self, || {
             // SAFETY: MPI wrote the request handle.
             let h = unsafe { self.abi.read_handle(req) };
-            let fl = fl | flags::PERSISTENT | flags::NONBLOCKING;
-            let call = self.typed_call(op, fl, (count, dt), (peer, tag), comm);
-            let recv = op == Op::Recv;
-            let wildcard = recv && call.flags & (flags::ANY_SOURCE | flags::ANY_TAG) != 0;
-            let template = Pending {
-                call,
-                slot: Slot::None,
-                seq_at_completion: wildcard,
-                comm: self.abi.norm(comm),
-                dtype: if recv { dt as u64 } else { 0 },
-            };
-            if !self.persistent.insert(h, template) {
+            if !self.persistent.insert(h, template()) {
                 self.shm.count(Counter::DroppedRequests, 1);
             }
         });
@@ -94,63 +127,19 @@ impl Shim {
     }
 }
 
-impl Shim {
-    /// A persistent collective was created (`MPI_*_init`, Open MPI's `MPIX_*_init`): keep its
-    /// template under the request handle; each start is one instance.
-    pub(crate) fn persistent_coll(
-        &self,
-        comm: H,
-        op: Op,
-        req: P,
-        info: impl FnOnce(&Shim, u64, i32, bool) -> CollInfo,
-        real: impl FnOnce() -> c_int,
-    ) -> c_int {
-        let rc = real();
-        if rc != 0 || req.is_null() {
-            return rc;
-        }
-        shielded(self, || {
-            // SAFETY: MPI wrote the request handle.
-            let h = unsafe { self.abi.read_handle(req) };
-            let e = self.comm(comm);
-            let (n, me, inter) = shape(e);
-            let i = info(self, n, me, inter);
-            let mut call = Call {
-                op: op as u8,
-                flags: i.flags | flags::PERSISTENT | flags::NONBLOCKING,
-                peer: i.root,
-                tag: -1,
-                bytes: i.bytes,
-                count: i.count,
-                dtype: i.dtype,
-                rank: self.rank,
-                peer2: -1,
-                tag2: -1,
-                ..Default::default()
-            };
-            if let Some(e) = e {
-                e.stamp(&mut call);
-            }
-            let template = Pending {
-                call,
-                slot: Slot::None,
-                seq_at_completion: false,
-                comm: self.abi.norm(comm),
-                dtype: 0,
-            };
-            if !self.persistent.insert(h, template) {
-                self.shm.count(Counter::DroppedRequests, 1);
-            }
-        });
-        rc
-    }
-}
-
-/// Defines a persistent collective `*_init` wrapper, exported where the library has it
-/// (MPI-4's `MPI_X_init`, Open MPI 4's `MPIX_X_init`): like [`icollective!`] with the `info`
-/// argument before the request.
+/// Defines the persistent collective `*_init` wrappers of one collective under both its names,
+/// MPI-4's `MPI_X_init` (MPICH 4) and Open MPI 4's `MPIX_X_init` (the same signature), each
+/// exported where the library has it: like [`icollective!`] with the `info` argument before the
+/// request.
 macro_rules! pcollective {
-    ($name:ident => $real:ident($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+    ($name:ident => $real:ident, $xname:ident => $xreal:ident: $($rest:tt)*) => {
+        pcollective!(@one $name => $real: $($rest)*);
+        pcollective!(@one $xname => $xreal: $($rest)*);
+    };
+    (@one $name:ident => $real:ident: ($($a:ident: $t:ty),* $(,)?), $comm:ident, $req:ident, $op:expr, |$s:ident, $n:pat_param, $me:pat_param, $inter:pat_param| $info:expr) => {
+        $crate::abi::pmpi! {
+            fn $real($($a: $t),*) -> c_int;
+        }
         optional!($name => $real:
             pub unsafe extern "C" fn wrapper($($a: $t),*) -> c_int {
                 let (s, _g) = real_or!($real($($a),*));
