@@ -63,6 +63,9 @@ pmpi! {
     fn PMPI_Sendrecv_replace_c(buf: P, count: C, dt: H, dest: c_int, stag: c_int, src: c_int, rtag: c_int, comm: H, status: P) -> c_int;
     fn PMPI_Send_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
     fn PMPI_Recv_init_c(buf: P, count: C, dt: H, src: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ssend_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Bsend_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Rsend_init_c(buf: CP, count: C, dt: H, dest: c_int, tag: c_int, comm: H, req: P) -> c_int;
 }
 
 optional!(MPI_Bcast_c => PMPI_Bcast_c: collective!(@local wrapper => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
@@ -163,6 +166,132 @@ optional!(MPI_Send_init_c => PMPI_Send_init_c:
 optional!(MPI_Recv_init_c => PMPI_Recv_init_c:
     persistent_init!(@local wrapper, PMPI_Recv_init_c, Op::Recv, 0, P, C);
 );
+optional!(MPI_Ssend_init_c => PMPI_Ssend_init_c:
+    persistent_init!(@local wrapper, PMPI_Ssend_init_c, Op::Send, flags::SYNCHRONOUS, CP, C);
+);
+optional!(MPI_Bsend_init_c => PMPI_Bsend_init_c:
+    persistent_init!(@local wrapper, PMPI_Bsend_init_c, Op::Send, flags::BUFFERED, CP, C);
+);
+optional!(MPI_Rsend_init_c => PMPI_Rsend_init_c:
+    persistent_init!(@local wrapper, PMPI_Rsend_init_c, Op::Send, flags::READY, CP, C);
+);
+
+// ----- nonblocking collectives -------------------------------------------------------------------
+
+pmpi! {
+    fn PMPI_Iscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iexscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Iallgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Igather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iscatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Igatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Iscatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P) -> c_int;
+    fn PMPI_Ireduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ialltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, req: P) -> c_int;
+    fn PMPI_Ineighbor_alltoallw_c(sbuf: CP, scounts: CA, sdispls: CP, sts: CP, rbuf: P, rcounts: CA, rdispls: CP, rts: CP, comm: H, req: P) -> c_int;
+}
+
+optional!(MPI_Iscan_c => PMPI_Iscan_c: icollective!(@local wrapper => PMPI_Iscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Iexscan_c => PMPI_Iexscan_c: icollective!(@local wrapper => PMPI_Iexscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+optional!(MPI_Iallgatherv_c => PMPI_Iallgatherv_c: icollective!(@local wrapper => PMPI_Iallgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, req: P), comm, req, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n)); );
+optional!(MPI_Igather_c => PMPI_Igather_c: icollective!(@local wrapper => PMPI_Igather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf))); );
+optional!(MPI_Iscatter_c => PMPI_Iscatter_c: icollective!(@local wrapper => PMPI_Iscatter_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf))); );
+optional!(MPI_Igatherv_c => PMPI_Igatherv_c: icollective!(@local wrapper => PMPI_Igatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf))); );
+optional!(MPI_Iscatterv_c => PMPI_Iscatterv_c: icollective!(@local wrapper => PMPI_Iscatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf))); );
+optional!(MPI_Ireduce_scatter_c => PMPI_Ireduce_scatter_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n)); );
+optional!(MPI_Ialltoallv_c => PMPI_Ialltoallv_c: icollective!(@local wrapper => PMPI_Ialltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, req: P), comm, req, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n)); );
+optional!(MPI_Ialltoallw_c => PMPI_Ialltoallw_c: icollective!(@local wrapper => PMPI_Ialltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n)); );
+optional!(MPI_Ineighbor_allgather_c => PMPI_Ineighbor_allgather_c: icollective!(@local wrapper => PMPI_Ineighbor_allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::NeighborAllgather,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt)); );
+optional!(MPI_Ineighbor_allgatherv_c => PMPI_Ineighbor_allgatherv_c: icollective!(@local wrapper => PMPI_Ineighbor_allgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, req: P), comm, req, Op::NeighborAllgatherv,
+    |s, _, _, _| neighbor_v_info(s, comm, rcounts, rt, false)); );
+optional!(MPI_Ineighbor_alltoall_c => PMPI_Ineighbor_alltoall_c: icollective!(@local wrapper => PMPI_Ineighbor_alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::NeighborAlltoall,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt)); );
+optional!(MPI_Ineighbor_alltoallv_c => PMPI_Ineighbor_alltoallv_c: icollective!(@local wrapper => PMPI_Ineighbor_alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, req: P), comm, req, Op::NeighborAlltoallv,
+    |s, _, _, _| neighbor_v_info(s, comm, scounts, st, true)); );
+optional!(MPI_Ineighbor_alltoallw_c => PMPI_Ineighbor_alltoallw_c: icollective!(@local wrapper => PMPI_Ineighbor_alltoallw_c(sbuf: CP, scounts: CA, sdispls: CP, sts: CP, rbuf: P, rcounts: CA, rdispls: CP, rts: CP, comm: H, req: P), comm, req, Op::NeighborAlltoallw,
+    |s, _, _, _| neighbor_w_info(s, comm, scounts, sts)); );
+
+// ----- persistent collectives --------------------------------------------------------------------
+
+pcollective!(MPI_Allgather_init_c => PMPI_Allgather_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, info: H, req: P), comm, req, Op::Allgather,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+pcollective!(MPI_Allgatherv_init_c => PMPI_Allgatherv_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, info: H, req: P), comm, req, Op::Allgatherv,
+    |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
+pcollective!(MPI_Allreduce_init_c => PMPI_Allreduce_init_c:
+    (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Allreduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+pcollective!(MPI_Alltoall_init_c => PMPI_Alltoall_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, info: H, req: P), comm, req, Op::Alltoall,
+    |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
+pcollective!(MPI_Alltoallv_init_c => PMPI_Alltoallv_init_c:
+    (sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, info: H, req: P), comm, req, Op::Alltoallv,
+    |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
+pcollective!(MPI_Alltoallw_init_c => PMPI_Alltoallw_init_c:
+    (sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H, info: H, req: P), comm, req, Op::Alltoallw,
+    |s, n, _, _| alltoallw_info(s, sbuf, scounts, sts, rcounts, rts, n));
+pcollective!(MPI_Bcast_init_c => PMPI_Bcast_init_c:
+    (buf: P, count: C, dt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Broadcast,
+    |s, _, _, _| bcast_info(s, count, dt, root));
+pcollective!(MPI_Exscan_init_c => PMPI_Exscan_init_c:
+    (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Exscan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+pcollective!(MPI_Gather_init_c => PMPI_Gather_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Gather,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
+pcollective!(MPI_Gatherv_init_c => PMPI_Gatherv_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Gatherv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
+pcollective!(MPI_Reduce_init_c => PMPI_Reduce_init_c:
+    (sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Reduce,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+pcollective!(MPI_Reduce_scatter_init_c => PMPI_Reduce_scatter_init_c:
+    (sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+pcollective!(MPI_Reduce_scatter_block_init_c => PMPI_Reduce_scatter_block_init_c:
+    (sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+pcollective!(MPI_Scan_init_c => PMPI_Scan_init_c:
+    (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Scan,
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+pcollective!(MPI_Scatter_init_c => PMPI_Scatter_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Scatter,
+    |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));
+pcollective!(MPI_Scatterv_init_c => PMPI_Scatterv_init_c:
+    (sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Scatterv,
+    |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
+pcollective!(MPI_Neighbor_allgather_init_c => PMPI_Neighbor_allgather_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, info: H, req: P), comm, req, Op::NeighborAllgather,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+pcollective!(MPI_Neighbor_allgatherv_init_c => PMPI_Neighbor_allgatherv_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, info: H, req: P), comm, req, Op::NeighborAllgatherv,
+    |s, _, _, _| neighbor_v_info(s, comm, rcounts, rt, false));
+pcollective!(MPI_Neighbor_alltoall_init_c => PMPI_Neighbor_alltoall_init_c:
+    (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, info: H, req: P), comm, req, Op::NeighborAlltoall,
+    |s, _, _, _| neighbor_info(s, comm, rcount, rt));
+pcollective!(MPI_Neighbor_alltoallv_init_c => PMPI_Neighbor_alltoallv_init_c:
+    (sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, info: H, req: P), comm, req, Op::NeighborAlltoallv,
+    |s, _, _, _| neighbor_v_info(s, comm, scounts, st, true));
+pcollective!(MPI_Neighbor_alltoallw_init_c => PMPI_Neighbor_alltoallw_init_c:
+    (sbuf: CP, scounts: CA, sdispls: CP, sts: CP, rbuf: P, rcounts: CA, rdispls: CP, rts: CP, comm: H, info: H, req: P), comm, req, Op::NeighborAlltoallw,
+    |s, _, _, _| neighbor_w_info(s, comm, scounts, sts));
 
 pmpi! {
     fn PMPI_Neighbor_allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H) -> c_int;

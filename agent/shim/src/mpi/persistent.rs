@@ -127,11 +127,14 @@ impl Shim {
     }
 }
 
-/// Defines the persistent collective `*_init` wrappers of one collective under both its names,
-/// MPI-4's `MPI_X_init` (MPICH 4) and Open MPI 4's `MPIX_X_init` (the same signature), each
-/// exported where the library has it: like [`icollective!`] with the `info` argument before the
-/// request.
+/// Defines the persistent collective `*_init` wrappers of one collective under each of its names
+/// (MPI-4's `MPI_X_init` in MPICH 4, Open MPI 4's `MPIX_X_init`: the same signature; or one
+/// name, the large-count `MPI_X_init_c`), each exported where the library has it: like
+/// [`icollective!`] with the `info` argument before the request.
 macro_rules! pcollective {
+    ($name:ident => $real:ident: $($rest:tt)*) => {
+        pcollective!(@one $name => $real: $($rest)*);
+    };
     ($name:ident => $real:ident, $xname:ident => $xreal:ident: $($rest:tt)*) => {
         pcollective!(@one $name => $real: $($rest)*);
         pcollective!(@one $xname => $xreal: $($rest)*);
