@@ -194,13 +194,15 @@ pub(crate) fn one(
     rc
 }
 
-/// Waitall/Testall.
-pub(crate) fn all(
+/// A completion call on several requests with a status array: `real` gets the array to fill (the
+/// application's, or scratch space), then `after` sees the requests' handles as they were before
+/// the call, the array and the call's code. Passes straight through when none is pending.
+fn with_statuses(
     s: &Shim,
     r: &Requests,
     sts: StatusArg,
-    flag: *const c_int,
     real: impl Fn(P) -> c_int,
+    after: impl FnOnce(&[u64], P, c_int),
 ) -> c_int {
     if s.requests.is_empty() {
         return real(sts.raw);
@@ -215,16 +217,29 @@ pub(crate) fn all(
             }
             let st = statuses(s, r.n, sts, &mut scratch);
             let rc = real(st);
-            if done(flag) {
-                shielded(s, || {
-                    for (i, &h) in hs.iter().enumerate() {
-                        let sp = status_at(s, st, i);
-                        s.completed(h, sp, rc_at(s, rc, sp));
-                    }
-                });
-            }
+            after(&hs, st, rc);
             rc
         })
+    })
+}
+
+/// Waitall/Testall.
+pub(crate) fn all(
+    s: &Shim,
+    r: &Requests,
+    sts: StatusArg,
+    flag: *const c_int,
+    real: impl Fn(P) -> c_int,
+) -> c_int {
+    with_statuses(s, r, sts, real, |hs, st, rc| {
+        if done(flag) {
+            shielded(s, || {
+                for (i, &h) in hs.iter().enumerate() {
+                    let sp = status_at(s, st, i);
+                    s.completed(h, sp, rc_at(s, rc, sp));
+                }
+            });
+        }
     })
 }
 
@@ -275,39 +290,25 @@ pub(crate) fn some(
     sts: StatusArg,
     real: impl Fn(P) -> c_int,
 ) -> c_int {
-    if s.requests.is_empty() {
-        return real(sts.raw);
-    }
-    HANDLES.with(|hc| {
-        STATUSES.with(|sc| {
-            let (Ok(mut hs), Ok(mut scratch)) = (hc.try_borrow_mut(), sc.try_borrow_mut()) else {
-                return real(sts.raw);
-            };
-            if !snapshot(s, r, &mut hs) {
-                return real(sts.raw);
-            }
-            let st = statuses(s, r.n, sts, &mut scratch);
-            let rc = real(st);
-            let k = if outcount.is_null() {
-                0
-            } else {
-                // SAFETY: MPI wrote `outcount`.
-                unsafe { *outcount }
-            };
-            if k > 0 && k != s.abi.undefined && !indices.is_null() {
-                shielded(s, || {
-                    for j in 0..k.min(r.n) as usize {
-                        // SAFETY: MPI wrote `k` indices.
-                        let i = (unsafe { *indices.add(j) }) - r.index_base;
-                        if i >= 0 && (i as usize) < hs.len() {
-                            let sp = status_at(s, st, j);
-                            s.completed(hs[i as usize], sp, rc_at(s, rc, sp));
-                        }
+    with_statuses(s, r, sts, real, |hs, st, rc| {
+        let k = if outcount.is_null() {
+            0
+        } else {
+            // SAFETY: MPI wrote `outcount`.
+            unsafe { *outcount }
+        };
+        if k > 0 && k != s.abi.undefined && !indices.is_null() {
+            shielded(s, || {
+                for j in 0..k.min(r.n) as usize {
+                    // SAFETY: MPI wrote `k` indices.
+                    let i = (unsafe { *indices.add(j) }) - r.index_base;
+                    if i >= 0 && (i as usize) < hs.len() {
+                        let sp = status_at(s, st, j);
+                        s.completed(hs[i as usize], sp, rc_at(s, rc, sp));
                     }
-                });
-            }
-            rc
-        })
+                }
+            });
+        }
     })
 }
 
