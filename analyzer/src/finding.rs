@@ -140,10 +140,6 @@ pub struct HangCause<'a> {
     /// Ranks waiting behind them (sorted).
     pub victims: Vec<i32>,
     pub waited: Waited,
-    /// Every culprit has ended (killed, or exited without finalizing): a `dead-rank` finding.
-    pub all_dead: bool,
-    /// How each dead culprit ended ("signal 9").
-    pub endings: Vec<String>,
     /// Some culprit is inside a communication call itself.
     pub in_library: bool,
     /// Found on a live job (present tense) rather than in a trace.
@@ -156,22 +152,14 @@ pub struct HangCause<'a> {
     pub evidence: serde_json::Value,
 }
 
-/// The finding of a hang's root cause: `hang`, or `dead-rank` when the culprits are dead.
+/// The finding of ranks that never entered the call others wait in (alive, elsewhere).
 pub fn hang_finding(c: HangCause<'_>) -> Finding {
     let w = &c.waited;
-    let (kind, class) = if c.all_dead {
-        (
-            Kind::DeadRank,
-            if c.in_library {
-                Class::CommunicationHang
-            } else {
-                Class::NonCommunicationHang
-            },
-        )
-    } else if c.in_library {
-        (Kind::Hang, Class::CommunicationHang)
+    let kind = Kind::Hang;
+    let class = if c.in_library {
+        Class::CommunicationHang
     } else {
-        (Kind::Hang, Class::NonCommunicationHang)
+        Class::NonCommunicationHang
     };
     let what = match w.seq {
         Some(seq) => format!(
@@ -199,13 +187,7 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
         }
     );
     let wait = if c.live { "wait" } else { "waited" };
-    let summary = if c.all_dead {
-        format!(
-            "{who} died ({}); {others} {wait} in {what} for {:.1} s — the job cannot finish: restart it from its last checkpoint and check the node's logs for why the process ended",
-            c.endings.join(", "),
-            w.age_s
-        )
-    } else {
+    let summary = {
         let entered = match (c.live, c.culprits.len(), w.seq.is_some()) {
             (false, _, true) => "never entered",
             (true, 1, true) => "has not entered",
@@ -229,13 +211,7 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
         )
     };
     Finding {
-        // A dead rank is one cause however many calls wait for it: its id is the rank's alone,
-        // the same as before anyone waited for it.
-        id: if c.all_dead {
-            finding_id(kind, c.job, None, &c.culprits, None)
-        } else {
-            finding_id(kind, c.job, Some(w.comm), &c.culprits, w.seq)
-        },
+        id: finding_id(kind, c.job, Some(w.comm), &c.culprits, w.seq),
         kind,
         class,
         state: State::Open,
@@ -250,44 +226,6 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
         confidence: c.confidence,
         summary,
         evidence: c.evidence,
-    }
-}
-
-/// A `dead-rank` finding for a rank nobody waits for yet; `how` completes "rank R on N (pid P) …"
-/// (e.g. "was killed by signal 9").
-#[allow(clippy::too_many_arguments)]
-pub fn dead_rank_finding(
-    job: &str,
-    rank: i32,
-    node: &str,
-    pid: u32,
-    how: &str,
-    opened_at: u64,
-    in_call: bool,
-    evidence: serde_json::Value,
-) -> Finding {
-    Finding {
-        id: finding_id(Kind::DeadRank, job, None, &[rank], None),
-        kind: Kind::DeadRank,
-        class: if in_call {
-            Class::CommunicationHang
-        } else {
-            Class::NonCommunicationHang
-        },
-        state: State::Open,
-        job: job.to_owned(),
-        comm: None,
-        seq: None,
-        ranks: vec![rank],
-        nodes: vec![node.to_owned()],
-        link: None,
-        opened_at,
-        resolved_at: None,
-        confidence: 0.9,
-        summary: format!(
-            "rank {rank} on {node} (pid {pid}) {how} — its peers will block at their next collective with it; check the node's logs and restart the job"
-        ),
-        evidence,
     }
 }
 

@@ -4,15 +4,20 @@
 //!   fed one completed call at a time in time order — live in the collector, and from a trace.
 //! - [`links`]: slow-link, from the per-link step timing of NCCL's profiler plugin.
 //! - [`reorder`]: puts live records, delivered in per-process bursts, back into time order.
-//! - [`batch`]: what `commscope analyze` runs over a job's trace: the instance detectors plus
-//!   `hang` (root culprits along the wait chain) and `dead-rank`.
+//! - [`view`]: one view of a job (members, progress, calls in flight, how processes stand),
+//!   built live by the collector and from a trace by [`replay`].
+//! - [`detectors`]: `hang` and `dead-rank` over that view, one finding per root cause.
+//! - [`batch`]: what `commscope analyze` runs over a job's trace.
 #![forbid(unsafe_code)]
 
 pub mod batch;
+pub mod detectors;
 pub mod finding;
 pub mod links;
 
 pub use batch::{Thresholds, analyze};
 pub use finding::{Finding, Kind};
 pub mod reorder;
+pub mod replay;
 pub mod stream;
+pub mod view;

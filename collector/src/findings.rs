@@ -1,44 +1,32 @@
-//! The live findings engine: every second it looks at the live state and opens, updates and
-//! resolves findings (one log line per open and resolve). Today: `hang` (collectives; root
-//! culprits along the wait chain across communicators) and `dead-rank` (killed, or exited without
-//! finalizing). Detectors over traces are in `commscope_analyzer::batch`; the kinds and shapes
-//! are the same.
+//! The live findings engine: every second it builds each job's view from the live state, runs
+//! the analyzer's detectors over it — the same ones `commscope analyze` runs over a trace — and
+//! opens, updates and resolves findings (one log line per open and resolve).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
+use std::collections::HashMap;
 use std::time::Duration;
 
-use commscope_analyzer::batch::root_culprits;
-use commscope_analyzer::finding::{
-    Finding, HangCause, Kind, Tracker, Waited, dead_rank_finding, finding_id, hang_finding,
-};
-use commscope_wire::hash::parse_comm_id;
+use commscope_analyzer::detectors::{Liveness, liveness};
+use commscope_analyzer::finding::{Finding, Kind, Tracker};
+use commscope_analyzer::view::{CommView, Ending, InFlight, JobView, ProcessState, RankView};
 use commscope_wire::op::Op;
 use serde_json::json;
 
-use crate::state::{JobState, RankStatus, State, now_ns};
+use crate::state::{JobState, RankInfo, RankStatus, State, now_ns};
 
 /// Findings kept after they resolved, at most.
 const RESOLVED_KEPT: usize = 1000;
 
 pub use commscope_analyzer::finding::Change;
 
-/// (job, kind, root ranks).
-type AnchorKey = (String, Kind, Vec<i32>);
-
 /// Open and recently resolved findings.
 #[derive(Debug)]
 pub struct Engine {
     pub tracker: Tracker,
-    /// The hang floor.
-    pub floor: Duration,
-    /// Per job: the hang and dead-rank findings of the last evaluation (kept while ranks are
-    /// ending, when a rank that only followed could look like the first to die).
+    /// The liveness detectors' thresholds (the hang floor among them).
+    pub liveness: Liveness,
+    /// Per job: the liveness findings of the last evaluation (kept while ranks are ending,
+    /// when a rank that only followed could look like the first to die).
     last: HashMap<String, Vec<Finding>>,
-    /// Per (job, kind, root ranks): the communicator and instance a hang was first found in.
-    /// Later evaluations may see the victims' oldest call elsewhere (ages tie across
-    /// communicators); the finding keeps its first `comm`/`seq`, hence its id.
-    anchors: HashMap<AnchorKey, (Option<String>, Option<u64>)>,
 }
 
 impl Engine {
@@ -48,9 +36,11 @@ impl Engine {
                 keep_resolved: RESOLVED_KEPT,
                 ..Default::default()
             },
-            floor,
+            liveness: Liveness {
+                hang_floor_ns: floor.as_nanos() as u64,
+                ..Default::default()
+            },
             last: HashMap::new(),
-            anchors: HashMap::new(),
         }
     }
 
@@ -59,315 +49,129 @@ impl Engine {
         let mut now = Vec::new();
         let t = now_ns();
         self.last.retain(|j, _| state.jobs.contains_key(j));
-        self.anchors.retain(|k, _| state.jobs.contains_key(&k.0));
         for job in state.jobs.values_mut() {
-            let hangs = if job.in_flux() {
+            let (mut mismatches, rest): (Vec<Finding>, Vec<Finding>) = job
+                .instance_findings(t)
+                .into_iter()
+                .partition(|f| f.kind == Kind::Mismatch);
+            let found = if job.in_flux() {
                 self.last.get(&job.job).cloned().unwrap_or_default()
             } else {
-                let mut h = detect(job, self.floor);
-                for f in h
-                    .iter_mut()
-                    .filter(|f| f.comm.is_some() && f.kind == Kind::Hang)
-                {
-                    let key = (f.job.clone(), f.kind, f.ranks.clone());
-                    let (comm, seq) = self
-                        .anchors
-                        .entry(key)
-                        .or_insert_with(|| (f.comm.clone(), f.seq))
-                        .clone();
-                    if (&comm, seq) != (&f.comm, f.seq) {
-                        let c = comm.as_deref().and_then(parse_comm_id);
-                        f.id = finding_id(f.kind, &f.job, c, &f.ranks, seq);
-                        f.comm = comm;
-                        f.seq = seq;
-                    }
-                }
-                self.last.insert(job.job.clone(), h.clone());
-                h
+                let v = view(job, t);
+                let f = liveness(&v, &self.liveness, &mut mismatches);
+                self.last.insert(job.job.clone(), f.clone());
+                f
             };
-            now.extend(hangs);
-            now.extend(job.instance_findings(t));
+            now.extend(found);
+            now.extend(mismatches);
+            now.extend(rest);
         }
         self.tracker.update(now, t)
     }
 }
 
-struct Waiting {
-    comm: u64,
-    seq: u64,
-    op: Op,
-    bytes: u64,
-    /// Point-to-point: the peer's global rank (None: unknown, e.g. a wildcard receive).
-    peer: Option<i32>,
-    age_s: f64,
-}
-
-/// Findings of one job now.
-fn detect(job: &JobState, floor: Duration) -> Vec<Finding> {
-    let ranks: HashMap<i32, &crate::state::RankInfo> =
-        job.ranks.values().map(|r| (r.rank, r)).collect();
-    let dead: BTreeSet<i32> = job
-        .ranks
-        .values()
-        .filter(|r| {
-            !r.finalized
-                && (r.status == RankStatus::Killed
-                    || (r.status == RankStatus::Exited && r.exit_status.unwrap_or(0) != 0)
-                    || (r.status == RankStatus::Exited && job.ended.is_none()))
-        })
-        .map(|r| r.rank)
-        .collect();
-    // The first to die while others went on are roots; ranks taken down after them are not.
-    let dead_roots: BTreeSet<i32> = first_deaths(job, &dead).into_iter().map(|d| d.0).collect();
-    // Calls in flight now, with their current age.
-    let mut stuck: HashMap<i32, Vec<Waiting>> = HashMap::new();
+/// The job as the detectors see it now.
+pub fn view(job: &JobState, now: u64) -> JobView {
+    let mut comms: HashMap<u64, CommView> = HashMap::with_capacity(job.comms.len());
+    for (id, c) in &job.comms {
+        comms.insert(
+            *id,
+            CommView {
+                members: c.members.clone(),
+                progress: c.progress.clone(),
+                longest_ns: (c.max_duration_s * 1e9) as u64,
+            },
+        );
+    }
+    let mut ranks = std::collections::BTreeMap::new();
     for r in job.ranks.values() {
-        if r.status != RankStatus::Running {
+        // Several processes of one rank (a restart): the latest stands.
+        if ranks
+            .get(&r.rank)
+            .is_some_and(|old: &RankView| old.last_heard_ns > r.last_heard_ns)
+        {
             continue;
         }
-        let since = r.snapshot_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        for c in &r.in_flight {
-            let op = Op::from_name(&c.op).unwrap_or(Op::None);
-            if op == Op::None {
-                continue;
+        ranks.insert(r.rank, rank_view(r, &comms, now));
+    }
+    JobView {
+        job: job.job.clone(),
+        live: true,
+        now_ns: now,
+        ranks,
+        comms,
+    }
+}
+
+fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView {
+    let ended = matches!(r.status, RankStatus::Killed | RankStatus::Exited).then(|| Ending {
+        at_ns: r.ended_at_ns.unwrap_or(now),
+        observed: true,
+        status: r.exit_status,
+        signal: r.signal,
+    });
+    // Ages grow from the snapshot while the process runs; an ended one's stop at its end.
+    let since = match (ended, r.snapshot_at) {
+        (None, Some(t)) => t.elapsed().as_nanos() as u64,
+        _ => 0,
+    };
+    let to_real = |t_mono: u64| -> u64 {
+        if r.mono_anchor == 0 || r.real_anchor == 0 || t_mono == 0 {
+            return 0;
+        }
+        let offset = r.clock.map_or(0, |c| c.offset_ns);
+        (i128::from(r.real_anchor) + i128::from(t_mono) - i128::from(r.mono_anchor)
+            + i128::from(offset))
+        .max(0) as u64
+    };
+    let in_flight = r
+        .in_flight
+        .iter()
+        .filter_map(|c| {
+            let op = Op::from_name(&c.op).filter(|o| *o != Op::None)?;
+            // A snapshot older than the records: the collective completed since.
+            let done = comms
+                .get(&c.comm_id)
+                .and_then(|m| m.progress.get(&r.rank))
+                .is_some_and(|p| *p > c.seq);
+            if !op.is_p2p() && done {
+                return None;
             }
-            let peer = if op.is_p2p() {
-                job.comms
-                    .get(&c.comm_id)
-                    .and_then(|m| m.members.get(&c.peer))
-                    .copied()
-            } else {
-                None
-            };
-            stuck.entry(r.rank).or_default().push(Waiting {
+            let peer = (op.is_p2p() && c.peer >= 0)
+                .then(|| comms.get(&c.comm_id)?.members.get(&c.peer).copied())
+                .flatten();
+            Some(InFlight {
                 comm: c.comm_id,
                 seq: c.seq,
                 op,
                 bytes: c.bytes,
                 peer,
-                age_s: c.for_s + since,
-            });
-        }
-    }
-    // The hang threshold of a communicator: the floor, or twice its longest completed call.
-    let threshold = |comm: u64| -> f64 {
-        let longest = job.comms.get(&comm).map_or(0.0, |c| c.max_duration_s);
-        floor.as_secs_f64().max(2.0 * longest)
-    };
-    let waits_for = |rank: i32, w: &Waiting| -> Vec<i32> {
-        if w.op.is_p2p() {
-            // The peer, unless it is itself in a point-to-point call with us on this
-            // communicator (then the two are matched and only slow).
-            let Some(peer) = w.peer else { return vec![] };
-            let matched = stuck.get(&peer).is_some_and(|v| {
-                v.iter()
-                    .any(|x| x.comm == w.comm && x.op.is_p2p() && x.peer == Some(rank))
-            });
-            return if matched { vec![] } else { vec![peer] };
-        }
-        let Some(comm) = job.comms.get(&w.comm) else {
-            return vec![];
-        };
-        comm.progress
-            .iter()
-            .filter(|(m, done)| {
-                **m != rank
-                    && **done <= w.seq
-                    && !stuck.get(m).is_some_and(|v| {
-                        v.iter()
-                            .any(|x| x.comm == w.comm && x.seq == w.seq && !x.op.is_p2p())
-                    })
-            })
-            .map(|(m, _)| *m)
-            .collect()
-    };
-    let mut roots: BTreeMap<Vec<i32>, Vec<(i32, &Waiting)>> = BTreeMap::new();
-    for (rank, ws) in &stuck {
-        for w in ws.iter().filter(|w| w.age_s >= threshold(w.comm)) {
-            let root = root_culprits(
-                *rank,
-                waits_for(*rank, w),
-                |r| {
-                    if dead_roots.contains(&r) {
-                        vec![]
-                    } else {
-                        stuck
-                            .get(&r)
-                            .map(|v| v.iter().flat_map(|x| waits_for(r, x)).collect())
-                            .unwrap_or_default()
-                    }
-                },
-                |r| {
-                    stuck
-                        .get(&r)
-                        .is_some_and(|v| v.iter().any(|x| x.op.is_p2p()))
-                },
-            );
-            if !root.is_empty() {
-                roots
-                    .entry(root.into_iter().collect())
-                    .or_default()
-                    .push((*rank, w));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for (culprits, victims) in roots {
-        let (_, oldest) = *victims
-            .iter()
-            .max_by(|a, b| a.1.age_s.total_cmp(&b.1.age_s))
-            .expect("a victim");
-        let victim_ranks: BTreeSet<i32> = victims
-            .iter()
-            .map(|(r, _)| *r)
-            .filter(|r| !culprits.contains(r))
-            .collect();
-        let nodes: Vec<String> = culprits
-            .iter()
-            .filter_map(|r| ranks.get(r).map(|i| i.node.clone()))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let endings = culprits
-            .iter()
-            .filter_map(|r| ranks.get(r))
-            .map(|i| match (i.signal, i.exit_status) {
-                (Some(sig), _) => format!("signal {sig}"),
-                (None, Some(st)) => format!("exit status {st}"),
-                _ => "status unknown".into(),
-            })
-            .collect();
-        let evidence = json!({
-            "victims": &victim_ranks,
-            "stuck_for_s": oldest.age_s,
-            "culprits": culprits.iter().map(|r| json!({
-                "rank": r,
-                "state": ranks.get(r).map(|i| i.status.name()),
-                "process": ranks.get(r).map(|i| i.proc_evidence()),
-                "stacks": ranks.get(r).and_then(|i| i.stacks.clone()),
-                "in_library": stuck.contains_key(r),
-                "progress_on_comm": job.comms.get(&oldest.comm).and_then(|c| c.progress.get(r)),
-            })).collect::<Vec<_>>(),
-        });
-        let state_note = culprits
-            .iter()
-            .filter_map(|r| ranks.get(r))
-            .filter_map(|i| {
-                let p = i.proc.as_ref()?;
-                let advancing = i
-                    .cpu_advanced_at
-                    .is_some_and(|t| t.elapsed() < Duration::from_secs(2));
-                Some(format!(
-                    "{} process is {}{}, its CPU time {}",
-                    if culprits.len() == 1 {
-                        "its".to_owned()
-                    } else {
-                        format!("rank {}'s", i.rank)
-                    },
-                    crate::state::state_name(&p.state),
-                    if p.wchan.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" in {}", p.wchan)
-                    },
-                    if advancing {
-                        "advancing"
-                    } else {
-                        "not advancing"
-                    }
-                ))
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        out.push(hang_finding(HangCause {
-            job: &job.job,
-            all_dead: culprits.iter().all(|r| dead_roots.contains(r)),
-            in_library: culprits.iter().any(|r| stuck.contains_key(r)),
-            culprits,
-            nodes,
-            victims: victim_ranks.into_iter().collect(),
-            waited: Waited {
-                comm: oldest.comm,
-                seq: (!oldest.op.is_p2p()).then_some(oldest.seq),
-                op: oldest.op.name(),
-                bytes: oldest.bytes,
                 tag: -1,
-                age_s: oldest.age_s,
-            },
-            endings,
-            live: true,
-            state_note,
-            opened_at: now_ns(),
-            confidence: 0.9,
-            evidence,
-        }));
-    }
-    // Dead ranks nobody waits for (yet, or any more: a launcher takes the rest of the job down
-    // when one rank dies). The root is the first to die, when the others went on after it.
-    let reported: BTreeSet<i32> = out
-        .iter()
-        .filter(|f| f.kind == Kind::DeadRank)
-        .flat_map(|f| f.ranks.clone())
+                entered_ns: to_real(c.t_enter),
+                age_ns: (c.for_s * 1e9) as u64 + since,
+            })
+        })
         .collect();
-    let now = now_ns();
-    for (r, first) in first_deaths(job, &dead) {
-        if reported.contains(&r) || now.saturating_sub(first) < 1_000_000_000 {
-            continue;
-        }
-        let Some(i) = ranks.get(&r) else { continue };
-        let how = match (i.signal, i.exit_status) {
-            (Some(sig), _) => format!("was killed by signal {sig}"),
-            (None, Some(st)) => format!("exited with status {st} without finalizing"),
-            _ => "exited without finalizing".into(),
-        };
-        let after: Vec<i32> = job
-            .ranks
-            .values()
-            .filter(|x| x.rank != r && dead.contains(&x.rank))
-            .map(|x| x.rank)
-            .collect();
-        out.push(dead_rank_finding(
-            &job.job,
-            r,
-            &i.node,
-            i.pid,
-            &format!("{how} while the other ranks ran"),
-            i.ended_at_ns.unwrap_or(now),
-            i.died_in_call,
-            json!({"pid": i.pid, "ended_at_ns": i.ended_at_ns, "died_in_call": i.died_in_call,
-                   "ended_after_it": after}),
-        ));
+    RankView {
+        rank: r.rank,
+        node: r.node.clone(),
+        pid: r.pid,
+        finalized: r.finalized,
+        ended,
+        last_heard_ns: r.last_heard_ns,
+        in_flight,
+        process: r.proc.as_ref().map(|p| ProcessState {
+            state: p.state.clone(),
+            wchan: p.wchan.clone(),
+            cpu_advancing: r
+                .cpu_advanced_at
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(2)),
+        }),
+        evidence: json!({
+            "state": r.status.name(),
+            "process": r.proc_evidence(),
+            "stacks": r.stacks,
+        }),
+        // (Traces carry none of these.)
     }
-    out
-}
-
-/// Ranks that died first — within 50 ms of the first death — while other ranks went on (still
-/// run, finalized, or ended later): (rank, time of the first death). When every rank ended within
-/// those 50 ms the job was taken down as a whole and nobody is singled out.
-fn first_deaths(job: &JobState, dead: &BTreeSet<i32>) -> Vec<(i32, u64)> {
-    const WINDOW: u64 = 50_000_000;
-    let deaths: Vec<(i32, u64)> = job
-        .ranks
-        .values()
-        .filter(|r| dead.contains(&r.rank))
-        .filter_map(|r| Some((r.rank, r.ended_at_ns?)))
-        .collect();
-    let Some(first) = deaths.iter().map(|d| d.1).min() else {
-        return vec![];
-    };
-    let early: BTreeSet<i32> = deaths
-        .iter()
-        .filter(|d| d.1 <= first + WINDOW)
-        .map(|d| d.0)
-        .collect();
-    let went_on = job.ranks.values().any(|r| {
-        !early.contains(&r.rank)
-            && (r.status == RankStatus::Running
-                || r.finalized
-                || r.ended_at_ns.is_none_or(|t| t > first + WINDOW))
-    });
-    if !went_on {
-        return vec![];
-    }
-    early.into_iter().map(|r| (r, first)).collect()
 }

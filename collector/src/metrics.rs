@@ -557,9 +557,13 @@ pub fn render(s: &Shared) -> String {
             let _ = writeln!(
                 rinfl,
                 "commscope_rank_in_flight{{{l}}} {}",
-                r.in_flight.len()
+                r.live_in_flight().len()
             );
-            let oldest = r.in_flight.iter().map(|c| c.for_s).fold(0.0, f64::max);
+            let oldest = r
+                .live_in_flight()
+                .iter()
+                .map(|c| c.for_s)
+                .fold(0.0, f64::max);
             let _ = writeln!(
                 rage,
                 "commscope_rank_in_flight_age_seconds{{{l}}} {oldest:.6}"

@@ -122,14 +122,26 @@ pub struct RankInfo {
     pub clock: Option<ClockAlignment>,
     pub mono_anchor: u64,
     pub real_anchor: u64,
-    /// Calls in flight at the latest snapshot, with the snapshot's host time.
+    /// Calls in flight at the latest snapshot, with the snapshot's host time (kept after the
+    /// process ended: what it was inside then).
     pub in_flight: Vec<InFlightCall>,
+    /// Realtime (collector clock, ns) of the last record the process itself wrote.
+    pub last_heard_ns: u64,
     pub snapshot_mono: u64,
     /// When the latest snapshot arrived (ages grow from there).
     pub snapshot_at: Option<Instant>,
 }
 
 impl RankInfo {
+    /// Calls in flight now: none once the process ended.
+    pub fn live_in_flight(&self) -> &[InFlightCall] {
+        if self.status == RankStatus::Running {
+            &self.in_flight
+        } else {
+            &[]
+        }
+    }
+
     /// Records lost for this process, every reason together.
     pub fn dropped(&self) -> u64 {
         self.dropped_ring_full + self.dropped_in_flight + self.dropped_other + self.dropped_overrun
@@ -193,19 +205,7 @@ impl RankInfo {
     }
 }
 
-/// "S" → "sleeping".
-pub fn state_name(s: &str) -> &'static str {
-    match s {
-        "R" => "running",
-        "S" => "sleeping",
-        "D" => "in uninterruptible wait",
-        "T" | "t" => "stopped",
-        "Z" => "a zombie",
-        "X" => "dead",
-        "I" => "idle",
-        _ => "in an unknown state",
-    }
-}
+pub use commscope_analyzer::detectors::hang::state_name;
 
 /// One communicator.
 #[derive(Clone, Debug, Default)]
@@ -309,8 +309,7 @@ impl JobState {
         let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
             .ranks
             .values()
-            .filter(|r| r.status == RankStatus::Running)
-            .flat_map(|r| r.in_flight.iter())
+            .flat_map(|r| r.live_in_flight().iter())
             .filter_map(|c| {
                 let op = Op::from_name(&c.op)?;
                 (!op.is_p2p()).then(|| {
@@ -375,8 +374,7 @@ impl JobState {
         let mut v: Vec<InFlightCall> = self
             .ranks
             .values()
-            .filter(|r| r.status == RankStatus::Running)
-            .flat_map(|r| r.in_flight.iter().cloned())
+            .flat_map(|r| r.live_in_flight().iter().cloned())
             .collect();
         v.sort_by_key(|c| (c.rank, c.comm_id, c.seq));
         v
@@ -496,6 +494,7 @@ impl State {
             mono_anchor: header.mono_anchor,
             real_anchor: header.real_anchor,
             in_flight: Vec::new(),
+            last_heard_ns: 0,
             snapshot_mono: 0,
             snapshot_at: None,
             proc: None,
@@ -533,6 +532,7 @@ impl State {
         let mut finalized = rank.finalized;
         let mut ended_at = None;
         let mut drops = None;
+        let mut heard = 0u64;
         for r in records {
             match r {
                 Record::Call(c) => {
@@ -542,6 +542,7 @@ impl State {
                     } else {
                         now
                     };
+                    heard = heard.max(t);
                     job.lag_ns = now - t;
                     job.reorder.call(c, t, &mut job.detectors);
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
@@ -670,6 +671,9 @@ impl State {
                 }
                 Record::Heartbeat(h) => {
                     drops = Some((h.dropped_ring_full, h.dropped_in_flight, h.dropped_other));
+                    if h.flags & flags::AGENT_BEAT == 0 {
+                        heard = heard.max(at(h.t_mono));
+                    }
                     job.reorder.reached(header.rank, at(h.t_mono));
                     if h.flags & flags::FINAL != 0 {
                         finalized = true;
@@ -712,6 +716,7 @@ impl State {
             .get_mut(&ProcessKey::of(header))
             .expect("inserted above");
         rank.calls += calls;
+        rank.last_heard_ns = rank.last_heard_ns.max(heard);
         rank.status = status;
         rank.finalized = finalized;
         (rank.exit_status, rank.signal) = exit;
@@ -737,9 +742,6 @@ impl State {
                     Op::from_name(&c.op).is_some_and(|op| op.is_p2p())
                         || c.seq >= progress(c.comm_id)
                 });
-        }
-        if status.terminal() {
-            rank.in_flight.clear();
         }
         if status.terminal() || finalized {
             job.reorder.rank_ended(header.rank);

@@ -1,0 +1,166 @@
+//! `dead-rank`: a process that ended without finalizing — killed by a signal, exited with an
+//! error, or (in a trace without exit records) whose heartbeats stopped.
+//!
+//! Measures how each rank ended and when, and what the ranks still running were blocked in.
+//! Fires for the rank that ended *first*: when launchers (`mpirun`, `torchrun`, `srun`) take
+//! the rest of a job down after one rank dies, the ranks killed after it are consequences, not
+//! findings. The first is told by record order — the rank the others were blocked waiting for,
+//! which never entered their call — and otherwise by time: the agent's exit times (50 ms apart
+//! at least), or, from heartbeats alone, a lead of a quarter second. A job that was already
+//! hung when its first process ended was taken down because it hung: the hang is the finding.
+//! A job taken down as a whole, with nothing to single a rank out, gives no finding.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::Liveness;
+use super::waits::{Root, Waits};
+use crate::view::{Ending, JobView};
+
+/// Exit times (seen by agents) closer than this are one event.
+const OBSERVED_WINDOW_NS: u64 = 50_000_000;
+/// Endings inferred from heartbeats (one a second) closer than this are one event.
+const INFERRED_WINDOW_NS: u64 = 250_000_000;
+
+/// Which ranks ended abnormally, and which of them are root causes.
+#[derive(Debug, Default)]
+pub struct Deaths {
+    /// Ended without finalizing.
+    pub ended: BTreeMap<i32, Ending>,
+    /// The first to end, the root causes (empty when nothing singles a rank out).
+    pub roots: BTreeSet<i32>,
+    /// How the roots were told from the ranks that ended after them.
+    pub how_found: &'static str,
+}
+
+/// How a rank ended, for its finding's sentence.
+pub fn ending_phrase(e: &Ending) -> String {
+    match (e.signal, e.status) {
+        (Some(sig), _) => format!("was killed by signal {sig}{}", signal_name(sig)),
+        (None, Some(st)) if e.observed => format!("exited with status {st} without finalizing"),
+        _ if e.observed => "exited without finalizing".into(),
+        _ => "stopped (its heartbeats ended without a clean shutdown)".into(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        6 => " (SIGABRT)",
+        9 => " (SIGKILL)",
+        11 => " (SIGSEGV)",
+        15 => " (SIGTERM)",
+        7 => " (SIGBUS)",
+        _ => "",
+    }
+}
+
+/// The ranks that ended abnormally: an ending without finalizing; from a trace also silence —
+/// every unfinished process of a trace ended when it was last heard from. (Live, its agent
+/// says when a process ends; a silent one that still exists is frozen, not dead.)
+pub fn ended(view: &JobView) -> BTreeMap<i32, Ending> {
+    view.ranks
+        .values()
+        .filter(|r| !r.finalized)
+        .filter_map(|r| {
+            if let Some(e) = r.ended {
+                return Some((r.rank, e));
+            }
+            (r.last_heard_ns > 0 && !view.live).then_some((
+                r.rank,
+                Ending {
+                    at_ns: r.last_heard_ns,
+                    ..Default::default()
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Finds the root deaths of a job.
+pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
+    let ended = ended(view);
+    let mut d = Deaths {
+        ended,
+        ..Default::default()
+    };
+    let Some(first) = d.ended.values().map(|e| e.at_ns).min() else {
+        return d;
+    };
+    // Hung before anyone died: calls waiting for the hang floor when the first process ended.
+    let hung_before = view.ranks.values().any(|r| {
+        r.in_flight
+            .iter()
+            .any(|c| c.entered_ns > 0 && c.entered_ns + th.hang_floor_ns <= first)
+    });
+    if hung_before {
+        return d;
+    }
+    let by_order = by_record_order(view, &d.ended);
+    if !by_order.is_empty() {
+        d.roots = by_order;
+        d.how_found = "the others were blocked waiting for it";
+        return d;
+    }
+    let observed = d.ended.values().all(|e| e.observed);
+    let window = if observed {
+        OBSERVED_WINDOW_NS
+    } else {
+        INFERRED_WINDOW_NS
+    };
+    let early: BTreeSet<i32> = d
+        .ended
+        .iter()
+        .filter(|(_, e)| e.at_ns <= first + window)
+        .map(|(r, _)| *r)
+        .collect();
+    let went_on = view.ranks.values().any(|r| {
+        !early.contains(&r.rank)
+            && (r.finalized
+                || d.ended
+                    .get(&r.rank)
+                    .is_none_or(|e| e.at_ns > first + window))
+    });
+    if went_on {
+        d.roots = early;
+        d.how_found = "it ended first";
+    }
+    d
+}
+
+/// Among ranks that ended, those the others were blocked waiting for when they ended: ranks
+/// that never entered a call the others sat in for a while (at least 100 ms, and twice the
+/// communicator's longest completed call), and that ended clearly before the rank waiting.
+fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
+    let none = BTreeSet::new();
+    let waits = Waits {
+        view,
+        explained: &none,
+    };
+    let mut roots = BTreeSet::new();
+    for r in view.ranks.values() {
+        let until = ended.get(&r.rank).map_or(view.now_ns, |e| e.at_ns);
+        for c in &r.in_flight {
+            let longest = view.comms.get(&c.comm).map_or(0, |x| x.longest_ns);
+            if c.age_ns < (100_000_000u64).max(2 * longest) {
+                continue;
+            }
+            for root in waits.roots(r.rank, c) {
+                if let Root::Rank(x) = root
+                    && let Some(e) = ended.get(&x)
+                    && e.at_ns + window(e) <= until
+                {
+                    roots.insert(x);
+                }
+            }
+        }
+    }
+    roots
+}
+
+/// Endings closer than this are one event.
+fn window(e: &Ending) -> u64 {
+    if e.observed {
+        OBSERVED_WINDOW_NS
+    } else {
+        INFERRED_WINDOW_NS
+    }
+}

@@ -1,0 +1,580 @@
+//! `hang`: calls in flight that make no progress, each traced to its root cause.
+//!
+//! Measures how long every call has been in flight. A call is stuck once that passes the hang
+//! floor and twice its communicator's longest completed call. Its wait chain
+//! ([`super::waits`]) names the root, and the finding is the root's:
+//! - ranks that never entered (alive, elsewhere): one `hang` naming them — one finding when
+//!   they block the same instance, however many communicators wait behind them;
+//! - a frozen process (stopped, or silent with its CPU time still while its agent sees it):
+//!   `hang` naming it alone, never its waiting partners;
+//! - every member inside and every process alive: a stall, `hang` of class
+//!   `communication-hang` with no rank, naming the communicator and instance;
+//! - a rank that died first ([`super::dead_rank`]): one `dead-rank` finding, with what the
+//!   others are blocked in as its evidence (also when nobody waits for it yet);
+//! - a mismatch: the mismatch finding, with the hang as its evidence.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use commscope_wire::hash::format_comm_id;
+use serde_json::{Value, json};
+
+use super::Liveness;
+use super::dead_rank::{Deaths, ending_phrase};
+use super::waits::{Root, Waits};
+use crate::finding::{
+    Class, Finding, HangCause, Kind, State, Waited, finding_id, hang_finding, ranks_phrase,
+};
+use crate::stream::fmt_bytes;
+use crate::view::{InFlight, JobView, RankView};
+
+/// A stuck call and the rank waiting in it.
+#[derive(Clone, Debug)]
+struct Victim<'a> {
+    rank: i32,
+    call: &'a InFlight,
+    /// Its direct blockers.
+    direct: Vec<Root>,
+}
+
+/// Processes that stopped while their peers go on: stopped by a signal or debugger, or (live)
+/// silent past `dead_after` with their CPU time standing still.
+pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
+    if !view.live {
+        return BTreeSet::new();
+    }
+    view.ranks
+        .values()
+        .filter(|r| r.ended.is_none() && !r.finalized && !deaths.ended.contains_key(&r.rank))
+        .filter(|r| {
+            let silent = r.last_heard_ns > 0
+                && view.now_ns.saturating_sub(r.last_heard_ns) >= th.dead_after_ns;
+            match &r.process {
+                Some(p) if p.stopped() => true,
+                Some(p) => silent && !p.cpu_advancing,
+                None => silent,
+            }
+        })
+        .map(|r| r.rank)
+        .collect()
+}
+
+/// The stuck calls' threshold on a communicator.
+fn threshold(view: &JobView, th: &Liveness, comm: u64) -> u64 {
+    let longest = view.comms.get(&comm).map_or(0, |c| c.longest_ns);
+    th.hang_floor_ns.max(2 * longest)
+}
+
+/// Runs the hang detector, folding in the deaths and mismatches that explain hangs.
+pub fn findings(
+    view: &JobView,
+    th: &Liveness,
+    deaths: &Deaths,
+    mismatches: &mut [Finding],
+) -> Vec<Finding> {
+    let frozen = frozen(view, th, deaths);
+    let mut mismatched: BTreeMap<i32, usize> = BTreeMap::new();
+    for (i, m) in mismatches.iter().enumerate() {
+        for r in &m.ranks {
+            mismatched.insert(*r, i);
+        }
+    }
+    let mut explained: BTreeSet<i32> = deaths.roots.clone();
+    explained.extend(&frozen);
+    explained.extend(mismatched.keys());
+    let waits = Waits {
+        view,
+        explained: &explained,
+    };
+
+    // Every stuck call of a rank that is not itself a root, with the roots it leads to.
+    let mut by_root: BTreeMap<Root, Vec<Victim>> = BTreeMap::new();
+    let mut sets: Vec<BTreeSet<i32>> = Vec::new();
+    for r in view.ranks.values().filter(|r| !explained.contains(&r.rank)) {
+        for call in &r.in_flight {
+            if call.age_ns < threshold(view, th, call.comm) {
+                continue;
+            }
+            let roots = waits.roots(r.rank, call);
+            let v = Victim {
+                rank: r.rank,
+                call,
+                direct: waits.blockers(r.rank, call),
+            };
+            let plain: BTreeSet<i32> = roots
+                .iter()
+                .filter_map(|x| match x {
+                    Root::Rank(x) if !explained.contains(x) => Some(*x),
+                    _ => None,
+                })
+                .collect();
+            if !plain.is_empty() {
+                sets.push(plain);
+            }
+            for root in roots {
+                by_root.entry(root).or_default().push(v.clone());
+            }
+        }
+    }
+
+    let mut out = Vec::new();
+    // Deaths: one finding for the ranks that ended first, waited for or not.
+    if !deaths.roots.is_empty() {
+        let victims: Vec<Victim> = deaths
+            .roots
+            .iter()
+            .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
+            .collect();
+        out.push(dead_finding(view, deaths, &victims));
+    }
+    for r in &frozen {
+        let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
+        out.push(frozen_finding(view, &view.ranks[r], &victims));
+    }
+    for (root, victims) in &by_root {
+        if let Root::Stall(comm, seq) = root {
+            out.push(stall_finding(view, *comm, *seq, victims));
+        }
+    }
+    for (r, i) in &mismatched {
+        if let Some(v) = by_root.get(&Root::Rank(*r)) {
+            explain(&mut mismatches[*i], v);
+        }
+    }
+    for culprits in merge(sets) {
+        let victims: Vec<Victim> = culprits
+            .iter()
+            .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
+            .collect();
+        out.push(plain_finding(view, &culprits, &victims));
+    }
+    out
+}
+
+/// Merges overlapping culprit sets: ranks that block the same calls are one cause.
+fn merge(mut sets: Vec<BTreeSet<i32>>) -> Vec<BTreeSet<i32>> {
+    let mut out: Vec<BTreeSet<i32>> = Vec::new();
+    while let Some(mut s) = sets.pop() {
+        loop {
+            let (joined, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut out)
+                .into_iter()
+                .partition(|o| !o.is_disjoint(&s));
+            out = rest;
+            if joined.is_empty() {
+                break;
+            }
+            for j in joined {
+                s.extend(j);
+            }
+        }
+        out.push(s);
+    }
+    out.sort();
+    out
+}
+
+/// The call a finding names: the one waiting directly on its roots that entered first (the
+/// same in a live view and a trace), else the one waiting longest.
+fn anchor<'a>(victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
+    let key = |v: &&Victim| (v.call.entered_ns, v.call.comm, v.call.seq, v.rank);
+    victims
+        .iter()
+        .filter(|v| v.direct.iter().any(|d| roots.contains(d)))
+        .min_by_key(key)
+        .or_else(|| victims.iter().max_by_key(|v| v.call.age_ns))
+        .map(|v| v.call)
+}
+
+fn victim_ranks(victims: &[Victim], not: &BTreeSet<i32>) -> Vec<i32> {
+    let s: BTreeSet<i32> = victims
+        .iter()
+        .map(|v| v.rank)
+        .filter(|r| !not.contains(r))
+        .collect();
+    s.into_iter().collect()
+}
+
+fn stuck_evidence(victims: &[Victim]) -> Value {
+    let mut seen = BTreeSet::new();
+    Value::Array(
+        victims
+            .iter()
+            .filter(|v| seen.insert((v.rank, v.call.comm, v.call.seq, v.call.op as u8)))
+            .take(64)
+            .map(|v| {
+                json!({"rank": v.rank, "comm": format_comm_id(v.call.comm), "seq": v.call.seq,
+                       "op": v.call.op.name(), "bytes": v.call.bytes,
+                       "in_flight_s": v.call.age_ns as f64 / 1e9})
+            })
+            .collect(),
+    )
+}
+
+/// "allreduce #12 on communicator 0x… (1.0 MiB)".
+fn call_phrase(c: &InFlight) -> String {
+    if c.op.is_p2p() {
+        if c.tag >= 0 {
+            format!(
+                "{} (tag {}) on communicator {}",
+                c.op.name(),
+                c.tag,
+                format_comm_id(c.comm)
+            )
+        } else {
+            format!("{} on communicator {}", c.op.name(), format_comm_id(c.comm))
+        }
+    } else {
+        format!(
+            "{} #{} on communicator {} ({})",
+            c.op.name(),
+            c.seq,
+            format_comm_id(c.comm),
+            fmt_bytes(c.bytes)
+        )
+    }
+}
+
+fn nodes_of(view: &JobView, ranks: &BTreeSet<i32>) -> Vec<String> {
+    let s: BTreeSet<String> = ranks
+        .iter()
+        .map(|r| view.node(*r).to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    s.into_iter().collect()
+}
+
+fn others(n: usize) -> String {
+    format!("{n} other {}", if n == 1 { "rank" } else { "ranks" })
+}
+
+fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding {
+    let roots = &deaths.roots;
+    let ranks: Vec<i32> = roots.iter().copied().collect();
+    let nodes = nodes_of(view, roots);
+    let first = roots
+        .iter()
+        .filter_map(|r| deaths.ended.get(r).map(|e| (r, e)))
+        .min_by_key(|(_, e)| e.at_ns);
+    let how = first.map_or_else(String::new, |(_, e)| ending_phrase(e));
+    let who = match (ranks.as_slice(), view.ranks.get(&ranks[0])) {
+        ([r], Some(p)) => format!("rank {r} on {} (pid {})", p.node, p.pid),
+        _ => format!("{} on {}", ranks_phrase(&ranks), nodes.join(", ")),
+    };
+    let waiting = victim_ranks(victims, roots);
+    let after: Vec<i32> = deaths
+        .ended
+        .keys()
+        .copied()
+        .filter(|r| !roots.contains(r))
+        .collect();
+    let call = anchor(
+        victims,
+        &roots.iter().map(|r| Root::Rank(*r)).collect::<Vec<_>>(),
+    );
+    let mut summary = format!("{who} {how}");
+    if let Some(c) = call {
+        summary += &format!(
+            "; {} {} blocked in {} waiting for it",
+            others(waiting.len()),
+            if view.live && after.is_empty() {
+                "are"
+            } else {
+                "were"
+            },
+            call_phrase(c)
+        );
+    }
+    if !after.is_empty() {
+        summary += &format!(
+            ", and {} ended after it (taken down with the job)",
+            ranks_phrase(&after)
+        );
+    }
+    summary += &format!(
+        " — it is the first rank to stop ({}): look at {}'s logs and kernel messages (OOM killer, segfault) for why it ended, then restart the job from its last checkpoint",
+        deaths.how_found,
+        nodes.join(", ")
+    );
+    let in_call = roots
+        .iter()
+        .any(|r| view.ranks.get(r).is_some_and(|p| !p.in_flight.is_empty()));
+    Finding {
+        id: finding_id(Kind::DeadRank, &view.job, None, &ranks, None),
+        kind: Kind::DeadRank,
+        class: if in_call {
+            Class::CommunicationHang
+        } else {
+            Class::NonCommunicationHang
+        },
+        state: State::Open,
+        job: view.job.clone(),
+        comm: call.map(|c| format_comm_id(c.comm)),
+        seq: call.filter(|c| !c.op.is_p2p()).map(|c| c.seq),
+        ranks,
+        nodes,
+        link: None,
+        opened_at: first.map_or(view.now_ns, |(_, e)| e.at_ns),
+        resolved_at: None,
+        confidence: if deaths.how_found.starts_with("the others") {
+            0.95
+        } else {
+            0.85
+        },
+        summary,
+        evidence: json!({
+            "found_by": deaths.how_found,
+            "victims": waiting,
+            "stuck": stuck_evidence(victims),
+            "ended": roots.iter().map(|r| rank_evidence(view, *r, deaths)).collect::<Vec<_>>(),
+            "ended_after_it": after,
+        }),
+    }
+}
+
+fn rank_evidence(view: &JobView, r: i32, deaths: &Deaths) -> Value {
+    match view.ranks.get(&r) {
+        None => json!({"rank": r, "traced": false}),
+        Some(p) => with_evidence(
+            json!({
+                "rank": r, "node": p.node, "pid": p.pid,
+                "ended_at_ns": deaths.ended.get(&r).map(|e| e.at_ns),
+                "exit": deaths.ended.get(&r).map(|e| json!({"status": e.status, "signal": e.signal, "observed": e.observed})),
+                "last_heard_ns": p.last_heard_ns,
+                "in_flight": p.in_flight.iter().map(|c| json!({"comm": format_comm_id(c.comm), "seq": c.seq, "op": c.op.name()})).collect::<Vec<_>>(),
+            }),
+            &p.evidence,
+        ),
+    }
+}
+
+fn frozen_finding(view: &JobView, p: &RankView, victims: &[Victim]) -> Finding {
+    let roots = BTreeSet::from([p.rank]);
+    let waiting = victim_ranks(victims, &roots);
+    let silent_s = view.now_ns.saturating_sub(p.last_heard_ns) as f64 / 1e9;
+    let state = match &p.process {
+        Some(s) if s.stopped() => format!("is stopped (process state {})", s.state),
+        Some(s) if s.state == "D" => format!(
+            "is in uninterruptible wait{} with its CPU time standing still",
+            if s.wchan.is_empty() {
+                String::new()
+            } else {
+                format!(" in {}", s.wchan)
+            }
+        ),
+        Some(_) => "is alive but has not run its own code since".into(),
+        None => "has gone silent".into(),
+    };
+    let call = p.in_flight.iter().min_by_key(|c| c.entered_ns);
+    let inside = call.map_or(String::new(), |c| format!(" inside {}", call_phrase(c)));
+    let wait = anchor(victims, &[Root::Rank(p.rank)]);
+    let summary = format!(
+        "rank {} on {} (pid {}) {state}{inside}; its heartbeats stopped {silent_s:.1} s ago{} — {}",
+        p.rank,
+        p.node,
+        p.pid,
+        if waiting.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} wait for it", others(waiting.len()))
+        },
+        match &p.process {
+            Some(s) if s.stopped() => format!(
+                "resume it (kill -CONT {}) or find what stopped it (a debugger, a job-control signal)",
+                p.pid
+            ),
+            Some(s) if s.state == "D" => {
+                "a driver or file-system call is not returning: check the node's kernel log (dmesg) and the GPU driver".into()
+            }
+            _ => "take its stacks (py-spy dump, gdb) to see where it is stuck".into(),
+        }
+    );
+    let anchor_call = wait.or(call);
+    Finding {
+        id: finding_id(Kind::Hang, &view.job, None, &[p.rank], None),
+        kind: Kind::Hang,
+        class: Class::NonCommunicationHang,
+        state: State::Open,
+        job: view.job.clone(),
+        comm: anchor_call.map(|c| format_comm_id(c.comm)),
+        seq: anchor_call.filter(|c| !c.op.is_p2p()).map(|c| c.seq),
+        ranks: vec![p.rank],
+        nodes: vec![p.node.clone()],
+        link: None,
+        opened_at: p.last_heard_ns,
+        resolved_at: None,
+        confidence: if p.process.as_ref().is_some_and(|s| s.stopped()) {
+            0.95
+        } else {
+            0.8
+        },
+        summary,
+        evidence: json!({
+            "frozen": with_evidence(json!({"rank": p.rank, "node": p.node, "pid": p.pid,
+                       "silent_s": silent_s}), &p.evidence),
+            "victims": waiting,
+            "stuck": stuck_evidence(victims),
+        }),
+    }
+}
+
+fn stall_finding(view: &JobView, comm: u64, seq: u64, victims: &[Victim]) -> Finding {
+    let members = view.members(comm);
+    let call = victims
+        .iter()
+        .filter(|v| v.call.comm == comm && v.call.seq == seq)
+        .min_by_key(|v| v.call.entered_ns)
+        .or_else(|| victims.first())
+        .map(|v| v.call);
+    let age = call.map_or(0.0, |c| c.age_ns as f64 / 1e9);
+    let nodes = nodes_of(view, &members.iter().copied().collect());
+    let what = call.map_or_else(
+        || format!("instance #{seq} on communicator {}", format_comm_id(comm)),
+        call_phrase,
+    );
+    let outside: BTreeSet<i32> = members.iter().copied().collect();
+    let behind = victim_ranks(
+        &victims
+            .iter()
+            .filter(|v| v.call.comm != comm)
+            .cloned()
+            .collect::<Vec<_>>(),
+        &outside,
+    );
+    Finding {
+        id: finding_id(Kind::Hang, &view.job, Some(comm), &[], Some(seq)),
+        kind: Kind::Hang,
+        class: Class::CommunicationHang,
+        state: State::Open,
+        job: view.job.clone(),
+        comm: Some(format_comm_id(comm)),
+        seq: Some(seq),
+        ranks: vec![],
+        nodes: vec![],
+        link: None,
+        opened_at: call.map_or(view.now_ns, |c| c.entered_ns),
+        resolved_at: None,
+        confidence: 0.8,
+        summary: format!(
+            "all {} members of communicator {} entered {what} {age:.1} s ago and none has completed it, while every process is alive{} — the transport or the library is stuck, not a rank: check the network between {} (link errors, NIC counters, NCCL_DEBUG=INFO)",
+            members.len(),
+            format_comm_id(comm),
+            if behind.is_empty() {
+                String::new()
+            } else {
+                format!("; {} wait behind it", others(behind.len()))
+            },
+            if nodes.len() > 1 {
+                format!("nodes {}", nodes.join(", "))
+            } else {
+                format!("the ranks on {}", nodes.join(", "))
+            }
+        ),
+        evidence: json!({
+            "members": members,
+            "nodes": nodes,
+            "victims": behind,
+            "stuck": stuck_evidence(victims),
+        }),
+    }
+}
+
+/// Adds the hangs a mismatch causes to its evidence.
+fn explain(m: &mut Finding, victims: &[Victim]) {
+    let not: BTreeSet<i32> = m.ranks.iter().copied().collect();
+    if let Value::Object(o) = &mut m.evidence {
+        o.insert("victims".into(), json!(victim_ranks(victims, &not)));
+        o.insert("stuck".into(), stuck_evidence(victims));
+    }
+}
+
+fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -> Finding {
+    let roots: Vec<Root> = culprits.iter().map(|r| Root::Rank(*r)).collect();
+    let call = anchor(victims, &roots).expect("a stuck call leads to every culprit");
+    let in_library = culprits
+        .iter()
+        .any(|r| view.ranks.get(r).is_some_and(|p| !p.in_flight.is_empty()));
+    let state_note = culprits
+        .iter()
+        .filter_map(|r| view.ranks.get(r))
+        .filter_map(|p| {
+            let s = p.process.as_ref()?;
+            Some(format!(
+                "{} process is {}{}, its CPU time {}",
+                if culprits.len() == 1 {
+                    "its".to_owned()
+                } else {
+                    format!("rank {}'s", p.rank)
+                },
+                state_name(&s.state),
+                if s.wchan.is_empty() {
+                    String::new()
+                } else {
+                    format!(" in {}", s.wchan)
+                },
+                if s.cpu_advancing {
+                    "advancing"
+                } else {
+                    "not advancing"
+                }
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let waiting = victim_ranks(victims, culprits);
+    hang_finding(HangCause {
+        job: &view.job,
+        culprits: culprits.iter().copied().collect(),
+        nodes: nodes_of(view, culprits),
+        victims: waiting.clone(),
+        waited: Waited {
+            comm: call.comm,
+            seq: (!call.op.is_p2p()).then_some(call.seq),
+            op: call.op.name(),
+            bytes: call.bytes,
+            tag: call.tag,
+            age_s: victims.iter().map(|v| v.call.age_ns).max().unwrap_or(0) as f64 / 1e9,
+        },
+        in_library,
+        live: view.live,
+        state_note,
+        opened_at: call.entered_ns.max(1),
+        confidence: if culprits.iter().all(|r| view.ranks.contains_key(r)) {
+            0.95
+        } else {
+            0.7
+        },
+        evidence: json!({
+            "victims": waiting,
+            "stuck": stuck_evidence(victims),
+            "culprits": culprits.iter().map(|r| match view.ranks.get(r) {
+                Some(p) => with_evidence(json!({"rank": r, "node": p.node, "pid": p.pid,
+                                  "in_library": !p.in_flight.is_empty(),
+                                  "progress_on_comm": view.comms.get(&call.comm).and_then(|c| c.progress.get(r))}), &p.evidence),
+                None => json!({"rank": r, "traced": false}),
+            }).collect::<Vec<_>>(),
+        }),
+    })
+}
+
+/// `base` with a rank's own evidence (process state, stacks) merged in.
+fn with_evidence(mut base: Value, extra: &Value) -> Value {
+    if let (Value::Object(b), Value::Object(e)) = (&mut base, extra) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
+/// "S" → "sleeping".
+pub fn state_name(s: &str) -> &'static str {
+    match s {
+        "R" => "running",
+        "S" => "sleeping",
+        "D" => "in uninterruptible wait",
+        "T" | "t" => "stopped",
+        "Z" => "a zombie",
+        "X" => "dead",
+        "I" => "idle",
+        _ => "in an unknown state",
+    }
+}

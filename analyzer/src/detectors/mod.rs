@@ -1,0 +1,47 @@
+//! The detectors over one view of a job ([`crate::view::JobView`]), which the collector's live
+//! state and the replay of a trace both produce.
+//!
+//! - [`dead_rank`]: the first process to end without finalizing.
+//! - [`hang`]: instances that make no progress, traced to their root: ranks that never entered
+//!   (hang), a process that stopped (frozen: hang), every member inside (a stall:
+//!   communication-hang with no rank), or a death or mismatch that explains them.
+//! - [`waits`]: the wait graph both use.
+//!
+//! [`liveness`] runs them together, so one root cause gives one finding: the hangs a death, a
+//! frozen process or a mismatch causes are that finding's evidence.
+
+pub mod dead_rank;
+pub mod hang;
+pub mod waits;
+
+use crate::finding::Finding;
+use crate::view::JobView;
+
+/// Thresholds of the liveness detectors (documented in docs/diagnosis.md).
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    /// A call in flight at least this long (and twice its communicator's longest completed
+    /// call) is stuck.
+    pub hang_floor_ns: u64,
+    /// A process silent this long while its peers go on is dead (trace) or frozen (live).
+    pub dead_after_ns: u64,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            hang_floor_ns: 5_000_000_000,
+            dead_after_ns: 3_000_000_000,
+        }
+    }
+}
+
+/// The liveness findings of a job (dead-rank, hang), given the mismatch findings the instance
+/// detectors made of it: a hang a mismatch explains goes into that mismatch's evidence.
+pub fn liveness(view: &JobView, th: &Liveness, mismatches: &mut [Finding]) -> Vec<Finding> {
+    let deaths = dead_rank::deaths(view, th);
+    hang::findings(view, th, &deaths, mismatches)
+}
+
+#[cfg(test)]
+mod tests;

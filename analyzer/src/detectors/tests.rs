@@ -1,0 +1,294 @@
+//! Named cases for the liveness detectors, over hand-built job views.
+
+use commscope_wire::op::Op;
+
+use super::{Liveness, liveness};
+use crate::finding::{Class, Finding, Kind};
+use crate::view::{CommView, Ending, InFlight, JobView, ProcessState, RankView};
+
+const S: u64 = 1_000_000_000;
+const WORLD: u64 = 0x100;
+const NOW: u64 = 1_000 * S;
+
+/// A job of `n` ranks, 4 per node, every one done with `done` world collectives, heard from now.
+fn job(n: i32, done: u64, live: bool) -> JobView {
+    let mut v = JobView {
+        job: "j".into(),
+        live,
+        now_ns: NOW,
+        ..Default::default()
+    };
+    for r in 0..n {
+        v.ranks.insert(
+            r,
+            RankView {
+                rank: r,
+                node: format!("n{}", r / 4),
+                pid: 100 + r as u32,
+                last_heard_ns: NOW,
+                process: live.then(|| ProcessState {
+                    state: "S".into(),
+                    wchan: String::new(),
+                    cpu_advancing: true,
+                }),
+                ..Default::default()
+            },
+        );
+    }
+    comm(&mut v, WORLD, &(0..n).collect::<Vec<_>>(), done);
+    v
+}
+
+fn rank(v: &mut JobView, r: i32) -> &mut RankView {
+    v.ranks.get_mut(&r).expect("a rank of the job")
+}
+
+fn comm(v: &mut JobView, id: u64, members: &[i32], done: u64) {
+    v.comms.insert(
+        id,
+        CommView {
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i as i32, *r))
+                .collect(),
+            progress: members.iter().map(|r| (*r, done)).collect(),
+            longest_ns: S / 100,
+        },
+    );
+}
+
+/// Rank `r` is inside collective `seq` of `comm` since `age` before now.
+fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
+    rank(v, r).in_flight.push(InFlight {
+        comm,
+        seq,
+        op: Op::Allreduce,
+        bytes: 1024,
+        peer: None,
+        tag: -1,
+        entered_ns: NOW - age,
+        age_ns: age,
+    });
+}
+
+fn recv(v: &mut JobView, r: i32, from: i32, age: u64) {
+    rank(v, r).in_flight.push(InFlight {
+        comm: WORLD,
+        seq: 1,
+        op: Op::Recv,
+        bytes: 8,
+        peer: Some(from),
+        tag: 999,
+        entered_ns: NOW - age,
+        age_ns: age,
+    });
+}
+
+fn run(v: &JobView) -> Vec<Finding> {
+    let mut none = vec![];
+    let mut f = liveness(v, &Liveness::default(), &mut none);
+    f.sort_by(|a, b| (a.kind, &a.ranks).cmp(&(b.kind, &b.ranks)));
+    f
+}
+
+fn kinds(f: &[Finding]) -> Vec<(Kind, Vec<i32>)> {
+    f.iter().map(|f| (f.kind, f.ranks.clone())).collect()
+}
+
+#[test]
+fn healthy_job_in_short_collectives_has_no_finding() {
+    let mut v = job(8, 10, true);
+    for r in 0..8 {
+        inside(&mut v, r, WORLD, 10, S / 10);
+    }
+    assert!(run(&v).is_empty());
+}
+
+#[test]
+fn a_rank_that_never_entered_is_the_hang() {
+    let mut v = job(8, 10, true);
+    for r in (0..8).filter(|r| *r != 3) {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![3])], "{f:#?}");
+    assert_eq!(f[0].class, Class::NonCommunicationHang);
+    assert_eq!(f[0].seq, Some(10));
+    assert_eq!(
+        f[0].evidence["victims"],
+        serde_json::json!([0, 1, 2, 4, 5, 6, 7])
+    );
+}
+
+#[test]
+fn an_unmatched_receive_is_named_not_the_peer_it_waits_for() {
+    // Rank 1 waits for a message rank 2 never sends; rank 2 and the others wait in the next
+    // all-reduce for rank 1.
+    let mut v = job(8, 10, true);
+    recv(&mut v, 1, 2, 20 * S);
+    for r in (0..8).filter(|r| *r != 1) {
+        inside(&mut v, r, WORLD, 10, 19 * S);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![1])], "{f:#?}");
+    assert_eq!(f[0].class, Class::CommunicationHang);
+}
+
+#[test]
+fn two_ranks_missing_from_one_instance_are_one_hang() {
+    let mut v = job(8, 10, true);
+    comm(&mut v, 0x200, &[0, 1, 2, 3], 5);
+    for r in [0, 1, 2, 4, 5, 7] {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    // A sub-communicator waits for one of them only.
+    inside(&mut v, 0, 0x200, 5, 21 * S);
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![3, 6])], "{f:#?}");
+}
+
+#[test]
+fn independent_hangs_are_one_finding_each() {
+    let mut v = job(8, 10, true);
+    comm(&mut v, 0x200, &[0, 1, 2, 3], 5);
+    comm(&mut v, 0x300, &[4, 5, 6, 7], 5);
+    for r in [0, 1, 2] {
+        inside(&mut v, r, 0x200, 5, 20 * S);
+    }
+    for r in [4, 5, 7] {
+        inside(&mut v, r, 0x300, 5, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(
+        kinds(&f),
+        [(Kind::Hang, vec![3]), (Kind::Hang, vec![6])],
+        "{f:#?}"
+    );
+}
+
+#[test]
+fn a_stopped_process_inside_the_collective_is_named_alone() {
+    let mut v = job(2, 10, true);
+    inside(&mut v, 0, WORLD, 10, 20 * S);
+    inside(&mut v, 1, WORLD, 10, 20 * S);
+    let r1 = rank(&mut v, 1);
+    r1.process.as_mut().expect("live").state = "T".into();
+    r1.last_heard_ns = NOW - 19 * S;
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![1])], "{f:#?}");
+    assert!(f[0].summary.contains("is stopped"), "{}", f[0].summary);
+    assert_eq!(f[0].evidence["victims"], serde_json::json!([0]));
+}
+
+#[test]
+fn everyone_inside_and_alive_is_a_stall_with_no_rank() {
+    let mut v = job(8, 10, true);
+    for r in 0..8 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
+    assert_eq!(f[0].class, Class::CommunicationHang);
+    assert_eq!(f[0].comm.as_deref(), Some("0x100"));
+    assert_eq!(f[0].seq, Some(10));
+}
+
+#[test]
+fn a_silent_rank_in_a_trace_is_the_dead_rank_not_its_partners() {
+    // Frozen inside the collective: from a trace its heartbeats stop while its peers' go on.
+    let mut v = job(4, 10, false);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    rank(&mut v, 2).last_heard_ns = NOW - 20 * S;
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![2])], "{f:#?}");
+    assert_eq!(f[0].evidence["victims"], serde_json::json!([0, 1, 3]));
+}
+
+#[test]
+fn teardown_names_the_rank_the_others_waited_for() {
+    // Rank 5 was killed; the launcher killed the rest 1 s later, all inside the next
+    // all-reduce that rank 5 never entered.
+    let mut v = job(8, 10, true);
+    for r in 0..8 {
+        let at = if r == 5 {
+            NOW - S
+        } else {
+            NOW - S / 100 * r as u64
+        };
+        rank(&mut v, r).ended = Some(Ending {
+            at_ns: at,
+            observed: true,
+            status: None,
+            signal: Some(if r == 5 { 9 } else { 15 }),
+        });
+        if r != 5 {
+            inside(&mut v, r, WORLD, 10, S / 2);
+        }
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![5])], "{f:#?}");
+    assert!(f[0].summary.contains("signal 9"), "{}", f[0].summary);
+    // The same from a trace with no exit records: only heartbeats and record order.
+    let mut t = v.clone();
+    t.live = false;
+    for r in t.ranks.values_mut() {
+        r.last_heard_ns = r.ended.take().expect("ended").at_ns;
+    }
+    let f = run(&t);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![5])], "{f:#?}");
+}
+
+#[test]
+fn a_job_taken_down_as_a_whole_singles_nobody_out() {
+    let mut v = job(4, 10, true);
+    for r in 0..4 {
+        rank(&mut v, r).ended = Some(Ending {
+            at_ns: NOW - S + r as u64 * 1_000_000,
+            observed: true,
+            status: None,
+            signal: Some(15),
+        });
+    }
+    assert!(run(&v).is_empty());
+}
+
+#[test]
+fn a_dead_rank_and_an_unrelated_hang_are_two_findings() {
+    let mut v = job(8, 10, true);
+    comm(&mut v, 0x200, &[0, 1, 2, 3], 5);
+    comm(&mut v, 0x300, &[4, 5, 6, 7], 5);
+    // Rank 1 died; ranks 0, 2, 3 wait for it. Rank 6 never entered; 4, 5, 7 wait for it.
+    rank(&mut v, 1).ended = Some(Ending {
+        at_ns: NOW - 30 * S,
+        observed: true,
+        status: None,
+        signal: Some(9),
+    });
+    for r in [0, 2, 3] {
+        inside(&mut v, r, 0x200, 5, 25 * S);
+    }
+    for r in [4, 5, 7] {
+        inside(&mut v, r, 0x300, 5, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(
+        kinds(&f),
+        [(Kind::Hang, vec![6]), (Kind::DeadRank, vec![1])],
+        "{f:#?}"
+    );
+    assert_eq!(f[1].evidence["victims"], serde_json::json!([0, 2, 3]));
+}
+
+#[test]
+fn a_job_hung_before_it_was_killed_is_a_hang() {
+    let mut v = job(4, 10, false);
+    for r in [0, 1, 3] {
+        inside(&mut v, r, WORLD, 10, 60 * S);
+    }
+    // Everyone was killed together a minute into the hang.
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
+}

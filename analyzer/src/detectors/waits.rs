@@ -1,0 +1,145 @@
+//! The wait graph: whom a call in flight waits for, and the root of a chain of waits.
+//!
+//! A collective waits for the members that have neither entered nor completed it; when every
+//! member is inside, it waits for the members whose process is known to be gone or stopped,
+//! and otherwise for the library itself (a stall). A point-to-point call waits for its peer,
+//! unless the peer is inside the matching call (then the two are matched and only slow, or the
+//! transport stalls). The chain is followed through ranks that are themselves blocked; it ends
+//! at a rank that waits for nobody (outside the library, or already explained by a death, a
+//! frozen process or a mismatch) or at a stalled instance.
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::view::{InFlight, JobView};
+
+/// What a chain of waits ends at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Root {
+    /// A rank.
+    Rank(i32),
+    /// An instance every member entered and none completes: `(comm, seq)`.
+    Stall(u64, u64),
+}
+
+/// The wait graph of a job, with the ranks whose cause is already known (dead, frozen,
+/// mismatched): they wait for nobody.
+#[derive(Debug)]
+pub struct Waits<'a> {
+    pub view: &'a JobView,
+    pub explained: &'a BTreeSet<i32>,
+}
+
+impl Waits<'_> {
+    /// Whom `call` of `rank` waits for.
+    pub fn blockers(&self, rank: i32, call: &InFlight) -> Vec<Root> {
+        let v = self.view;
+        if call.op.is_p2p() {
+            let Some(peer) = call.peer else {
+                return vec![];
+            };
+            if self.explained.contains(&peer) {
+                return vec![Root::Rank(peer)];
+            }
+            let matched = v.ranks.get(&peer).is_some_and(|p| {
+                p.in_flight
+                    .iter()
+                    .any(|x| x.comm == call.comm && x.op.is_p2p() && x.peer == Some(rank))
+            });
+            return if matched {
+                vec![]
+            } else {
+                vec![Root::Rank(peer)]
+            };
+        }
+        let members = v.members(call.comm);
+        let missing: Vec<Root> = members
+            .iter()
+            .copied()
+            .filter(|m| *m != rank)
+            .filter(|m| !v.inside(call.comm, *m, call.seq) && !v.done(call.comm, *m, call.seq))
+            .map(Root::Rank)
+            .collect();
+        if !missing.is_empty() {
+            return missing;
+        }
+        let gone: Vec<Root> = members
+            .iter()
+            .copied()
+            .filter(|m| self.explained.contains(m))
+            .map(Root::Rank)
+            .collect();
+        if !gone.is_empty() {
+            return gone;
+        }
+        if members.len() < 2 {
+            return vec![];
+        }
+        vec![Root::Stall(call.comm, call.seq)]
+    }
+
+    /// Whom `rank` waits for, over all its calls in flight.
+    fn rank_blockers(&self, rank: i32) -> Option<Vec<Root>> {
+        if self.explained.contains(&rank) {
+            return None;
+        }
+        let r = self.view.ranks.get(&rank)?;
+        if r.in_flight.is_empty() {
+            return None;
+        }
+        Some(
+            r.in_flight
+                .iter()
+                .flat_map(|c| self.blockers(rank, c))
+                .collect(),
+        )
+    }
+
+    /// The roots behind `call` of `origin`: follows ranks that are themselves blocked. When the
+    /// chain closes into a cycle (a rank blocked in a receive from a peer that waits in a
+    /// collective for it), the roots are the ranks of the cycle blocked in point-to-point while
+    /// the others are in collectives, or else the whole cycle.
+    pub fn roots(&self, origin: i32, call: &InFlight) -> BTreeSet<Root> {
+        let mut seen: HashSet<i32> = HashSet::from([origin]);
+        let mut chain: BTreeSet<i32> = BTreeSet::new();
+        let mut frontier = self.blockers(origin, call);
+        let mut roots = BTreeSet::new();
+        while let Some(node) = frontier.pop() {
+            let Root::Rank(r) = node else {
+                roots.insert(node);
+                continue;
+            };
+            if !seen.insert(r) {
+                continue;
+            }
+            chain.insert(r);
+            match self.rank_blockers(r) {
+                Some(next) if !next.is_empty() => frontier.extend(next),
+                // Blocked in calls that wait for nobody (matched point-to-point, any-source):
+                // it is still where the chain ends.
+                _ => {
+                    roots.insert(node);
+                }
+            }
+        }
+        if roots.is_empty() && !chain.is_empty() {
+            let p2p: BTreeSet<Root> = chain
+                .iter()
+                .copied()
+                .chain([origin])
+                .filter(|r| {
+                    self.view
+                        .ranks
+                        .get(r)
+                        .is_some_and(|x| x.in_flight.iter().any(|c| c.op.is_p2p()))
+                })
+                .map(Root::Rank)
+                .collect();
+            return if p2p.is_empty() {
+                chain.into_iter().map(Root::Rank).collect()
+            } else {
+                p2p
+            };
+        }
+        roots
+    }
+}

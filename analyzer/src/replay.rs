@@ -1,0 +1,148 @@
+//! A trace replayed into a [`JobView`] at its end: what each process had completed, what it
+//! was inside when its records end (`enter` records never matched by a completed call), how
+//! it ended, and when it was last heard from. "Now" is the last moment any process was heard
+//! from.
+
+use std::collections::{BTreeMap, HashMap};
+
+use commscope_wire::op::{Clock, flags};
+use commscope_wire::parquet::ProcessTrace;
+use commscope_wire::record::{Call, CommEvent, EXIT_STATUS_UNKNOWN, ProcessEvent, Record};
+
+use crate::batch::real_time;
+use crate::view::{CommView, Ending, InFlight, JobView, RankView};
+
+/// The shim writes an `enter` record for a call in flight this long: a call known only from
+/// its `enter` record was in flight at least this long.
+const ENTER_AFTER_NS: u64 = 100_000_000;
+
+/// The view of a job at the end of its trace.
+pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
+    let mut v = JobView {
+        job: job.to_owned(),
+        live: false,
+        ..Default::default()
+    };
+    for p in processes {
+        let r = replay_process(p, &mut v.comms);
+        // Several processes of one rank (a restart): the later one stands.
+        match v.ranks.get(&r.rank) {
+            Some(old) if old.last_heard_ns > r.last_heard_ns => {}
+            _ => {
+                v.ranks.insert(r.rank, r);
+            }
+        }
+    }
+    for r in v.ranks.values_mut() {
+        for c in &mut r.in_flight {
+            c.peer = c.peer.and_then(|p| {
+                v.comms
+                    .get(&c.comm)
+                    .and_then(|m| m.members.get(&p))
+                    .copied()
+            });
+        }
+    }
+    v.now_ns = v.ranks.values().map(|r| r.last_heard_ns).max().unwrap_or(0);
+    v
+}
+
+/// One process's records: its rank's view, and what it adds to the communicators.
+fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankView {
+    let rank = p.header.rank;
+    let mut r = RankView {
+        rank,
+        node: p.header.node.clone(),
+        pid: p.header.pid,
+        ..Default::default()
+    };
+    let mut enters: BTreeMap<(u64, u64, bool), (Call, bool)> = BTreeMap::new();
+    let mut exit: Option<Ending> = None;
+    let heard = |t: u64, clock: Clock| real_time(p, t, clock);
+    for rec in &p.records {
+        match rec {
+            Record::Comm(c) if c.event == CommEvent::Created => {
+                let cv = comms.entry(c.comm_id).or_default();
+                cv.members.insert(c.comm_rank, c.rank);
+                cv.progress.entry(c.rank).or_insert(0);
+            }
+            Record::Heartbeat(h) => {
+                if h.flags & flags::AGENT_BEAT == 0 {
+                    r.last_heard_ns = r.last_heard_ns.max(heard(h.t_mono, Clock::HostMono));
+                }
+                if h.flags & flags::FINAL != 0 {
+                    r.finalized = true;
+                }
+            }
+            Record::Process(x) if x.event == ProcessEvent::Exit => {
+                if x.flags & flags::OBSERVED != 0 {
+                    exit = Some(Ending {
+                        at_ns: x.t_real,
+                        observed: true,
+                        status: (x.signal == 0 && x.exit_status != EXIT_STATUS_UNKNOWN)
+                            .then_some(x.exit_status),
+                        signal: (x.signal != 0).then_some(x.signal),
+                    });
+                } else {
+                    r.finalized = true;
+                }
+            }
+            Record::Enter(c) => {
+                let p2p = c.op().is_p2p();
+                let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
+                enters.insert(key, (*c, false));
+                r.last_heard_ns = r.last_heard_ns.max(heard(c.t_enter, c.clock()));
+            }
+            Record::Call(c) => {
+                r.last_heard_ns = r.last_heard_ns.max(heard(c.span().1, c.clock()));
+                let p2p = c.op().is_p2p();
+                let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
+                if let Some(e) = enters.get_mut(&key) {
+                    e.1 = true;
+                }
+                let cv = comms.entry(c.comm_id).or_default();
+                if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
+                    cv.longest_ns = cv.longest_ns.max(c.duration_ns());
+                }
+                if !p2p {
+                    let e = cv.progress.entry(rank).or_insert(0);
+                    *e = (*e).max(c.seq + 1);
+                }
+            }
+            // Calls left out by sampling completed too.
+            Record::Skip(k) if !k.op().is_p2p() => {
+                let e = comms
+                    .entry(k.comm_id)
+                    .or_default()
+                    .progress
+                    .entry(rank)
+                    .or_insert(0);
+                *e = (*e).max(k.last_seq + 1);
+            }
+            _ => {}
+        }
+    }
+    r.ended = exit.filter(|_| !r.finalized);
+    let until = r
+        .ended
+        .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
+    for ((comm, seq, _), (c, done)) in enters {
+        if done {
+            continue;
+        }
+        let entered = heard(c.t_enter, c.clock());
+        // The peer's rank in the communicator, made global once every process is read.
+        let peer = (c.peer >= 0).then_some(c.peer);
+        r.in_flight.push(InFlight {
+            comm,
+            seq,
+            op: c.op(),
+            bytes: c.bytes,
+            peer,
+            tag: c.tag,
+            entered_ns: entered,
+            age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
+        });
+    }
+    r
+}

@@ -1,0 +1,135 @@
+//! One view of a job, the input of the liveness detectors (`hang`, `dead-rank`): its ranks and
+//! how their processes stand, their calls in flight, and each communicator's members and
+//! progress. The collector builds it from its live state ([`JobView::live`] is then true), and
+//! [`crate::replay`] builds it from a trace, so both run the very same detectors.
+
+use std::collections::{BTreeMap, HashMap};
+
+use commscope_wire::op::Op;
+
+/// A job at one moment ("now").
+#[derive(Clone, Debug, Default)]
+pub struct JobView {
+    pub job: String,
+    /// Built from a running job (present tense, process states known) rather than a trace.
+    pub live: bool,
+    /// Now, on the records' realtime clock (ns since the epoch). From a trace: the latest
+    /// heartbeat of any process.
+    pub now_ns: u64,
+    /// Global rank → its process.
+    pub ranks: BTreeMap<i32, RankView>,
+    pub comms: HashMap<u64, CommView>,
+}
+
+/// One rank's process.
+#[derive(Clone, Debug, Default)]
+pub struct RankView {
+    pub rank: i32,
+    pub node: String,
+    pub pid: u32,
+    /// It shut down cleanly (finalized, or its final heartbeat) before it ended.
+    pub finalized: bool,
+    /// How it ended, if it did.
+    pub ended: Option<Ending>,
+    /// Realtime of the last record the process itself wrote (heartbeat or call; 0: none).
+    pub last_heard_ns: u64,
+    /// Calls in flight at its last observation: now while it runs, when it ended otherwise.
+    pub in_flight: Vec<InFlight>,
+    /// The process as its node's agent sees it (live only).
+    pub process: Option<ProcessState>,
+    /// Extra evidence about the process (stacks, kernel state) for findings that name it.
+    pub evidence: serde_json::Value,
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ending {
+    /// When (realtime ns): seen by its agent, or, from a trace without exit records, its last
+    /// heartbeat.
+    pub at_ns: u64,
+    /// Seen by its agent (a precise time), rather than inferred from silence.
+    pub observed: bool,
+    pub status: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// A call in flight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InFlight {
+    pub comm: u64,
+    /// The collective instance, or the point-to-point operation's sequence.
+    pub seq: u64,
+    pub op: Op,
+    pub bytes: u64,
+    /// Point-to-point: the peer's global rank (None: unknown or any source).
+    pub peer: Option<i32>,
+    pub tag: i32,
+    /// When it entered (realtime ns; 0 when not known).
+    pub entered_ns: u64,
+    /// How long it has been in flight at its rank's last observation.
+    pub age_ns: u64,
+}
+
+/// A process's kernel state (live).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessState {
+    /// "R", "S", "D", "T", …
+    pub state: String,
+    pub wchan: String,
+    /// Its CPU time grew in the last two seconds.
+    pub cpu_advancing: bool,
+}
+
+impl ProcessState {
+    /// Stopped by a signal or a debugger (`T`, `t`).
+    pub fn stopped(&self) -> bool {
+        matches!(self.state.as_str(), "T" | "t")
+    }
+}
+
+/// One communicator.
+#[derive(Clone, Debug, Default)]
+pub struct CommView {
+    /// Rank in the communicator → global rank.
+    pub members: BTreeMap<i32, i32>,
+    /// Global rank → collectives completed in order (highest completed seq + 1).
+    pub progress: BTreeMap<i32, u64>,
+    /// The longest completed blocking call on it (ns): the hang threshold adapts to it.
+    pub longest_ns: u64,
+}
+
+impl JobView {
+    /// Ranks of the communicator (global), members and those seen progressing on it.
+    pub fn members(&self, comm: u64) -> Vec<i32> {
+        let Some(c) = self.comms.get(&comm) else {
+            return vec![];
+        };
+        let mut v: Vec<i32> = c.members.values().copied().collect();
+        v.extend(c.progress.keys().copied());
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Whether `rank` has completed collective `seq` of `comm`.
+    pub fn done(&self, comm: u64, rank: i32, seq: u64) -> bool {
+        self.comms
+            .get(&comm)
+            .and_then(|c| c.progress.get(&rank))
+            .is_some_and(|p| *p > seq)
+    }
+
+    /// Whether `rank` is inside collective `seq` of `comm`.
+    pub fn inside(&self, comm: u64, rank: i32, seq: u64) -> bool {
+        self.ranks.get(&rank).is_some_and(|r| {
+            r.in_flight
+                .iter()
+                .any(|x| x.comm == comm && x.seq == seq && !x.op.is_p2p())
+        })
+    }
+
+    /// The node of a rank ("" when unknown).
+    pub fn node(&self, rank: i32) -> &str {
+        self.ranks.get(&rank).map_or("", |r| r.node.as_str())
+    }
+}
