@@ -89,7 +89,13 @@ pub fn findings(
     // Every stuck call of a rank that is not itself a root, with the roots it leads to.
     let mut by_root: BTreeMap<Root, Vec<Victim>> = BTreeMap::new();
     let mut sets: Vec<BTreeSet<i32>> = Vec::new();
-    for r in view.ranks.values().filter(|r| !explained.contains(&r.rank)) {
+    // Live, a process that ended waits no more (its job is being taken down); a trace keeps
+    // what every process waited in when it ended.
+    let waiting = view
+        .ranks
+        .values()
+        .filter(|r| !explained.contains(&r.rank) && (!view.live || r.ended.is_none()));
+    for r in waiting {
         for call in &r.in_flight {
             if call.age_ns < threshold(view, th, call.comm) {
                 continue;

@@ -292,3 +292,23 @@ fn a_job_hung_before_it_was_killed_is_a_hang() {
     let f = run(&v);
     assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
 }
+
+#[test]
+fn live_a_hang_ends_when_its_processes_end() {
+    let mut v = job(4, 10, true);
+    for r in [0, 1, 3] {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    assert_eq!(kinds(&run(&v)), [(Kind::Hang, vec![2])]);
+    // The job is killed as a whole (pkill): nobody waits any more, and nobody died first.
+    for r in 0..4 {
+        rank(&mut v, r).ended = Some(Ending {
+            at_ns: NOW - S / 2 + r as u64,
+            observed: true,
+            status: None,
+            signal: Some(9),
+        });
+    }
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}
