@@ -58,12 +58,28 @@ pub struct SimulateArgs {
     /// The collector's HTTP address, to read its findings (with --collector).
     #[arg(long, value_name = "ADDR")]
     pub collector_http: Option<String>,
-    /// Ranks (a multiple of 8; 8 per node).
+    /// Ranks (a multiple of --ranks-per-node).
     #[arg(long, default_value_t = 1024)]
     pub ranks: usize,
-    /// A fault: straggler:R, slow-node:NODE, hang:R[:SEQ], mismatch:R[:SEQ], dead:R[:SEQ], degraded (SEQ: the world communicator's collective number, one per step). Repeatable.
+    /// Ranks per node.
+    #[arg(long, default_value_t = 8)]
+    pub ranks_per_node: usize,
+    /// Tensor-parallel group size [default: a node's ranks].
+    #[arg(long, value_name = "N")]
+    pub tp: Option<usize>,
+    /// Pipeline stages [default: 4 when there are at least 8 tensor-parallel groups in a
+    /// multiple of 4, else 1]; data parallelism takes the rest.
+    #[arg(long, value_name = "N")]
+    pub pp: Option<usize>,
+    /// A fault: straggler:R, slow-node:NODE, hang:R[:SEQ], mismatch:R[:SEQ], dead:R[:SEQ], degraded[:STEP], stall[:SEQ], teardown:R[:SEQ], freeze:R[:SEQ], flaky:R[:EVERY] (SEQ: the world communicator's collective number, one per step). Repeatable.
     #[arg(long, value_name = "SPEC")]
     pub fault: Vec<String>,
+    /// Compute slowdown of stragglers, slow nodes and flaky ranks (1.5: 50 % longer).
+    #[arg(long, value_name = "F", default_value_t = 1.5)]
+    pub slowdown: f64,
+    /// Transfer slowdown of `degraded`.
+    #[arg(long, value_name = "F", default_value_t = 4.0)]
+    pub degradation: f64,
     /// Seconds to run (real time).
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
@@ -85,9 +101,13 @@ pub struct SimulateArgs {
     /// Steps to simulate with --virtual.
     #[arg(long, default_value_t = 40)]
     pub steps: u64,
-    /// Exit with status 1 when an injected fault's expected finding was not named.
+    /// Exit with status 1 when an injected fault's expected finding was not named, or a
+    /// finding no injected fault explains was.
     #[arg(long)]
     pub check: bool,
+    /// Output format of --virtual: `json` prints only the findings (`{"findings":[…]}`).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
     /// Consistent sampling: with --virtual, every communicator at 1 instance in K; live, the
     /// collector started here forces K (a collector given with --collector decides itself).
     #[arg(long, value_name = "K")]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use commscope_analyzer::finding::{Finding, Kind};
-use commscope_sim::{Expected, Fault, Sim, Spec, expected, run_virtual};
+use commscope_sim::{Expected, Fault, Sim, Spec, Topology, expected_all, judge, simulate};
 use commscope_wire::cst::Header;
 use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
@@ -27,7 +27,7 @@ use commscope_wire::record::RECORD_SIZE;
 use commscope_wire::shm::LAYOUT_VERSION;
 use tokio::sync::mpsc;
 
-use crate::cli::SimulateArgs;
+use crate::cli::{Format, SimulateArgs};
 
 fn now_real() -> u64 {
     std::time::SystemTime::now()
@@ -43,11 +43,12 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
         .iter()
         .map(|f| Fault::parse(f).map_err(anyhow::Error::msg))
         .collect::<Result<Vec<_>>>()?;
-    if a.ranks < 16 || a.ranks > 65_536 || !a.ranks.is_multiple_of(8) {
-        bail!(
-            "--ranks {}: use a multiple of 8 between 16 and 65536",
-            a.ranks
-        );
+    if a.ranks < 2 || a.ranks > 65_536 {
+        bail!("--ranks {}: use 2 to 65536", a.ranks);
+    }
+    let factor = |f: f64, max: f64| f > 1.0 && f <= max;
+    if !factor(a.slowdown, 100.0) || !factor(a.degradation, 1000.0) {
+        bail!("--slowdown and --degradation are factors above 1 (1.5: 50 % longer)");
     }
     let spec = Spec {
         job: a
@@ -55,6 +56,11 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
             .clone()
             .unwrap_or_else(|| format!("sim-{}-{}", a.seed, now_real() / 1_000_000 % 1_000_000)),
         ranks: a.ranks,
+        per_node: a.ranks_per_node.max(1),
+        tp: a.tp.unwrap_or(0),
+        pp: a.pp.unwrap_or(0),
+        slow_factor: a.slowdown,
+        degrade_factor: a.degradation,
         seed: a.seed,
         faults,
         onset_step: a.onset_step,
@@ -69,9 +75,9 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
         },
         ..Default::default()
     };
-    for f in &spec.faults {
-        expected(f, spec.ranks, spec.per_node).map_err(anyhow::Error::msg)?;
-    }
+    let topo =
+        Topology::new(spec.ranks, spec.per_node, spec.tp, spec.pp).map_err(anyhow::Error::msg)?;
+    expected_all(&spec.faults, &topo).map_err(anyhow::Error::msg)?;
     Ok(spec)
 }
 
@@ -89,52 +95,112 @@ pub fn run(a: &SimulateArgs) -> Result<ExitCode> {
     rt.block_on(run_live(a, spec))
 }
 
-fn expectations(spec: &Spec) -> Vec<(Fault, Expected)> {
-    spec.faults
-        .iter()
-        .filter_map(|f| Some((f.clone(), expected(f, spec.ranks, spec.per_node).ok()?)))
+/// What the faults should give, each with the tokens it stands for and the step at which its
+/// first fault starts.
+fn expectations(spec: &Spec) -> Vec<(String, Expected, u64)> {
+    expectations_of(spec, &spec.faults)
+}
+
+/// The same for the faults that took effect.
+fn expectations_of(spec: &Spec, faults: &[Fault]) -> Vec<(String, Expected, u64)> {
+    let Ok(topo) = Topology::new(spec.ranks, spec.per_node, spec.tp, spec.pp) else {
+        return vec![];
+    };
+    let Ok(all) = expected_all(faults, &topo) else {
+        return vec![];
+    };
+    all.into_iter()
+        .map(|e| {
+            let of: Vec<&Fault> = faults
+                .iter()
+                .filter(|f| {
+                    expected_all(std::slice::from_ref(*f), &topo).is_ok_and(|x| {
+                        x.iter().all(|y| {
+                            y.kinds == e.kinds && y.ranks.iter().all(|r| e.ranks.contains(r))
+                        })
+                    })
+                })
+                .collect();
+            let tokens: Vec<String> = of.iter().map(|f| f.token()).collect();
+            let start = of
+                .iter()
+                .map(|f| f.start(spec.onset_step))
+                .min()
+                .unwrap_or(spec.onset_step);
+            (tokens.join(" + "), e, start)
+        })
         .collect()
 }
 
 fn matches(e: &Expected, f: &Finding) -> bool {
-    f.kind == e.kind && f.ranks == e.ranks
+    e.matches(f.kind, &f.ranks)
 }
 
 fn run_in_virtual_time(a: &SimulateArgs, mut spec: Spec) -> Result<ExitCode> {
     spec.steps = a.steps;
     let t = Instant::now();
     let job = spec.job.clone();
-    let want = expectations(&spec);
-    let traces = run_virtual(spec).map_err(anyhow::Error::msg)?;
+    let (traces, effective) = simulate(spec.clone()).map_err(anyhow::Error::msg)?;
+    // A fault whose rank was already blocked behind another when it was due does nothing.
+    let want = expectations_of(&spec, &effective);
+    let hidden: Vec<String> = spec
+        .faults
+        .iter()
+        .filter(|f| !effective.contains(f))
+        .map(Fault::token)
+        .collect();
     let records: usize = traces.iter().map(|p| p.records.len()).sum();
     let made = t.elapsed();
     let found = commscope_analyzer::analyze(&job, &traces, &Default::default());
-    println!(
-        "simulated {} ranks for {} steps in virtual time: {records} records in {:.2} s, analyzed in {:.2} s",
-        traces.len(),
-        a.steps,
-        made.as_secs_f64(),
-        (t.elapsed() - made).as_secs_f64()
+    let verdict = judge(
+        &want.iter().map(|w| w.1.clone()).collect::<Vec<_>>(),
+        &found
+            .iter()
+            .map(|f| (f.kind, f.ranks.clone()))
+            .collect::<Vec<_>>(),
     );
-    for f in &found {
-        println!("{} — {}", f.kind.name(), f.summary);
-    }
-    if found.is_empty() {
-        println!("no findings");
-    }
-    let mut ok = true;
-    for (fault, e) in &want {
-        let hit = found.iter().any(|f| matches(e, f));
-        ok &= hit;
+    if a.format == Format::Json {
         println!(
-            "{}: expected {} of {:?}: {}",
-            fault.token(),
-            e.kind.name(),
-            e.ranks,
-            if hit { "found" } else { "NOT FOUND" }
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "findings": found }))?
         );
+    } else {
+        println!(
+            "simulated {} ranks for {} steps in virtual time: {records} records in {:.2} s, analyzed in {:.2} s",
+            traces.len(),
+            a.steps,
+            made.as_secs_f64(),
+            (t.elapsed() - made).as_secs_f64()
+        );
+        for f in &found {
+            println!("{} — {}", f.kind.name(), f.summary);
+        }
+        if found.is_empty() {
+            println!("no findings");
+        }
+        for (i, (tokens, e, _)) in want.iter().enumerate() {
+            println!(
+                "{tokens}: expected {} of {:?}: {}",
+                e.kinds_phrase(),
+                e.ranks,
+                if verdict.missing.contains(&i) {
+                    "NOT FOUND"
+                } else {
+                    "found"
+                }
+            );
+        }
+        for (k, r) in &verdict.extra {
+            println!(
+                "EXTRA: {} of {r:?}, which no injected fault explains",
+                k.name()
+            );
+        }
+        for t in &hidden {
+            println!("{t}: did not strike (its rank was already blocked behind another fault)");
+        }
     }
-    Ok(if ok || !a.check {
+    Ok(if verdict.exact() || !a.check {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -390,7 +456,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             format!(
                 "; faults: {}",
                 want.iter()
-                    .map(|(f, _)| f.token())
+                    .map(|w| w.0.clone())
                     .collect::<Vec<_>>()
                     .join(", ")
             )
@@ -445,14 +511,8 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         // Run the job ahead to real time.
         let g_now = el.as_nanos() as u64;
         while !finished && !sim.stuck() && sim.now() <= g_now {
-            for (i, (f, _)) in want.iter().enumerate() {
-                let at = match f {
-                    Fault::Hang { seq, .. }
-                    | Fault::Mismatch { seq, .. }
-                    | Fault::Dead { seq, .. } => seq.unwrap_or(sim.spec.onset_step),
-                    _ => sim.spec.onset_step,
-                };
-                if onset[i].is_none() && sim.step == at {
+            for (i, (_, _, at)) in want.iter().enumerate() {
+                if onset[i].is_none() && sim.step == *at {
                     onset[i] = Some(sim.now() as f64 / 1e9);
                 }
             }
@@ -526,6 +586,9 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             last_snap = Instant::now();
             for (r, header) in headers.iter().enumerate() {
                 let Some(c) = sim.in_flight(r) else { continue };
+                let Some(state) = sim.proc_state(r) else {
+                    continue;
+                };
                 batch_id += 1;
                 let req = IngestRequest {
                     batch_id,
@@ -546,7 +609,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                             tid: 0,
                         }],
                         dropped_ring_full: 0,
-                        last_beat_ns: sim.epoch + g_now,
+                        proc_state: state.into(),
                         ..Default::default()
                     })),
                 };
@@ -575,7 +638,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                         f.ranks,
                         f.summary
                     );
-                    for (i, (_, e)) in want.iter().enumerate() {
+                    for (i, (_, e, _)) in want.iter().enumerate() {
                         if named[i].is_none() && matches(e, &f) {
                             named[i] = Some(t);
                             opened_job[i] =
@@ -614,28 +677,28 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         sim.step
     );
     let mut ok = true;
-    for (i, (f, e)) in want.iter().enumerate() {
+    for (i, (f, e, _)) in want.iter().enumerate() {
         match (named[i], onset[i]) {
             (Some(t), Some(o)) => println!(
                 "{}: {} of {:?} named {:.1} s after the fault began (at {o:.1} s); the detectors opened it {:.1} s into the fault by the records' own time",
-                f.token(),
-                e.kind.name(),
+                f,
+                e.kinds_phrase(),
                 e.ranks,
                 t - o,
                 opened_job[i].map_or(f64::NAN, |j| (j - o).max(0.0)),
             ),
             (Some(t), None) => println!(
                 "{}: {} of {:?} named at {t:.1} s",
-                f.token(),
-                e.kind.name(),
+                f,
+                e.kinds_phrase(),
                 e.ranks
             ),
             (None, _) => {
                 ok = false;
                 println!(
                     "{}: expected {} of {:?}: NOT FOUND{}",
-                    f.token(),
-                    e.kind.name(),
+                    f,
+                    e.kinds_phrase(),
                     e.ranks,
                     if matches!(findings, Findings::None) {
                         " (give --collector-http to read the collector's findings)"
@@ -644,6 +707,22 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                     }
                 );
             }
+        }
+    }
+    // Findings no injected fault explains.
+    if !matches!(findings, Findings::None) {
+        let all: Vec<(Kind, Vec<i32>)> = findings
+            .read(&job)
+            .iter()
+            .map(|f| (f.kind, f.ranks.clone()))
+            .collect();
+        let v = judge(&want.iter().map(|w| w.1.clone()).collect::<Vec<_>>(), &all);
+        for (k, r) in &v.extra {
+            ok = false;
+            println!(
+                "EXTRA: {} of {r:?}, which no injected fault explains",
+                k.name()
+            );
         }
     }
     if let Some((running, dir)) = local {

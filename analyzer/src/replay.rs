@@ -91,7 +91,10 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                 let p2p = c.op().is_p2p();
                 let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
                 enters.insert(key, (*c, false));
-                r.last_heard_ns = r.last_heard_ns.max(heard(c.t_enter, c.clock()));
+                // Written once the call had been in flight that long: alive then.
+                r.last_heard_ns = r
+                    .last_heard_ns
+                    .max(heard(c.t_enter, c.clock()) + ENTER_AFTER_NS);
             }
             Record::Call(c) => {
                 r.last_heard_ns = r.last_heard_ns.max(heard(c.span().1, c.clock()));

@@ -73,7 +73,7 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             tau_s: 5.0,
-            min_share: 0.03,
+            min_share: 0.05,
             dominance: 4.0,
             min_late: 4.0,
             min_late_ratio: 0.1,
@@ -362,6 +362,15 @@ pub struct Detectors {
     pub incomplete: u64,
 }
 
+/// The lower quartile (0 when empty).
+fn lower_quartile(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[(v.len() - 1) / 4]
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -371,20 +380,22 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     *m
 }
 
-fn median_u64(v: &mut [u64]) -> u64 {
+/// The upper quartile (of two: the larger).
+fn upper_quartile_u64(v: &mut [u64]) -> u64 {
     if v.is_empty() {
         return 0;
     }
-    let mid = v.len() / 2;
-    *v.select_nth_unstable(mid).1
+    let i = (3 * v.len() / 4).min(v.len() - 1);
+    *v.select_nth_unstable(i).1
 }
 
-fn lower_median_u64(v: &mut [u64]) -> u64 {
+/// The lower quartile (of two: the smaller).
+fn lower_quartile_u64(v: &mut [u64]) -> u64 {
     if v.is_empty() {
         return 0;
     }
-    let mid = (v.len() - 1) / 2;
-    *v.select_nth_unstable(mid).1
+    let i = (v.len() - 1) / 4;
+    *v.select_nth_unstable(i).1
 }
 
 fn fmt_dur(s: f64) -> String {
@@ -627,14 +638,16 @@ impl Detectors {
         if !op.is_synchronizing() || p.entries.iter().any(|e| !e.blocking) || p.size < 2 {
             return;
         }
+        // The references are quartiles, not medians, so that up to three quarters of the
+        // members may be late (most of a job slow) and the waiters still set the reference.
         let mut durs: Vec<u64> = p.entries.iter().map(|e| e.dur_ns).collect();
-        let d_med = median_u64(&mut durs);
+        let d_med = upper_quartile_u64(&mut durs);
         let d_min = p.entries.iter().map(|e| e.dur_ns).min().unwrap_or(0);
         // Blame.
         if p.entries.iter().all(|e| e.compute_ns.is_some()) {
             let mut comp: Vec<u64> = p.entries.iter().filter_map(|e| e.compute_ns).collect();
-            // The lower median: with two members, the slower one's excess is over the faster.
-            let c_med = lower_median_u64(&mut comp);
+            // The lower quartile: with two members, the slower one's excess is over the faster.
+            let c_med = lower_quartile_u64(&mut comp);
             let tau = self.tuning.tau_s;
             let min_ex = self.tuning.min_excess_ns;
             for e in &p.entries {
@@ -898,8 +911,10 @@ impl Detectors {
             })
             .collect();
         shares.sort_by_key(|s| s.0);
+        // The reference is the lower quartile, not the median: with half the job slow (a slow
+        // node of a 2-node job) the median rank is itself slow.
         let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
-        let med = median(&mut all);
+        let med = lower_quartile(&mut all);
         let high =
             |s: f64, late: f64| s >= t.min_share && s >= t.dominance * med && late >= t.min_late;
         let low = |s: f64| s >= t.min_share / 2.0 && s >= t.dominance * med / 2.0;
@@ -941,9 +956,17 @@ impl Detectors {
             let on_node = node_ranks.get(&node).copied().unwrap_or(0);
             let is_node = !node.is_empty() && lows.len() >= 2 && 2 * lows.len() >= on_node;
             if is_node {
-                // Half the node or more is slow: the node is, with all its ranks (the rest are
-                // slow too, only less visibly: their waits fall on the others' instances).
-                let mut lows = node_members.get(&node).cloned().unwrap_or(lows);
+                // Half the node or more is slow: one finding for the node. Three quarters or
+                // more: the whole node (the rest are slow too, only less visibly: their waits
+                // fall on the others' instances); fewer: only the ranks that are.
+                let mut lows = if 4 * lows.len() >= 3 * on_node {
+                    node_members.get(&node).cloned().unwrap_or(lows)
+                } else {
+                    // Only the ranks near the slowest: not a neighbour with mild skew.
+                    let share = |r: &i32| share_of.get(r).copied().unwrap_or(0.0);
+                    let top = lows.iter().map(share).fold(0.0, f64::max);
+                    lows.into_iter().filter(|r| share(r) >= top / 2.0).collect()
+                };
                 lows.sort_unstable();
                 // A slow node: one finding. It takes over open single-rank findings on the
                 // node (keeping the first one's id) once a rank crosses the upper threshold.

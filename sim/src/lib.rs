@@ -66,19 +66,33 @@ pub enum Fault {
     Straggler { rank: i32 },
     /// Every rank of the node computes slower from the onset step on.
     SlowNode { node: String },
-    /// The rank stops calling (computes forever) at world seq `seq`.
+    /// The rank stops calling (computes forever) at world seq `seq`: at the step's start or
+    /// between two of the step's collectives.
     Hang { rank: i32, seq: Option<u64> },
     /// The rank calls a broadcast where the others call the world all-reduce `seq`.
     Mismatch { rank: i32, seq: Option<u64> },
-    /// The rank's process is killed (signal 9) at world seq `seq`.
+    /// The rank's process is killed (signal 9) at world seq `seq`, between calls or inside
+    /// one; its peers never exit.
     Dead { rank: i32, seq: Option<u64> },
-    /// Inter-node transfers slow down from the onset step on.
-    Degraded,
+    /// Inter-node transfers slow down from the onset step on (`degraded:0`: from the start).
+    Degraded { from: Option<u64> },
+    /// Every member of the world communicator enters instance `seq` and it never completes;
+    /// every process stays alive and keeps its heartbeats.
+    Stall { seq: Option<u64> },
+    /// The rank dies at `seq` and the launcher kills every other rank about 1 s later.
+    Teardown { rank: i32, seq: Option<u64> },
+    /// The rank's process stops, heartbeats included, inside its next collective after `seq`,
+    /// once its peers in it have entered too.
+    Freeze { rank: i32, seq: Option<u64> },
+    /// The rank is a straggler one step in `every`.
+    Flaky { rank: i32, every: u64 },
 }
 
+/// The tokens, for messages.
+const TOKENS: &str = "straggler:R, slow-node:NODE, hang:R[:SEQ], mismatch:R[:SEQ], dead:R[:SEQ], degraded[:STEP], stall[:SEQ], teardown:R[:SEQ], freeze:R[:SEQ] or flaky:R[:EVERY]";
+
 impl Fault {
-    /// Parses `straggler:R`, `slow-node:NODE`, `hang:R[:SEQ]`, `mismatch:R[:SEQ]`,
-    /// `dead:R[:SEQ]`, `degraded`.
+    /// Parses a token (see [`TOKENS`]).
     pub fn parse(s: &str) -> Result<Fault, String> {
         let parts: Vec<&str> = s.split(':').collect();
         let rank = |i: usize| -> Result<i32, String> {
@@ -90,18 +104,17 @@ impl Fault {
                 .filter(|r| *r >= 0)
                 .ok_or_else(|| format!("fault {s:?}: {:?} is not a rank", parts[i]))
         };
-        let seq = || -> Result<Option<u64>, String> {
-            match parts.get(2) {
+        let number = |i: usize| -> Result<Option<u64>, String> {
+            match parts.get(i) {
                 None => Ok(None),
                 Some(x) => x
                     .parse::<u64>()
                     .map(Some)
-                    .map_err(|_| format!("fault {s:?}: {x:?} is not a sequence number")),
+                    .map_err(|_| format!("fault {s:?}: {x:?} is not a number")),
             }
         };
         let max_parts = match parts[0] {
-            "degraded" => 1,
-            "straggler" | "slow-node" => 2,
+            "degraded" | "stall" | "straggler" | "slow-node" => 2,
             _ => 3,
         };
         if parts.len() > max_parts {
@@ -120,35 +133,80 @@ impl Fault {
             },
             "hang" => Fault::Hang {
                 rank: rank(1)?,
-                seq: seq()?,
+                seq: number(2)?,
             },
             "mismatch" => Fault::Mismatch {
                 rank: rank(1)?,
-                seq: seq()?,
+                seq: number(2)?,
             },
             "dead" => Fault::Dead {
                 rank: rank(1)?,
-                seq: seq()?,
+                seq: number(2)?,
             },
-            "degraded" => Fault::Degraded,
-            other => {
-                return Err(format!(
-                    "unknown fault {other:?}: use straggler:R, slow-node:NODE, hang:R[:SEQ], mismatch:R[:SEQ], dead:R[:SEQ] or degraded"
-                ));
-            }
+            "degraded" => Fault::Degraded { from: number(1)? },
+            "stall" => Fault::Stall { seq: number(1)? },
+            "teardown" => Fault::Teardown {
+                rank: rank(1)?,
+                seq: number(2)?,
+            },
+            "freeze" => Fault::Freeze {
+                rank: rank(1)?,
+                seq: number(2)?,
+            },
+            "flaky" => Fault::Flaky {
+                rank: rank(1)?,
+                every: match number(2)? {
+                    None => 4,
+                    Some(e) if e >= 2 => e,
+                    Some(e) => return Err(format!("fault {s:?}: EVERY is {e}; use 2 or more")),
+                },
+            },
+            other => return Err(format!("unknown fault {other:?}: use {TOKENS}")),
         })
     }
 
     /// The token again.
     pub fn token(&self) -> String {
-        let seq = |s: &Option<u64>| s.map(|s| format!(":{s}")).unwrap_or_default();
+        let opt = |s: &Option<u64>| s.map(|s| format!(":{s}")).unwrap_or_default();
         match self {
             Fault::Straggler { rank } => format!("straggler:{rank}"),
             Fault::SlowNode { node } => format!("slow-node:{node}"),
-            Fault::Hang { rank, seq: s } => format!("hang:{rank}{}", seq(s)),
-            Fault::Mismatch { rank, seq: s } => format!("mismatch:{rank}{}", seq(s)),
-            Fault::Dead { rank, seq: s } => format!("dead:{rank}{}", seq(s)),
-            Fault::Degraded => "degraded".into(),
+            Fault::Hang { rank, seq } => format!("hang:{rank}{}", opt(seq)),
+            Fault::Mismatch { rank, seq } => format!("mismatch:{rank}{}", opt(seq)),
+            Fault::Dead { rank, seq } => format!("dead:{rank}{}", opt(seq)),
+            Fault::Degraded { from } => format!("degraded{}", opt(from)),
+            Fault::Stall { seq } => format!("stall{}", opt(seq)),
+            Fault::Teardown { rank, seq } => format!("teardown:{rank}{}", opt(seq)),
+            Fault::Freeze { rank, seq } => format!("freeze:{rank}{}", opt(seq)),
+            Fault::Flaky { rank, every } => format!("flaky:{rank}:{every}"),
+        }
+    }
+
+    /// The world seq (step) at which it starts, given the job's onset step.
+    pub fn start(&self, onset: u64) -> u64 {
+        match self {
+            Fault::Hang { seq, .. }
+            | Fault::Mismatch { seq, .. }
+            | Fault::Dead { seq, .. }
+            | Fault::Stall { seq }
+            | Fault::Teardown { seq, .. }
+            | Fault::Freeze { seq, .. } => seq.unwrap_or(onset),
+            Fault::Degraded { from } => from.unwrap_or(onset),
+            _ => onset,
+        }
+    }
+
+    /// The rank it is injected into, if one.
+    pub fn rank(&self) -> Option<i32> {
+        match self {
+            Fault::Straggler { rank }
+            | Fault::Hang { rank, .. }
+            | Fault::Mismatch { rank, .. }
+            | Fault::Dead { rank, .. }
+            | Fault::Teardown { rank, .. }
+            | Fault::Freeze { rank, .. }
+            | Fault::Flaky { rank, .. } => Some(*rank),
+            _ => None,
         }
     }
 }
@@ -185,6 +243,15 @@ pub struct Spec {
     /// Consistent sampling from the start: every communicator at this modulus (1: none), as
     /// agents told so by the collector would apply it.
     pub sample_modulus: u32,
+    /// Tensor-parallel group size (0: a node's ranks) and pipeline stages (0: 4 when there are
+    /// at least 8 tensor-parallel groups in a multiple of 4, else 1); data parallelism takes
+    /// the rest.
+    pub tp: usize,
+    pub pp: usize,
+    /// Members leave a collective up to this far apart (ns), in the algorithm's order.
+    pub exit_spread_ns: u64,
+    /// Relative standard deviation of each rank's own, persistent compute speed.
+    pub skew: f64,
 }
 
 impl Default for Spec {
@@ -206,15 +273,22 @@ impl Default for Spec {
             degrade_factor: 4.0,
             tail_s: 12.0,
             sample_modulus: 1,
+            tp: 0,
+            pp: 0,
+            exit_spread_ns: 30_000,
+            skew: 0.005,
         }
     }
 }
 
-/// How ranks are laid out: rank = ((replica × stages) + stage) × per_node + tp.
+/// How ranks are laid out: rank = ((replica × stages) + stage) × tp + t; nodes hold
+/// `per_node` consecutive ranks.
 #[derive(Clone, Copy, Debug)]
 pub struct Topology {
     pub per_node: usize,
     pub nodes: usize,
+    /// Tensor-parallel group size.
+    pub tp: usize,
     /// Pipeline stages.
     pub stages: usize,
     /// Data-parallel replicas.
@@ -222,20 +296,47 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The default shape of `ranks` ranks (tensor parallelism over a node).
     pub fn of(ranks: usize, per_node: usize) -> Topology {
+        Topology::new(ranks, per_node, 0, 0).unwrap_or(Topology {
+            per_node: per_node.max(1),
+            nodes: ranks.div_ceil(per_node.max(1)).max(1),
+            tp: per_node.max(1),
+            stages: 1,
+            replicas: ranks.div_ceil(per_node.max(1)).max(1),
+        })
+    }
+
+    /// A shape: `tp` 0 is a node's ranks, `pp` 0 picks as [`Spec::pp`] says.
+    pub fn new(ranks: usize, per_node: usize, tp: usize, pp: usize) -> Result<Topology, String> {
         let per_node = per_node.max(1);
-        let nodes = ranks.div_ceil(per_node).max(1);
-        let stages = if nodes >= 8 && nodes.is_multiple_of(4) {
-            4
-        } else {
-            1
-        };
-        Topology {
-            per_node,
-            nodes,
-            stages,
-            replicas: nodes / stages,
+        if ranks < 2 || !ranks.is_multiple_of(per_node) {
+            return Err(format!(
+                "--ranks {ranks}: use a multiple of {per_node} (ranks per node), at least 2"
+            ));
         }
+        let tp = if tp == 0 { per_node.min(ranks) } else { tp };
+        if !ranks.is_multiple_of(tp) {
+            return Err(format!("--tp {tp}: it must divide --ranks {ranks}"));
+        }
+        let groups = ranks / tp;
+        let stages = match pp {
+            0 if groups >= 8 && groups.is_multiple_of(4) => 4,
+            0 => 1,
+            p => p,
+        };
+        if !groups.is_multiple_of(stages) {
+            return Err(format!(
+                "--pp {stages}: it must divide the {groups} tensor-parallel groups"
+            ));
+        }
+        Ok(Topology {
+            per_node,
+            nodes: ranks / per_node,
+            tp,
+            stages,
+            replicas: groups / stages,
+        })
     }
 
     pub fn ranks(&self) -> usize {
@@ -247,15 +348,15 @@ impl Topology {
     }
 
     pub fn stage_of(&self, r: usize) -> usize {
-        self.node_of(r) % self.stages
+        (r / self.tp) % self.stages
     }
 
     pub fn replica_of(&self, r: usize) -> usize {
-        self.node_of(r) / self.stages
+        r / (self.tp * self.stages)
     }
 
-    pub fn rank_at(&self, replica: usize, stage: usize, tp: usize) -> usize {
-        (replica * self.stages + stage) * self.per_node + tp
+    pub fn rank_at(&self, replica: usize, stage: usize, t: usize) -> usize {
+        (replica * self.stages + stage) * self.tp + t
     }
 
     pub fn node_name(&self, n: usize) -> String {
@@ -266,18 +367,58 @@ impl Topology {
     pub fn node_ranks(&self, n: usize) -> std::ops::Range<usize> {
         n * self.per_node..(n + 1) * self.per_node
     }
+
+    /// Whether a tensor-parallel group spans nodes.
+    fn tp_spans_nodes(&self) -> bool {
+        self.tp > self.per_node || !self.per_node.is_multiple_of(self.tp)
+    }
 }
 
-/// What a correct diagnosis of one fault names: the kind and exactly these ranks.
+/// What a correct diagnosis of one fault names: one of these kinds, and exactly these ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Expected {
-    pub kind: Kind,
+    pub kinds: Vec<Kind>,
     pub ranks: Vec<i32>,
+    /// Independent culprits: one finding naming them all, or one finding each (hung ranks
+    /// that block the same instance are one cause, ranks that block different ones are not).
+    pub split_ok: bool,
 }
 
-/// The expected finding of a fault in a job of `ranks` ranks.
-pub fn expected(fault: &Fault, ranks: usize, per_node: usize) -> Result<Expected, String> {
-    let topo = Topology::of(ranks, per_node);
+impl Expected {
+    /// Whether a finding is this one (or, when it may be split, one of its parts).
+    pub fn matches(&self, kind: Kind, ranks: &[i32]) -> bool {
+        self.kinds.contains(&kind)
+            && (self.ranks == ranks
+                || (self.split_ok
+                    && !ranks.is_empty()
+                    && ranks.iter().all(|r| self.ranks.contains(r))))
+    }
+
+    /// Whether findings meet it: one naming exactly its ranks, or its parts covering them.
+    pub fn met_by(&self, found: &[(Kind, Vec<i32>)]) -> bool {
+        let parts: Vec<&(Kind, Vec<i32>)> =
+            found.iter().filter(|(k, r)| self.matches(*k, r)).collect();
+        if parts.iter().any(|(_, r)| *r == self.ranks) {
+            return true;
+        }
+        let mut covered: Vec<i32> = parts.iter().flat_map(|(_, r)| r.clone()).collect();
+        covered.sort_unstable();
+        covered.dedup();
+        self.split_ok && covered == self.ranks
+    }
+
+    /// "hang or dead-rank".
+    pub fn kinds_phrase(&self) -> String {
+        self.kinds
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    }
+}
+
+/// The expected finding of a fault in a job of this shape.
+pub fn expected(fault: &Fault, topo: &Topology) -> Result<Expected, String> {
     let check = |r: i32| {
         if (r as usize) < topo.ranks() {
             Ok(vec![r])
@@ -289,35 +430,112 @@ pub fn expected(fault: &Fault, ranks: usize, per_node: usize) -> Result<Expected
             ))
         }
     };
-    Ok(match fault {
-        Fault::Straggler { rank } => Expected {
-            kind: Kind::SlowRank,
-            ranks: check(*rank)?,
-        },
+    let one = |kind: Kind, r: i32| -> Result<Expected, String> {
+        Ok(Expected {
+            kinds: vec![kind],
+            ranks: check(r)?,
+            split_ok: false,
+        })
+    };
+    match fault {
+        Fault::Straggler { rank } | Fault::Flaky { rank, .. } => one(Kind::SlowRank, *rank),
         Fault::SlowNode { node } => {
-            let n = node_index(node, &topo)?;
-            Expected {
-                kind: Kind::SlowRank,
+            let n = node_index(node, topo)?;
+            Ok(Expected {
+                kinds: vec![Kind::SlowRank],
                 ranks: topo.node_ranks(n).map(|r| r as i32).collect(),
-            }
+                split_ok: false,
+            })
         }
-        Fault::Hang { rank, .. } => Expected {
-            kind: Kind::Hang,
+        Fault::Hang { rank, .. } => one(Kind::Hang, *rank),
+        Fault::Mismatch { rank, .. } => one(Kind::Mismatch, *rank),
+        Fault::Dead { rank, .. } | Fault::Teardown { rank, .. } => one(Kind::DeadRank, *rank),
+        Fault::Freeze { rank, .. } => Ok(Expected {
+            kinds: vec![Kind::Hang, Kind::DeadRank],
             ranks: check(*rank)?,
-        },
-        Fault::Mismatch { rank, .. } => Expected {
-            kind: Kind::Mismatch,
-            ranks: check(*rank)?,
-        },
-        Fault::Dead { rank, .. } => Expected {
-            kind: Kind::DeadRank,
-            ranks: check(*rank)?,
-        },
-        Fault::Degraded => Expected {
-            kind: Kind::DegradedCollective,
+            split_ok: false,
+        }),
+        Fault::Degraded { .. } => Ok(Expected {
+            kinds: vec![Kind::DegradedCollective],
             ranks: vec![],
-        },
-    })
+            split_ok: false,
+        }),
+        Fault::Stall { .. } => Ok(Expected {
+            kinds: vec![Kind::Hang],
+            ranks: vec![],
+            split_ok: false,
+        }),
+    }
+}
+
+/// How findings compare with what the faults should give: every expectation must be met by a
+/// finding, and every finding must meet an expectation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Expectations no finding met (indices into the expectations).
+    pub missing: Vec<usize>,
+    /// Findings no expectation explains: (kind, ranks).
+    pub extra: Vec<(Kind, Vec<i32>)>,
+}
+
+impl Verdict {
+    pub fn exact(&self) -> bool {
+        self.missing.is_empty() && self.extra.is_empty()
+    }
+}
+
+/// Judges findings `(kind, ranks)` against expectations.
+pub fn judge(want: &[Expected], found: &[(Kind, Vec<i32>)]) -> Verdict {
+    Verdict {
+        missing: (0..want.len())
+            .filter(|i| !want[*i].met_by(found))
+            .collect(),
+        extra: found
+            .iter()
+            .filter(|(k, r)| !want.iter().any(|e| e.matches(*k, r)))
+            .cloned()
+            .collect(),
+    }
+}
+
+/// What faults `f` should give together: each its own finding, except hung ranks (one `hang`
+/// naming them all when they block the same instances, else one each) and slow ranks (one
+/// finding per slow node or rank, or one naming them all).
+pub fn expected_all(faults: &[Fault], topo: &Topology) -> Result<Vec<Expected>, String> {
+    let mut out = Vec::new();
+    let mut hung: Vec<i32> = Vec::new();
+    // Slow ranks (stragglers, slow nodes): one finding or several, naming exactly them.
+    let mut slow: Vec<i32> = Vec::new();
+    for f in faults {
+        match f {
+            Fault::Hang { rank, .. } => {
+                expected(f, topo)?;
+                hung.push(*rank);
+            }
+            Fault::Straggler { .. } | Fault::SlowNode { .. } => {
+                slow.extend(expected(f, topo)?.ranks);
+            }
+            _ => out.push(expected(f, topo)?),
+        }
+    }
+    slow.sort_unstable();
+    slow.dedup();
+    if !slow.is_empty() {
+        out.push(Expected {
+            kinds: vec![Kind::SlowRank],
+            split_ok: true,
+            ranks: slow,
+        });
+    }
+    if !hung.is_empty() {
+        hung.sort_unstable();
+        out.push(Expected {
+            kinds: vec![Kind::Hang],
+            split_ok: hung.len() > 1,
+            ranks: hung,
+        });
+    }
+    Ok(out)
 }
 
 /// A node given as `node-007` or `7`.
@@ -350,8 +568,34 @@ pub enum RankState {
     Stopped(u64),
     /// Inside a call that cannot complete (local-clock `t_enter` in the call).
     Blocked(Call),
+    /// Inside a call, its process stopped (no heartbeats, kernel state `T`).
+    Frozen(Call),
     /// Killed at this global time.
     Dead(u64),
+}
+
+/// Something done to one collective instance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Inject {
+    /// This rank calls a broadcast instead.
+    Odd(usize),
+    /// Everyone enters; it never completes.
+    Stall,
+    /// Everyone enters, this rank last, and its process stops.
+    Freeze(usize),
+    /// Everyone enters, and this rank's process is killed inside.
+    DieInside(usize),
+}
+
+/// Where in a step a rank stops or dies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// Before the step's first call.
+    Start,
+    /// Before the data-parallel all-reduce.
+    BeforeDp,
+    /// Before the world all-reduce (or inside it, for a death).
+    BeforeWorld,
 }
 
 const WORLD: usize = 0;
@@ -386,7 +630,21 @@ pub struct Sim {
     pub step: u64,
     /// Global time at which the last rank stopped progressing.
     pub stuck_since: Option<u64>,
-    slow: Vec<bool>,
+    /// Per rank: slow one step in this many from the onset on (1: every step), or never.
+    slow: Vec<Option<u64>>,
+    /// Per rank: its own persistent compute speed factor.
+    speed: Vec<f64>,
+    /// Per fault: where in its step it strikes.
+    phases: Vec<Phase>,
+    /// A freeze waiting for its rank's next collective.
+    freeze_pending: Option<usize>,
+    /// When the launcher kills every remaining rank (a teardown), global time.
+    pub teardown_at: Option<u64>,
+    /// Per fault: whether it struck (a rank already blocked behind another fault never stops,
+    /// dies or freezes itself).
+    pub struck: Vec<bool>,
+    /// Per rank: a running rank blocked in a call it is a member of, while it was stopped.
+    waited_on: Vec<bool>,
     sends: HashMap<(usize, usize, usize, bool), u64>,
     /// Comm ids per rank: world, tp, dp, pp.
     comm_ids: Vec<[u64; 4]>,
@@ -409,40 +667,47 @@ fn comm_id(kind: &str, a: usize, b: usize) -> u64 {
 impl Sim {
     /// A new job; `epoch` is the realtime clock (ns) at its global time 0.
     pub fn new(spec: Spec, epoch: u64) -> Result<Sim, String> {
-        if spec.ranks < 2 || !spec.ranks.is_multiple_of(spec.per_node.max(1)) {
-            return Err(format!(
-                "--ranks {}: use a multiple of {} (ranks per node), at least 2",
-                spec.ranks, spec.per_node
-            ));
-        }
-        let topo = Topology::of(spec.ranks, spec.per_node);
+        let topo = Topology::new(spec.ranks, spec.per_node, spec.tp, spec.pp)?;
         for f in &spec.faults {
-            expected(f, spec.ranks, spec.per_node)?;
+            expected(f, &topo)?;
         }
         let n = topo.ranks();
         let mut rng = Rng::new(spec.seed);
         let clock_off = (0..topo.nodes)
             .map(|_| 1_000_000_000_000 + rng.below(1_000_000_000_000_000))
             .collect();
-        let mut slow = vec![false; n];
+        let speed = (0..n)
+            .map(|_| (1.0 + spec.skew * rng.normal()).max(0.5))
+            .collect();
+        let mut slow = vec![None; n];
         for f in &spec.faults {
             match f {
-                Fault::Straggler { rank } => slow[*rank as usize] = true,
+                Fault::Straggler { rank } => slow[*rank as usize] = Some(1),
+                Fault::Flaky { rank, every } => slow[*rank as usize] = Some(*every),
                 Fault::SlowNode { node } => {
                     for r in topo.node_ranks(node_index(node, &topo)?) {
-                        slow[r] = true;
+                        slow[r] = Some(1);
                     }
                 }
                 _ => {}
             }
         }
+        let phases = spec
+            .faults
+            .iter()
+            .map(|_| match rng.below(3) {
+                0 => Phase::Start,
+                1 if topo.replicas >= 2 => Phase::BeforeDp,
+                _ => Phase::BeforeWorld,
+            })
+            .collect();
         let comm_ids = (0..n)
             .map(|r| {
                 [
                     comm_id("world", 0, 0),
-                    comm_id("tp", topo.node_of(r), 0),
-                    comm_id("dp", topo.stage_of(r), r % topo.per_node),
-                    comm_id("pp", topo.replica_of(r), r % topo.per_node),
+                    comm_id("tp", r / topo.tp, 0),
+                    comm_id("dp", topo.stage_of(r), r % topo.tp),
+                    comm_id("pp", topo.replica_of(r), r % topo.tp),
                 ]
             })
             .collect();
@@ -455,12 +720,20 @@ impl Sim {
             rec_seq: vec![0; n],
             seq: vec![[0; 4]; n],
             p2p_seq: HashMap::new(),
-            next_beat: vec![0; n],
+            next_beat: (0..n)
+                .map(|r| (r as u64 * 7_919_000) % 1_000_000_000)
+                .collect(),
             clock_off,
             epoch,
             step: 0,
             stuck_since: None,
             slow,
+            speed,
+            phases,
+            freeze_pending: None,
+            teardown_at: None,
+            struck: vec![false; spec.faults.len()],
+            waited_on: vec![false; n],
             sends: HashMap::new(),
             comm_ids,
             rates: vec![Rates::default(); topo.nodes],
@@ -498,7 +771,7 @@ impl Sim {
         }
     }
 
-    /// Rank `r`'s process id (8 processes per node).
+    /// Rank `r`'s process id.
     fn pid(&self, r: usize) -> u32 {
         1000 + (r % self.topo.per_node) as u32
     }
@@ -521,6 +794,17 @@ impl Sim {
         })
     }
 
+    /// Rank `r` is killed by `signal` at global time `g` (its agent sees it).
+    fn kill(&mut self, r: usize, g: u64, signal: i32) {
+        if matches!(self.state[r], RankState::Dead(_)) {
+            return;
+        }
+        self.beats_until(r, g);
+        let p = self.exit_record(r, g, flags::OBSERVED, EXIT_STATUS_UNKNOWN, signal);
+        self.push_raw(r, p);
+        self.state[r] = RankState::Dead(g);
+    }
+
     /// Rank `r`'s monotonic clock at global time `g`.
     pub fn mono(&self, r: usize, g: u64) -> u64 {
         self.clock_off[self.topo.node_of(r)] + g
@@ -530,7 +814,7 @@ impl Sim {
     fn sizes(&self) -> [i32; 4] {
         [
             self.topo.ranks() as i32,
-            self.topo.per_node as i32,
+            self.topo.tp as i32,
             self.topo.replicas as i32,
             self.topo.stages as i32,
         ]
@@ -540,7 +824,7 @@ impl Sim {
     fn comm_rank(&self, r: usize, k: usize) -> i32 {
         (match k {
             WORLD => r,
-            TP => r % self.topo.per_node,
+            TP => r % self.topo.tp,
             DP => self.topo.replica_of(r),
             _ => self.topo.stage_of(r),
         }) as i32
@@ -587,7 +871,7 @@ impl Sim {
     }
 
     fn beats_until(&mut self, r: usize, g: u64) {
-        if matches!(self.state[r], RankState::Dead(_)) {
+        if matches!(self.state[r], RankState::Dead(_) | RankState::Frozen(_)) {
             return;
         }
         while self.next_beat[r] <= g {
@@ -605,9 +889,16 @@ impl Sim {
         }
     }
 
-    /// Heartbeats of every live rank up to global time `g` (a real-time driver calls this as
-    /// time passes; stopped and blocked ranks keep beating, dead ones do not).
+    /// Time passes up to global time `g`: a teardown due kills the remaining ranks, and every
+    /// live rank beats (stopped and blocked ranks keep beating, dead and frozen ones do not).
     pub fn beat_all(&mut self, g: u64) {
+        if let Some(k) = self.teardown_at
+            && g >= k
+        {
+            for r in 0..self.topo.ranks() {
+                self.kill(r, k, 15);
+            }
+        }
         for r in 0..self.topo.ranks() {
             self.beats_until(r, g);
         }
@@ -660,11 +951,20 @@ impl Sim {
         self.comm_ids.iter().flatten().copied().collect()
     }
 
-    /// The call rank `r` is blocked in, if any.
+    /// The call rank `r` is inside, if any.
     pub fn in_flight(&self, r: usize) -> Option<Call> {
         match self.state[r] {
-            RankState::Blocked(c) => Some(c),
+            RankState::Blocked(c) | RankState::Frozen(c) => Some(c),
             _ => None,
+        }
+    }
+
+    /// The process state its agent would read (`T` stopped, `S` otherwise), if it runs.
+    pub fn proc_state(&self, r: usize) -> Option<&'static str> {
+        match self.state[r] {
+            RankState::Dead(_) => None,
+            RankState::Frozen(_) => Some("T"),
+            _ => Some("S"),
         }
     }
 
@@ -686,8 +986,12 @@ impl Sim {
         if !self.running(r) {
             return;
         }
-        let mut f = 1.0 + self.spec.jitter * self.rng.normal();
-        if self.slow[r] && self.step >= self.spec.onset_step {
+        let mut f = self.speed[r] * (1.0 + self.spec.jitter * self.rng.normal());
+        let onset = self.spec.onset_step;
+        if let Some(every) = self.slow[r]
+            && self.step >= onset
+            && (self.step - onset).is_multiple_of(every)
+        {
             f *= self.spec.slow_factor;
         }
         let mut d = ms * MS * f.max(0.1);
@@ -736,42 +1040,73 @@ impl Sim {
         }
     }
 
-    /// A collective on communicator kind `k` over `members`; `odd` = a rank that calls
-    /// another op instead (mismatch).
+    /// A collective on communicator kind `k` over `members`, with what is done to it.
     fn collective(
         &mut self,
         members: &[usize],
         k: usize,
         bytes: u64,
         xfer_ns: f64,
-        odd: Option<usize>,
+        inject: Option<Inject>,
     ) {
-        let op = Op::Allreduce;
-        let complete = odd.is_none() && members.iter().all(|&m| self.running(m));
-        let exit = members.iter().map(|&m| self.t[m]).max().unwrap_or(0) + xfer_ns as u64;
-        for &m in members {
+        // A freeze strikes the frozen rank's next collective.
+        let inject = match (inject, self.freeze_pending) {
+            (None, Some(f)) if members.contains(&f) && self.running(f) => {
+                self.freeze_pending = None;
+                Some(Inject::Freeze(f))
+            }
+            _ => inject,
+        };
+        let complete = inject.is_none() && members.iter().all(|&m| self.running(m));
+        if !complete && members.iter().any(|&m| self.running(m)) {
+            for &m in members {
+                if matches!(self.state[m], RankState::Stopped(_)) {
+                    self.waited_on[m] = true;
+                }
+            }
+        }
+        let last_in = members.iter().map(|&m| self.t[m]).max().unwrap_or(0);
+        let exit = last_in + xfer_ns as u64;
+        let spread = self.spec.exit_spread_ns;
+        let n = members.len().max(1) as u64;
+        for (pos, &m) in members.iter().enumerate() {
             if !self.running(m) {
                 continue;
             }
             let seq = self.seq[m][k];
             self.seq[m][k] += 1;
-            let (o, peer) = if Some(m) == odd {
+            let (o, peer) = if inject == Some(Inject::Odd(m)) {
                 (Op::Broadcast, 0)
             } else {
-                (op, -1)
+                (Op::Allreduce, -1)
             };
-            let t_enter = self.t[m];
             if complete {
-                let t_exit = exit + self.rng.below(20_000);
+                // Members leave in the algorithm's order, up to `spread` apart.
+                let t_exit = exit + spread * pos as u64 / n + self.rng.below(spread / 8 + 1_000);
+                let t_enter = self.t[m];
                 let c = self.call_record(m, k, o, bytes, peer, t_enter, t_exit, seq, seq);
                 self.push(m, Record::Call(c), t_exit);
                 self.t[m] = t_exit;
-            } else {
-                self.block(
-                    m,
-                    self.call_record(m, k, o, bytes, peer, t_enter, 0, seq, seq),
-                    t_enter,
-                );
+                continue;
+            }
+            let t_enter = match inject {
+                // The frozen rank enters after every peer.
+                Some(Inject::Freeze(f)) if f == m => last_in + 2_000_000,
+                _ => self.t[m],
+            };
+            let c = self.call_record(m, k, o, bytes, peer, t_enter, 0, seq, seq);
+            self.block(m, c, t_enter);
+            match inject {
+                Some(Inject::Freeze(f)) if f == m => {
+                    // Stopped 300 ms into the call: its last records (an `enter`) got out.
+                    self.beats_until(m, t_enter + 300_000_000);
+                    self.state[m] = RankState::Frozen(c);
+                }
+                Some(Inject::DieInside(d)) if d == m => {
+                    let at = t_enter + 200_000_000 + self.rng.below(500_000_000);
+                    self.kill(m, at, 9);
+                }
+                _ => {}
             }
         }
     }
@@ -781,6 +1116,7 @@ impl Sim {
         c.t_exit = 0;
         self.push(m, Record::Enter(c), t_enter + 100_000_000);
         self.state[m] = RankState::Blocked(c);
+        self.t[m] = self.t[m].max(t_enter);
     }
 
     fn send(&mut self, src: usize, dst: usize, mb: usize, fwd: bool) {
@@ -828,13 +1164,100 @@ impl Sim {
     fn xfer_ns(&self, op_bytes: u64, n: usize, busbw: f64, network: bool) -> f64 {
         let n = n as f64;
         let mut t = 2.0 * (n - 1.0) / n * op_bytes as f64 / busbw * 1e9 + 20_000.0;
-        if network
-            && self.step >= self.spec.onset_step
-            && self.spec.faults.contains(&Fault::Degraded)
-        {
+        let onset = self.spec.onset_step;
+        let degraded = self.spec.faults.iter().any(|f| match f {
+            Fault::Degraded { .. } => self.step >= f.start(onset),
+            _ => false,
+        });
+        if network && degraded {
             t *= self.spec.degrade_factor;
         }
         t
+    }
+
+    /// The faults that strike at `phase` of this step: ranks stop, die, or are marked.
+    fn strike(&mut self, phase: Phase) -> Option<Inject> {
+        let s = self.step;
+        let onset = self.spec.onset_step;
+        let mut inject = None;
+        let faults = self.spec.faults.clone();
+        for (i, f) in faults.iter().enumerate() {
+            if f.start(onset) != s {
+                continue;
+            }
+            let at_phase = self.phases[i] == phase;
+            let r = f.rank().map_or(0, |r| r as usize);
+            let struck = match f {
+                Fault::Hang { .. }
+                | Fault::Dead { .. }
+                | Fault::Teardown { .. }
+                | Fault::Mismatch { .. } => {
+                    at_phase_or_world(f, at_phase, phase) && self.running(r)
+                }
+                Fault::Freeze { .. } => phase == Phase::Start && self.running(r),
+                Fault::Stall { .. } => phase == Phase::BeforeWorld && self.stuck_free(),
+                _ => false,
+            };
+            if struck {
+                self.struck[i] = true;
+            }
+            match f {
+                Fault::Hang { .. } if at_phase && self.running(r) => {
+                    self.state[r] = RankState::Stopped(self.t[r]);
+                }
+                Fault::Dead { .. } if at_phase && self.running(r) => {
+                    if phase == Phase::BeforeWorld {
+                        inject = Some(Inject::DieInside(r));
+                    } else {
+                        let at = self.t[r];
+                        self.kill(r, at, 9);
+                    }
+                }
+                Fault::Teardown { .. } if at_phase && self.running(r) => {
+                    let at = self.t[r];
+                    self.kill(r, at, 9);
+                    // The launcher notices and takes the job down.
+                    self.teardown_at = Some(at + 500_000_000 + self.rng.below(1_000_000_000));
+                }
+                Fault::Freeze { .. } if phase == Phase::Start => self.freeze_pending = Some(r),
+                Fault::Mismatch { rank, .. } if phase == Phase::BeforeWorld => {
+                    inject = Some(Inject::Odd(*rank as usize));
+                }
+                Fault::Stall { .. } if phase == Phase::BeforeWorld => inject = Some(Inject::Stall),
+                _ => {}
+            }
+        }
+        inject
+    }
+
+    /// Whether every rank runs (a stall needs every member to enter).
+    fn stuck_free(&self) -> bool {
+        self.state.iter().all(|s| *s == RankState::Running)
+    }
+
+    /// The faults that took effect (those that did not are hidden behind another).
+    pub fn effective_faults(&self) -> Vec<Fault> {
+        self.spec
+            .faults
+            .iter()
+            .zip(&self.struck)
+            .filter(|(f, s)| match f {
+                // A stopped rank nobody came to wait for hangs nothing.
+                Fault::Hang { rank, .. } => **s && self.waited_on[*rank as usize],
+                _ => {
+                    **s || !matches!(
+                        f,
+                        Fault::Hang { .. }
+                            | Fault::Dead { .. }
+                            | Fault::Teardown { .. }
+                            | Fault::Mismatch { .. }
+                            | Fault::Freeze { .. }
+                            | Fault::Stall { .. }
+                    )
+                }
+            })
+            .map(|(f, _)| f.clone())
+            .collect()
     }
 
     /// Simulates one step (world seq = step number). Returns false when nothing can run.
@@ -842,37 +1265,15 @@ impl Sim {
         if self.stuck() {
             return false;
         }
-        let s = self.step;
-        let onset = self.spec.onset_step;
-        let faults = self.spec.faults.clone();
-        let mut odd = None;
-        for f in &faults {
-            match f {
-                Fault::Hang { rank, seq } if seq.unwrap_or(onset) == s => {
-                    let r = *rank as usize;
-                    if self.running(r) {
-                        self.state[r] = RankState::Stopped(self.t[r]);
-                    }
-                }
-                Fault::Dead { rank, seq } if seq.unwrap_or(onset) == s => {
-                    let r = *rank as usize;
-                    if self.running(r) {
-                        let at = self.t[r];
-                        // The agent saw it killed.
-                        let p = self.exit_record(r, at, flags::OBSERVED, EXIT_STATUS_UNKNOWN, 9);
-                        self.push(r, p, at);
-                        self.state[r] = RankState::Dead(at);
-                    }
-                }
-                Fault::Mismatch { rank, seq } if seq.unwrap_or(onset) == s => {
-                    odd = Some(*rank as usize);
-                }
-                _ => {}
-            }
-        }
+        self.strike(Phase::Start);
         let topo = self.topo;
         let f = self.spec.compute_ms;
-        let tp_x = self.xfer_ns(TP_BYTES, topo.per_node, 150e9, topo.replicas < 2);
+        let tp_x = self.xfer_ns(
+            TP_BYTES,
+            topo.tp,
+            150e9,
+            topo.tp_spans_nodes() || topo.replicas < 2,
+        );
         let dp_x = self.xfer_ns(DP_BYTES, topo.replicas, 40e9, true);
         for (fwd, mul) in [(true, 1.0), (false, 2.0)] {
             for mb in 0..self.spec.micro {
@@ -893,30 +1294,32 @@ impl Sim {
                         st.checked_sub(1)
                     };
                     for rep in 0..topo.replicas {
-                        let members: Vec<usize> = (0..topo.per_node)
-                            .map(|tp| topo.rank_at(rep, st, tp))
-                            .collect();
-                        for (tp, &r) in members.iter().enumerate() {
+                        let members: Vec<usize> =
+                            (0..topo.tp).map(|t| topo.rank_at(rep, st, t)).collect();
+                        for (t, &r) in members.iter().enumerate() {
                             if let Some(p) = prev {
-                                self.recv(r, topo.rank_at(rep, p, tp), mb, fwd);
+                                self.recv(r, topo.rank_at(rep, p, t), mb, fwd);
                             }
                             self.compute(r, f * mul);
                         }
-                        self.collective(&members, TP, TP_BYTES, tp_x, None);
+                        if members.len() >= 2 {
+                            self.collective(&members, TP, TP_BYTES, tp_x, None);
+                        }
                         if let Some(nx) = next {
-                            for (tp, &r) in members.iter().enumerate() {
-                                self.send(r, topo.rank_at(rep, nx, tp), mb, fwd);
+                            for (t, &r) in members.iter().enumerate() {
+                                self.send(r, topo.rank_at(rep, nx, t), mb, fwd);
                             }
                         }
                     }
                 }
             }
         }
+        self.strike(Phase::BeforeDp);
         if topo.replicas >= 2 {
             for st in 0..topo.stages {
-                for tp in 0..topo.per_node {
+                for t in 0..topo.tp {
                     let members: Vec<usize> = (0..topo.replicas)
-                        .map(|rep| topo.rank_at(rep, st, tp))
+                        .map(|rep| topo.rank_at(rep, st, t))
                         .collect();
                     self.collective(&members, DP, DP_BYTES, dp_x, None);
                 }
@@ -927,7 +1330,8 @@ impl Sim {
         for &r in &all {
             self.compute(r, 0.5);
         }
-        self.collective(&all, WORLD, 8, world_x, odd);
+        let inject = self.strike(Phase::BeforeWorld);
+        self.collective(&all, WORLD, 8, world_x, inject);
         self.step += 1;
         if self.stuck() && self.stuck_since.is_none() {
             // Blocked and stopped ranks' clocks stand where they stopped.
@@ -939,8 +1343,8 @@ impl Sim {
     /// Ends the job at global time `end`: heartbeats up to it; ranks still running finalize
     /// (a final heartbeat and the shim's exit record).
     pub fn finish(&mut self, end: u64) {
+        self.beat_all(end);
         for r in 0..self.topo.ranks() {
-            self.beats_until(r, end);
             if self.running(r) {
                 let at = end.max(self.t[r]);
                 let hb = Heartbeat {
@@ -962,26 +1366,42 @@ impl Sim {
 
 /// Runs the whole job in virtual time and returns each process's trace.
 pub fn run_virtual(spec: Spec) -> Result<Vec<ProcessTrace>, String> {
+    Ok(simulate(spec)?.0)
+}
+
+/// Runs the whole job in virtual time: each process's trace, and the faults that took effect.
+pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Vec<Fault>), String> {
     let mut sim = Sim::new(spec, 1_800_000_000_000_000_000)?;
     while sim.step < sim.spec.steps && sim.step() {}
-    let end = match sim.stuck_since {
-        Some(t) => t + (sim.spec.tail_s * 1e9) as u64,
-        None if sim.stuck() => sim.now() + (sim.spec.tail_s * 1e9) as u64,
+    let tail = (sim.spec.tail_s * 1e9) as u64;
+    let end = match (sim.teardown_at, sim.stuck_since) {
+        // The launcher took the job down: its processes' records end there.
+        (Some(k), _) => k,
+        (None, Some(t)) => t + tail,
+        (None, None) if sim.stuck() => sim.now() + tail,
         // Ranks blocked while others ran to the end (e.g. a hang after the last world
         // collective) still get the tail.
-        None if sim.state.iter().any(|s| *s != RankState::Running) => {
-            sim.now() + (sim.spec.tail_s * 1e9) as u64
-        }
-        None => sim.now(),
+        (None, None) if sim.state.iter().any(|s| *s != RankState::Running) => sim.now() + tail,
+        (None, None) => sim.now(),
     };
     sim.finish(end);
-    Ok((0..sim.topo.ranks())
+    let faults = sim.effective_faults();
+    let traces = (0..sim.topo.ranks())
         .map(|r| ProcessTrace {
             header: sim.header(r),
             records: sim.take(r),
             clock: None,
         })
-        .collect())
+        .collect();
+    Ok((traces, faults))
+}
+
+/// Whether a rank fault strikes now: at its phase (a mismatch always at the world call).
+fn at_phase_or_world(f: &Fault, at_phase: bool, phase: Phase) -> bool {
+    match f {
+        Fault::Mismatch { .. } => phase == Phase::BeforeWorld,
+        _ => at_phase,
+    }
 }
 
 #[cfg(test)]
@@ -998,6 +1418,12 @@ mod tests {
             "mismatch:1:4",
             "dead:7",
             "degraded",
+            "degraded:0",
+            "stall",
+            "stall:9",
+            "teardown:3:8",
+            "freeze:2",
+            "flaky:4:3",
         ] {
             assert_eq!(Fault::parse(t).expect(t).token(), t);
         }
@@ -1006,14 +1432,17 @@ mod tests {
             "hang:x",
             "hang:1:y",
             "wobble:3",
-            "degraded:1",
+            "degraded:x",
             "straggler:-1",
+            "flaky:3:1",
+            "stall:1:2",
         ] {
             assert!(Fault::parse(bad).is_err(), "{bad}");
         }
-        assert!(expected(&Fault::Straggler { rank: 64 }, 64, 8).is_err());
+        let topo = Topology::of(64, 8);
+        assert!(expected(&Fault::Straggler { rank: 64 }, &topo).is_err());
         assert_eq!(
-            expected(&Fault::SlowNode { node: "1".into() }, 64, 8)
+            expected(&Fault::SlowNode { node: "1".into() }, &topo)
                 .expect("node")
                 .ranks,
             (8..16).collect::<Vec<i32>>()

@@ -6,7 +6,7 @@
 //! the rest of a job down after one rank dies, the ranks killed after it are consequences, not
 //! findings. The first is told by record order — the rank the others were blocked waiting for,
 //! which never entered their call — and otherwise by time: the agent's exit times (50 ms apart
-//! at least), or, from heartbeats alone, a lead of a quarter second. A job that was already
+//! at least), or, from heartbeats alone (one a second), a lead of a second and a half. A job that was already
 //! hung when its first process ended was taken down because it hung: the hang is the finding.
 //! A job taken down as a whole, with nothing to single a rank out, gives no finding.
 
@@ -18,8 +18,12 @@ use crate::view::{Ending, JobView};
 
 /// Exit times (seen by agents) closer than this are one event.
 const OBSERVED_WINDOW_NS: u64 = 50_000_000;
-/// Endings inferred from heartbeats (one a second) closer than this are one event.
-const INFERRED_WINDOW_NS: u64 = 250_000_000;
+/// Endings inferred from silence (heartbeats come once a second, at any phase) closer than
+/// this are one event.
+const INFERRED_WINDOW_NS: u64 = 1_500_000_000;
+/// A launcher takes a job down within this of its first death: waits that short, ended by the
+/// teardown, are record-order evidence even between endings inferred from silence.
+const TEARDOWN_NS: u64 = 3_000_000_000;
 
 /// Which ranks ended abnormally, and which of them are root causes.
 #[derive(Debug, Default)]
@@ -100,12 +104,12 @@ pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
         d.how_found = "the others were blocked waiting for it";
         return d;
     }
-    let observed = d.ended.values().all(|e| e.observed);
-    let window = if observed {
-        OBSERVED_WINDOW_NS
-    } else {
-        INFERRED_WINDOW_NS
-    };
+    let window = d
+        .ended
+        .values()
+        .map(window)
+        .max()
+        .unwrap_or(OBSERVED_WINDOW_NS);
     let early: BTreeSet<i32> = d
         .ended
         .iter()
@@ -143,10 +147,14 @@ fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i3
             if c.age_ns < (100_000_000u64).max(2 * longest) {
                 continue;
             }
+            // A short wait ended by the teardown: the rank it waited for stopped first if its
+            // records end before the waiter's (the waiter's `enter` proves it was alive).
+            let torn_down = ended.contains_key(&r.rank) && c.age_ns <= TEARDOWN_NS;
             for root in waits.roots(r.rank, c) {
                 if let Root::Rank(x) = root
                     && let Some(e) = ended.get(&x)
-                    && e.at_ns + window(e) <= until
+                    && (e.at_ns + window(e) <= until
+                        || (torn_down && e.at_ns + OBSERVED_WINDOW_NS <= until))
                 {
                     roots.insert(x);
                 }

@@ -123,12 +123,26 @@ pub fn findings(
     }
 
     let mut out = Vec::new();
-    // Deaths: one finding for the ranks that ended first, waited for or not.
+    // Deaths: one finding for the ranks that ended first, waited for or not. Its victims are
+    // every call waiting on it, however young (a launcher may end them within a second).
     if !deaths.roots.is_empty() {
-        let victims: Vec<Victim> = deaths
-            .roots
-            .iter()
-            .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
+        let dead: BTreeSet<Root> = deaths.roots.iter().map(|r| Root::Rank(*r)).collect();
+        let victims: Vec<Victim> = view
+            .ranks
+            .values()
+            .filter(|r| !explained.contains(&r.rank))
+            .flat_map(|r| {
+                let waits = &waits;
+                let dead = &dead;
+                r.in_flight.iter().filter_map(move |call| {
+                    let roots = waits.roots(r.rank, call);
+                    roots.iter().any(|x| dead.contains(x)).then(|| Victim {
+                        rank: r.rank,
+                        call,
+                        direct: waits.blockers(r.rank, call),
+                    })
+                })
+            })
             .collect();
         out.push(dead_finding(view, deaths, &victims));
     }
@@ -290,10 +304,19 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         );
     }
     if !after.is_empty() {
-        summary += &format!(
-            ", and {} ended after it (taken down with the job)",
-            ranks_phrase(&after)
-        );
+        let last = after
+            .iter()
+            .filter_map(|r| deaths.ended.get(r))
+            .map(|e| e.at_ns)
+            .max()
+            .unwrap_or(0);
+        let within = last.saturating_sub(first.map_or(last, |(_, e)| e.at_ns)) as f64 / 1e9;
+        summary += &if after.len() <= 4 {
+            format!(", and {} ended after it", ranks_phrase(&after))
+        } else {
+            format!(", and the {} other ranks ended after it", after.len())
+        };
+        summary += &format!(" (within {within:.1} s: taken down with the job)");
     }
     summary += &format!(
         " — it is the first rank to stop ({}): look at {}'s logs and kernel messages (OOM killer, segfault) for why it ended, then restart the job from its last checkpoint",
@@ -433,8 +456,8 @@ fn stall_finding(view: &JobView, comm: u64, seq: u64, victims: &[Victim]) -> Fin
     let age = call.map_or(0.0, |c| c.age_ns as f64 / 1e9);
     let nodes = nodes_of(view, &members.iter().copied().collect());
     let what = call.map_or_else(
-        || format!("instance #{seq} on communicator {}", format_comm_id(comm)),
-        call_phrase,
+        || format!("instance #{seq}"),
+        |c| format!("{} #{seq} ({})", c.op.name(), fmt_bytes(c.bytes)),
     );
     let outside: BTreeSet<i32> = members.iter().copied().collect();
     let behind = victim_ranks(
