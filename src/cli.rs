@@ -386,6 +386,27 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             for job in loaded.jobs.values() {
                 let found = commscope_analyzer::analyze(&job.job, &job.processes, &th);
                 if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
+                    let v = commscope_analyzer::replay::view(&job.job, &job.processes);
+                    for r in v.ranks.values() {
+                        eprintln!(
+                            "job {}: rank {}: last heard {:.3} s before the end, ended {:?}, finalized {}, in flight {:?}",
+                            job.job,
+                            r.rank,
+                            v.now_ns.saturating_sub(r.last_heard_ns) as f64 / 1e9,
+                            r.ended,
+                            r.finalized,
+                            r.in_flight
+                                .iter()
+                                .map(|c| format!(
+                                    "{} #{} on {:#x} for {:.3} s",
+                                    c.op.name(),
+                                    c.seq,
+                                    c.comm,
+                                    c.age_ns as f64 / 1e9
+                                ))
+                                .collect::<Vec<_>>()
+                        );
+                    }
                     for (r, share, late, ratio, blame) in
                         commscope_analyzer::batch::slow_rank_view(&job.processes, &th.tuning)
                             .iter()

@@ -451,7 +451,8 @@ pub fn now_real() -> u64 {
         .unwrap_or(0)
 }
 
-fn now_mono() -> u64 {
+/// Host CLOCK_MONOTONIC (ns).
+pub(crate) fn now_mono() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -654,8 +655,18 @@ impl Pump {
                     if let Ok(afd) = registered {
                         let _ = afd.readable().await;
                     }
-                    let seen = (now_real(), now_mono());
+                    let mut seen = (now_real(), now_mono());
                     let ending = exits.ending(pid, Duration::from_millis(200)).await;
+                    // The kernel's time of the exit, when the connector gave it: exact, where
+                    // the pidfd's readiness comes whenever this task runs. Which rank of a job
+                    // ended first can be milliseconds (a launcher's teardown).
+                    if let Some((_, at)) = ending
+                        && at > 0
+                        && at <= seen.1
+                    {
+                        seen = (seen.0 - (seen.1 - at), at);
+                    }
+                    let ending = ending.map(|e| e.0);
                     let _ = ev.send(Event::Exited(id, ending, seen)).await;
                 });
             }

@@ -27,10 +27,14 @@ pub fn pidfd(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// pid → (when it was seen here, how it ended, the kernel's CLOCK_MONOTONIC time of the exit
+/// in ns).
+type Seen = Arc<Mutex<HashMap<u32, (Instant, Ending, u64)>>>;
+
 /// Exit statuses reported by the kernel, by pid, kept for a minute.
 #[derive(Clone, Debug, Default)]
 pub struct ExitWatcher {
-    seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>,
+    seen: Seen,
     /// Whether the connector is listening (else statuses are unknown).
     pub active: bool,
 }
@@ -71,19 +75,19 @@ impl ExitWatcher {
     }
 
     /// How `pid` ended, if the kernel said so (waits up to `wait` for the event to arrive).
-    pub async fn ending(&self, pid: u32, wait: Duration) -> Option<Ending> {
+    pub async fn ending(&self, pid: u32, wait: Duration) -> Option<(Ending, u64)> {
         if !self.active {
             return None;
         }
         let deadline = Instant::now() + wait;
         loop {
-            if let Some((_, e)) = self
+            if let Some((_, e, at)) = self
                 .seen
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&pid)
             {
-                return Some(*e);
+                return Some((*e, *at));
             }
             if Instant::now() >= deadline {
                 return None;
@@ -144,7 +148,7 @@ fn open_connector() -> std::io::Result<OwnedFd> {
     Ok(owned)
 }
 
-fn listen(fd: OwnedFd, seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>) {
+fn listen(fd: OwnedFd, seen: Seen) {
     use std::os::fd::AsRawFd;
     let mut buf = vec![0u8; 8192];
     let mut last_prune = Instant::now();
@@ -165,10 +169,10 @@ fn listen(fd: OwnedFd, seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>) {
             if len < NLMSG_HDR || at + len > n {
                 break;
             }
-            if let Some((pid, ending)) = parse_exit(&buf[at + NLMSG_HDR..at + len]) {
+            if let Some((pid, ending, t)) = parse_exit(&buf[at + NLMSG_HDR..at + len]) {
                 seen.lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(pid, (Instant::now(), ending));
+                    .insert(pid, (Instant::now(), ending, t));
             }
             at += (len + 3) & !3;
         }
@@ -176,13 +180,14 @@ fn listen(fd: OwnedFd, seen: Arc<Mutex<HashMap<u32, (Instant, Ending)>>>) {
             last_prune = Instant::now();
             seen.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .retain(|_, (t, _)| t.elapsed() < Duration::from_secs(60));
+                .retain(|_, (t, _, _)| t.elapsed() < Duration::from_secs(60));
         }
     }
 }
 
-/// Parses a connector message; an exit of a thread-group leader gives its pid and ending.
-fn parse_exit(cn: &[u8]) -> Option<(u32, Ending)> {
+/// Parses a connector message; an exit of a thread-group leader gives its pid, its ending and
+/// the kernel's time of it (CLOCK_MONOTONIC, ns: `ktime_get_ns`).
+fn parse_exit(cn: &[u8]) -> Option<(u32, Ending, u64)> {
     let word = |at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(cn.get(at..at + 4)?.try_into().ok()?))
     };
@@ -194,6 +199,7 @@ fn parse_exit(cn: &[u8]) -> Option<(u32, Ending)> {
         return None;
     }
     // proc_event: what, cpu, timestamp (8), then exit_proc_event: pid, tgid, code, signal.
+    let at = u64::from_ne_bytes(cn.get(ev + 8..ev + 16)?.try_into().ok()?);
     let data = ev + 16;
     let (pid, tgid, code) = (word(data)?, word(data + 4)?, word(data + 8)?);
     if pid != tgid {
@@ -208,6 +214,7 @@ fn parse_exit(cn: &[u8]) -> Option<(u32, Ending)> {
         } else {
             Ending::Signaled(sig as i32)
         },
+        at,
     ))
 }
 
@@ -228,10 +235,14 @@ mod tests {
             .expect("spawn");
         let pid = child.id();
         let out = child.wait_with_output().expect("wait");
+        let after = crate::daemon::now_mono();
         assert_eq!(out.status.code(), Some(7));
-        assert_eq!(
-            w.ending(pid, Duration::from_secs(2)).await,
-            Some(Ending::Exited(7))
+        let (ending, at) = w.ending(pid, Duration::from_secs(2)).await.expect("seen");
+        assert_eq!(ending, Ending::Exited(7));
+        // The kernel's time of the exit, on CLOCK_MONOTONIC: just before we saw it end.
+        assert!(
+            at > 0 && at <= after && after - at < 1_000_000_000,
+            "{at} vs {after}"
         );
         let mut child = std::process::Command::new("sleep")
             .arg("30")
@@ -243,7 +254,7 @@ mod tests {
         let _ = child.wait();
         drop(fd);
         assert_eq!(
-            w.ending(pid, Duration::from_secs(2)).await,
+            w.ending(pid, Duration::from_secs(2)).await.map(|e| e.0),
             Some(Ending::Signaled(9))
         );
     }

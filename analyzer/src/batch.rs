@@ -72,7 +72,7 @@ fn feed_in_time_order(
                 Record::Process(x) if x.event == ProcessEvent::Step => {
                     real_time(p, x.t_mono, Clock::HostMono)
                 }
-                Record::Comm(c) if c.event == CommEvent::Failed => {
+                Record::Comm(c) if matches!(c.event, CommEvent::Failed | CommEvent::Created) => {
                     real_time(p, c.t, Clock::HostMono)
                 }
                 Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
@@ -88,6 +88,9 @@ fn feed_in_time_order(
             Record::Call(c) => det.call(c, t),
             Record::Skip(k) => det.skip(k, t),
             Record::Process(x) => det.step_marker(x.rank, x.step, t),
+            Record::Comm(c) if c.event == CommEvent::Created => {
+                det.comm_created(c.comm_id, c.parent, c.size)
+            }
             Record::Comm(c) => det.comm_failed(c, t),
             Record::Link(l) => det.link(l, t),
             _ => {}

@@ -41,6 +41,7 @@ use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Skip};
 use serde_json::json;
 
+use crate::detectors::mismatch::{self, Mismatch};
 use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
 
 /// The detectors' thresholds (documented in docs/diagnosis.md).
@@ -89,6 +90,10 @@ impl Default for Tuning {
 
 /// Mismatched instances kept per job (the first ones: a program that diverged keeps diverging).
 const MAX_MISMATCHES: usize = 64;
+/// Agreed instances kept per communicator with a parent (for siblings' votes).
+const AGREED_KEPT: usize = 64;
+/// Communicators whose family is known, at most.
+const MAX_FAMILIES: usize = 65_536;
 
 /// One member's call of an instance.
 #[derive(Clone, Copy, Debug)]
@@ -317,16 +322,6 @@ fn nccl_error_name(status: i32) -> &'static str {
     }
 }
 
-/// A mismatched instance.
-#[derive(Debug, Clone)]
-struct Mismatch {
-    comm: u64,
-    seq: u64,
-    size: usize,
-    shapes: BTreeMap<Shape, Vec<i32>>,
-    at_s: f64,
-}
-
 /// A slow-rank finding while it is open.
 #[derive(Debug, Clone)]
 struct SlowOpen {
@@ -348,6 +343,10 @@ pub struct Detectors {
     perf: HashMap<(u64, u8, u32), Perf>,
     errors: BTreeMap<u64, ErrInfo>,
     mismatches: BTreeMap<(u64, u64), Mismatch>,
+    /// Communicator → (parent, size): siblings break a mismatch's tie.
+    families: HashMap<u64, (u64, i32)>,
+    /// Communicator → its latest agreed instances (seq, what every member called).
+    agreed: HashMap<u64, VecDeque<(u64, Shape)>>,
     /// (comm, op) → (instances completed, first and last completion time): step inference.
     cadence: HashMap<(u64, u8), (u64, f64, f64)>,
     slow_open: Vec<SlowOpen>,
@@ -427,6 +426,8 @@ impl Detectors {
             perf: HashMap::new(),
             errors: BTreeMap::new(),
             mismatches: BTreeMap::new(),
+            families: HashMap::new(),
+            agreed: HashMap::new(),
             cadence: HashMap::new(),
             slow_open: Vec::new(),
             markers: HashMap::new(),
@@ -625,6 +626,13 @@ impl Detectors {
         self.instances += 1;
         if self.check_shapes(key, &p, now) {
             return;
+        }
+        if self.families.contains_key(&key.0) {
+            let a = self.agreed.entry(key.0).or_default();
+            if a.len() >= AGREED_KEPT {
+                a.pop_front();
+            }
+            a.push_back((key.1, p.entries[0].shape));
         }
         let op = Op::from_code(p.entries[0].shape.op);
         let cad = self
@@ -827,7 +835,14 @@ impl Detectors {
         // (the ones after it follow from it).
         let mut seen: BTreeSet<(String, Vec<i32>)> = BTreeSet::new();
         for m in self.mismatches.values() {
-            let f = mismatch_finding(&self.job, m, &self.ranks, now_ns);
+            let siblings = self.siblings_at(m.comm, m.seq);
+            let ranks = &self.ranks;
+            let f = mismatch::finding(&self.job, m, &siblings, |r| {
+                ranks
+                    .get(&r)
+                    .map(|x| x.node.clone())
+                    .filter(|n| !n.is_empty())
+            });
             if seen.insert((f.comm.clone().unwrap_or_default(), f.ranks.clone())) {
                 out.push(f);
             }
@@ -1255,63 +1270,31 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
-/// A mismatch finding: `ranks` are those that differ from the majority.
-fn mismatch_finding(job: &str, m: &Mismatch, ranks: &HashMap<i32, RankSt>, now_ns: u64) -> Finding {
-    let majority = m
-        .shapes
-        .iter()
-        .max_by_key(|(_, r)| r.len())
-        .map(|(k, _)| *k)
-        .expect("two shapes");
-    let mut odd: Vec<i32> = m
-        .shapes
-        .iter()
-        .filter(|(k, _)| **k != majority)
-        .flat_map(|(_, r)| r.clone())
-        .collect();
-    odd.sort_unstable();
-    let theirs: Vec<String> = m
-        .shapes
-        .iter()
-        .filter(|(k, _)| **k != majority)
-        .map(|(k, r)| {
-            let mut r = r.clone();
-            r.sort_unstable();
-            format!("{} called {}", ranks_phrase(&r), k.describe())
-        })
-        .collect();
-    let nodes: BTreeSet<String> = odd
-        .iter()
-        .filter_map(|r| ranks.get(r).map(|x| x.node.clone()))
-        .filter(|n| !n.is_empty())
-        .collect();
-    let _ = now_ns;
-    Finding {
-        id: finding_id(Kind::Mismatch, job, Some(m.comm), &odd, Some(m.seq)),
-        kind: Kind::Mismatch,
-        class: Class::CommunicationHang,
-        state: State::Open,
-        job: job.to_owned(),
-        comm: Some(format_comm_id(m.comm)),
-        seq: Some(m.seq),
-        ranks: odd,
-        nodes: nodes.into_iter().collect(),
-        link: None,
-        opened_at: (m.at_s * 1e9) as u64,
-        resolved_at: None,
-        confidence: 0.99,
-        summary: format!(
-            "collective #{} on communicator {}: {} where the other {} called {} — the program's ranks disagree on the sequence of collectives; fix the code path that diverges",
-            m.seq,
-            format_comm_id(m.comm),
-            theirs.join("; "),
-            m.shapes.get(&majority).map_or(0, Vec::len),
-            majority.describe()
-        ),
-        evidence: json!({
-            "shapes": m.shapes.iter().map(|(k, r)| json!({"call": k.describe(), "ranks": r})).collect::<Vec<_>>(),
-            "size": m.size,
-        }),
+impl Detectors {
+    /// A communicator was created (its parent, 0 when none, and size): siblings, made by the
+    /// same parent with the same size, break a mismatch's tie.
+    pub fn comm_created(&mut self, comm: u64, parent: u64, size: i32) {
+        if parent != 0 && self.families.len() < MAX_FAMILIES {
+            self.families.insert(comm, (parent, size));
+        }
+    }
+
+    /// What sibling communicators of `comm` agreed on at instance `seq`.
+    fn siblings_at(&self, comm: u64, seq: u64) -> Vec<Shape> {
+        let Some(fam) = self.families.get(&comm) else {
+            return vec![];
+        };
+        self.families
+            .iter()
+            .filter(|(c, f)| **c != comm && *f == fam)
+            .filter_map(|(c, _)| {
+                self.agreed
+                    .get(c)?
+                    .iter()
+                    .find(|(s, _)| *s == seq)
+                    .map(|(_, shape)| *shape)
+            })
+            .collect()
     }
 }
 

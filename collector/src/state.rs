@@ -646,8 +646,12 @@ impl State {
                     s.duration_sum_s += k.inside_ns as f64 / 1e9;
                 }
                 Record::Comm(c) => {
-                    if c.event == CommEvent::Failed {
-                        job.detectors.comm_failed(c, at(c.t));
+                    match c.event {
+                        CommEvent::Failed => job.detectors.comm_failed(c, at(c.t)),
+                        CommEvent::Created => {
+                            job.detectors.comm_created(c.comm_id, c.parent, c.size)
+                        }
+                        _ => {}
                     }
                     if job.comms.len() >= max_comms && !job.comms.contains_key(&c.comm_id) {
                         job.comms_dropped += 1;

@@ -12,10 +12,17 @@
  *   bcast     calls MPI_Bcast where the others call MPI_Allreduce
  *   recv      calls MPI_Recv from the next rank, which never sends
  *   kill      kills itself with SIGKILL
+ *   freeze    (with pairs) enters the all-reduce on its pair first and stops (SIGSTOP) 200 ms
+ *             later; its partner enters 400 ms after it
+ *   pairbcast (with pairs) calls MPI_Bcast on its pair where its partner and every other pair
+ *             call MPI_Allreduce
+ * The modes marked "with pairs" also split the ranks into tensor-parallel pairs (rank / 2) that
+ * all-reduce at every step before the world all-reduce.
  * Every rank prints "step N" to stdout at FAULT_STEP so the test knows the fault has begun, and
  * marks each step with commscope_step() when the shim provides it.
  */
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +40,14 @@ static void compute(long iters) {
     sink += a;
 }
 
+/* Stops the whole process 200 ms after it is started (the main thread is then inside MPI). */
+static void *stop_soon(void *arg) {
+    (void)arg;
+    usleep(200 * 1000);
+    raise(SIGSTOP);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank, size;
@@ -46,6 +61,12 @@ int main(int argc, char **argv) {
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
     MPI_Comm_set_name(half, "half");
+    int pairs = strcmp(mode, "freeze") == 0 || strcmp(mode, "pairbcast") == 0;
+    MPI_Comm pair = MPI_COMM_NULL;
+    if (pairs) {
+        MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pair);
+        MPI_Comm_set_name(pair, "tensor-parallel");
+    }
     if (rank == bad && strcmp(mode, "throttle") == 0) {
         const char *f = getenv("FAULTS_PIDFILE");
         if (f) {
@@ -77,6 +98,19 @@ int main(int argc, char **argv) {
         if (faulty && strcmp(mode, "recv") == 0) {
             MPI_Recv(x, 1, MPI_DOUBLE, (rank + 1) % size, 999, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         }
+        if (pairs) {
+            int partner_faulty = rank == (bad ^ 1) && s == fault_step;
+            if (rank == bad && s == fault_step && strcmp(mode, "freeze") == 0) {
+                pthread_t t;
+                pthread_create(&t, NULL, stop_soon, NULL);
+            }
+            if (partner_faulty && strcmp(mode, "freeze") == 0) usleep(400 * 1000);
+            if (faulty && strcmp(mode, "pairbcast") == 0) {
+                MPI_Bcast(x, 256, MPI_DOUBLE, 0, pair);
+            } else {
+                MPI_Allreduce(MPI_IN_PLACE, x, 256, MPI_DOUBLE, MPI_SUM, pair);
+            }
+        }
         if (faulty && strcmp(mode, "bcast") == 0) {
             MPI_Bcast(x, 256, MPI_DOUBLE, 0, MPI_COMM_WORLD);
         } else {
@@ -84,6 +118,7 @@ int main(int argc, char **argv) {
         }
         if (s % 4 == 3) MPI_Allreduce(MPI_IN_PLACE, x, 16, MPI_DOUBLE, MPI_SUM, half);
     }
+    if (pair != MPI_COMM_NULL) MPI_Comm_free(&pair);
     MPI_Comm_free(&half);
     MPI_Finalize();
     return 0;

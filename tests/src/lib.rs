@@ -448,8 +448,12 @@ pub fn analyze_json(dir: &Path) -> serde_json::Value {
         .arg(dir)
         .arg("--format")
         .arg("json")
+        .env("COMMSCOPE_EXPLAIN", "1")
         .output()
         .expect("analyze");
     assert_ok(&o, "commscope analyze");
-    serde_json::from_slice(&o.stdout).expect("findings JSON")
+    let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("findings JSON");
+    // What the detectors saw, for a failing test to show.
+    v["explain"] = String::from_utf8_lossy(&o.stderr).into_owned().into();
+    v
 }

@@ -5,8 +5,10 @@
 //! Fires for the rank that ended *first*: when launchers (`mpirun`, `torchrun`, `srun`) take
 //! the rest of a job down after one rank dies, the ranks killed after it are consequences, not
 //! findings. The first is told by record order — the rank the others were blocked waiting for,
-//! which never entered their call — and otherwise by time: the agent's exit times (50 ms apart
-//! at least), or, from heartbeats alone (one a second), a lead of a second and a half. A job that was already
+//! which never entered their call — and otherwise by time: the kernel's exit times as the agent
+//! reports them (5 ms apart at least: a launcher takes milliseconds to react, a node's crash
+//! kills its processes within microseconds of each other), or, from heartbeats alone (one a
+//! second), a lead of a second and a half. A job that was already
 //! hung when its first process ended was taken down because it hung: the hang is the finding.
 //! A job taken down as a whole, with nothing to single a rank out, gives no finding.
 
@@ -16,8 +18,8 @@ use super::Liveness;
 use super::waits::{Root, Waits};
 use crate::view::{Ending, JobView};
 
-/// Exit times (seen by agents) closer than this are one event.
-const OBSERVED_WINDOW_NS: u64 = 50_000_000;
+/// Exit times (the kernel's, seen by agents) closer than this are one event.
+const OBSERVED_WINDOW_NS: u64 = 5_000_000;
 /// Endings inferred from silence (heartbeats come once a second, at any phase) closer than
 /// this are one event.
 const INFERRED_WINDOW_NS: u64 = 1_500_000_000;
@@ -116,14 +118,35 @@ pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
         .filter(|(_, e)| e.at_ns <= first + window)
         .map(|(r, _)| *r)
         .collect();
-    let went_on = view.ranks.values().any(|r| {
-        !early.contains(&r.rank)
-            && (r.finalized
-                || d.ended
-                    .get(&r.rank)
-                    .is_none_or(|e| e.at_ns > first + window))
-    });
-    if went_on {
+    // Others went on: some still run or shut down cleanly, or the rest ended clearly later,
+    // and close together compared with how far after the first (a launcher's teardown, not a
+    // job killed one process after another, as `pkill` does).
+    let alive = view
+        .ranks
+        .values()
+        .any(|r| !early.contains(&r.rank) && (r.finalized || !d.ended.contains_key(&r.rank)));
+    let rest: Vec<u64> = d
+        .ended
+        .iter()
+        .filter(|(r, _)| !early.contains(r))
+        .map(|(_, e)| e.at_ns)
+        .collect();
+    let early_end = early
+        .iter()
+        .filter_map(|r| d.ended.get(r))
+        .map(|e| e.at_ns)
+        .max()
+        .unwrap_or(first);
+    // A clear gap after the first endings: wider than the window, and than the spread of the
+    // endings on either side of it.
+    let apart = match (rest.iter().min(), rest.iter().max()) {
+        (Some(&next), Some(&last)) => {
+            let gap = next - early_end;
+            gap >= window && gap >= 2 * (last - next) && gap >= 2 * (early_end - first)
+        }
+        _ => false,
+    };
+    if alive || apart {
         d.roots = early;
         d.how_found = "it ended first";
     }

@@ -36,11 +36,28 @@ struct Victim<'a> {
     direct: Vec<Root>,
 }
 
-/// Processes that stopped while their peers go on: stopped by a signal or debugger, or (live)
-/// silent past `dead_after` with their CPU time standing still.
+/// Processes that stopped while their peers go on: live, silent past `dead_after` and stopped
+/// (by a signal or a debugger) or with their CPU time standing still; in a trace, silent that long
+/// before the others went quiet, though not the first to end (e.g. a job killed as a whole
+/// later).
 pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
     if !view.live {
-        return BTreeSet::new();
+        return view
+            .ranks
+            .values()
+            .filter(|r| !r.finalized && r.last_heard_ns > 0 && !deaths.roots.contains(&r.rank))
+            .filter(|r| {
+                let others = view
+                    .ranks
+                    .values()
+                    .filter(|o| o.rank != r.rank)
+                    .map(|o| o.last_heard_ns)
+                    .max()
+                    .unwrap_or(0);
+                others.saturating_sub(r.last_heard_ns) >= th.dead_after_ns
+            })
+            .map(|r| r.rank)
+            .collect();
     }
     view.ranks
         .values()
@@ -48,11 +65,12 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
         .filter(|r| {
             let silent = r.last_heard_ns > 0
                 && view.now_ns.saturating_sub(r.last_heard_ns) >= th.dead_after_ns;
-            match &r.process {
-                Some(p) if p.stopped() => true,
-                Some(p) => silent && !p.cpu_advancing,
-                None => silent,
-            }
+            // Silent for `dead_after` at least (a debugger's short stop is not a finding),
+            // and stopped, or its CPU time standing still, or its state unknown.
+            silent
+                && r.process
+                    .as_ref()
+                    .is_none_or(|p| p.stopped() || !p.cpu_advancing)
         })
         .map(|r| r.rank)
         .collect()
@@ -316,7 +334,13 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         } else {
             format!(", and the {} other ranks ended after it", after.len())
         };
-        summary += &format!(" (within {within:.1} s: taken down with the job)");
+        summary += &if within < 1.0 {
+            format!(" (within {:.0} ms: taken down with the job)", within * 1e3)
+        } else if within <= 3.0 {
+            format!(" (within {within:.1} s: taken down with the job)")
+        } else {
+            format!(" ({within:.1} s later)")
+        };
     }
     summary += &format!(
         " — it is the first rank to stop ({}): look at {}'s logs and kernel messages (OOM killer, segfault) for why it ended, then restart the job from its last checkpoint",

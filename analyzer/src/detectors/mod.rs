@@ -5,6 +5,8 @@
 //! - [`hang`]: instances that make no progress, traced to their root: ranks that never entered
 //!   (hang), a process that stopped (frozen: hang), every member inside (a stall:
 //!   communication-hang with no rank), or a death or mismatch that explains them.
+//! - [`mismatch`]: members of an instance that called different things (its instance data
+//!   comes from the instance detectors in [`crate::stream`]).
 //! - [`waits`]: the wait graph both use.
 //!
 //! [`liveness`] runs them together, so one root cause gives one finding: the hangs a death, a
@@ -12,6 +14,7 @@
 
 pub mod dead_rank;
 pub mod hang;
+pub mod mismatch;
 pub mod waits;
 
 use crate::finding::Finding;

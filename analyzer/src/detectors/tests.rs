@@ -312,3 +312,58 @@ fn live_a_hang_ends_when_its_processes_end() {
     let f = run(&v);
     assert!(f.is_empty(), "{f:#?}");
 }
+
+#[test]
+fn a_trace_of_a_frozen_rank_killed_with_the_rest_names_it() {
+    // Rank 1 stopped inside the all-reduce with its partners; 30 s later the whole job was
+    // killed at once (exits seen by the agent): its silence before the kill tells.
+    let mut v = job(4, 10, false);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 31 * S);
+        rank(&mut v, r).ended = Some(Ending {
+            at_ns: NOW,
+            observed: true,
+            status: None,
+            signal: Some(9),
+        });
+    }
+    rank(&mut v, 1).last_heard_ns = NOW - 30 * S;
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![1])], "{f:#?}");
+    assert_eq!(f[0].evidence["victims"], serde_json::json!([0, 2, 3]));
+}
+
+/// Every rank of `v` ended (seen by its agent) at these times after `NOW - S`, in ms.
+fn ended_at(v: &mut JobView, ms: &[f64], signal: i32) {
+    for (r, t) in ms.iter().enumerate() {
+        rank(v, r as i32).ended = Some(Ending {
+            at_ns: NOW - S + (t * 1e6) as u64,
+            observed: true,
+            status: None,
+            signal: Some(signal),
+        });
+    }
+}
+
+#[test]
+fn a_launcher_teardown_in_milliseconds_names_the_first_death() {
+    // Hydra: rank 3 killed; 8 ms later the launcher kills the rest within microseconds.
+    let mut v = job(8, 10, true);
+    ended_at(
+        &mut v,
+        &[8.0, 8.01, 8.02, 0.0, 8.005, 8.012, 8.003, 8.015],
+        9,
+    );
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![3])], "{f:#?}");
+    assert!(f[0].summary.contains("within 8 ms"), "{}", f[0].summary);
+}
+
+#[test]
+fn a_job_killed_process_by_process_singles_nobody_out() {
+    // pkill: one kill after another, the endings spread evenly over 8 ms.
+    let mut v = job(8, 10, true);
+    ended_at(&mut v, &[0.0, 6.1, 1.2, 2.4, 3.5, 4.8, 7.0, 8.2], 9);
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}
