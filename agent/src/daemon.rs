@@ -1145,7 +1145,32 @@ impl Pump {
             dropped_other: other,
             produced: head,
         });
-        let rec_seq = head + 2;
+        // What it was inside when it ended (the shim reports a call only after 100 ms in
+        // flight, and its last reports may not have been written): record order for the
+        // detectors — the rank the others were blocked waiting for died first.
+        let mut rec_seq = head + 2;
+        let mut inside = Vec::new();
+        for (_, e) in shm.in_flight() {
+            let p2p = commscope_wire::op::Op::from_code(e.op).is_p2p();
+            inside.push(Record::Enter(commscope_wire::record::Call {
+                rec_seq,
+                op: e.op,
+                flags: e.flags,
+                comm_id: e.comm_id,
+                seq: if p2p { 0 } else { e.seq },
+                op_seq: if p2p { e.seq } else { 0 },
+                bytes: e.bytes,
+                peer: e.peer,
+                tag: e.tag,
+                t_enter: e.t_enter,
+                rank: s.process.rank,
+                comm_rank: e.comm_rank,
+                peer2: -1,
+                tag2: -1,
+                ..Default::default()
+            }));
+            rec_seq += 1;
+        }
         let (status, signal) = match ending {
             Some(Ending::Exited(c)) => (c, 0),
             Some(Ending::Signaled(sig)) => (EXIT_STATUS_UNKNOWN, sig),
@@ -1196,6 +1221,9 @@ impl Pump {
         let mut records = Vec::new();
         let skips = s.sampler.flush(&mut records);
         records.extend_from_slice(&beat.encode());
+        for r in &inside {
+            records.extend_from_slice(&r.encode());
+        }
         records.extend_from_slice(&rec.encode());
         self.next_order += 1;
         let out = Outgoing {
@@ -1210,7 +1238,7 @@ impl Pump {
                 dropped_overrun: shm.counter(Counter::ConsumerOverrun),
             },
             origin: Origin::Exit { source: id },
-            records: 2 + skips,
+            records: 2 + inside.len() as u64 + skips,
             not_before: None,
         };
         // In ring order: behind the process's last batches (the queue is flushed, or spooled,

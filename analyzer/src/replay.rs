@@ -58,6 +58,9 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
     };
     let mut enters: BTreeMap<(u64, u64, bool), (Call, bool)> = BTreeMap::new();
     let mut exit: Option<Ending> = None;
+    // The last own heartbeat: (time, calls in flight), and the last completed call's end.
+    let mut last_beat = (0u64, 0u32);
+    let mut last_exit = 0u64;
     let heard = |t: u64, clock: Clock| real_time(p, t, clock);
     for rec in &p.records {
         match rec {
@@ -68,7 +71,11 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             }
             Record::Heartbeat(h) => {
                 if h.flags & flags::AGENT_BEAT == 0 {
-                    r.last_heard_ns = r.last_heard_ns.max(heard(h.t_mono, Clock::HostMono));
+                    let t = heard(h.t_mono, Clock::HostMono);
+                    r.last_heard_ns = r.last_heard_ns.max(t);
+                    if t >= last_beat.0 {
+                        last_beat = (t, h.in_flight);
+                    }
                 }
                 if h.flags & flags::FINAL != 0 {
                     r.finalized = true;
@@ -97,7 +104,9 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                     .max(heard(c.t_enter, c.clock()) + ENTER_AFTER_NS);
             }
             Record::Call(c) => {
-                r.last_heard_ns = r.last_heard_ns.max(heard(c.span().1, c.clock()));
+                let t = heard(c.span().1, c.clock());
+                r.last_heard_ns = r.last_heard_ns.max(t);
+                last_exit = last_exit.max(t);
                 let p2p = c.op().is_p2p();
                 let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
                 if let Some(e) = enters.get_mut(&key) {
@@ -126,6 +135,8 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         }
     }
     r.ended = exit.filter(|_| !r.finalized);
+    let unmatched = enters.values().any(|(_, done)| !done);
+    r.busy_unseen = !unmatched && last_beat.1 > 0 && last_beat.0 > last_exit;
     let until = r
         .ended
         .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));

@@ -41,6 +41,8 @@ use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Skip};
 use serde_json::json;
 
+use crate::detectors::comm_error::CommErrors;
+use crate::detectors::degraded::{Degraded, Explained};
 use crate::detectors::mismatch::{self, Mismatch};
 use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
 
@@ -90,6 +92,8 @@ impl Default for Tuning {
 
 /// Mismatched instances kept per job (the first ones: a program that diverged keeps diverging).
 const MAX_MISMATCHES: usize = 64;
+/// How long a mismatch that ties waits for its siblings' votes, seconds.
+const TIE_WAIT_S: f64 = 10.0;
 /// Agreed instances kept per communicator with a parent (for siblings' votes).
 const AGREED_KEPT: usize = 64;
 /// Communicators whose family is known, at most.
@@ -218,110 +222,6 @@ impl RankSt {
     }
 }
 
-/// Bandwidth history of one (communicator, op, size class).
-#[derive(Debug, Default)]
-struct Perf {
-    comm: u64,
-    op: u8,
-    bytes: u64,
-    size: usize,
-    /// Best windowed median so far.
-    base: Option<f64>,
-    recent: VecDeque<f64>,
-    /// Median of `recent`.
-    current: f64,
-    degraded_since: Option<f64>,
-    /// Members' ranks (for "no member is slow").
-    members: Vec<i32>,
-}
-
-/// An error returned by a communication call.
-#[derive(Debug)]
-struct ErrInfo {
-    ranks: BTreeSet<i32>,
-    first_seq: u64,
-    op: &'static str,
-    status: i32,
-    count: u64,
-    first_s: f64,
-    source: ErrSource,
-    /// The library's own words, when it gave them (NCCL's `ncclGetLastError`).
-    message: String,
-    /// The library that reported it (`commscope_wire::op::lib`).
-    lib: u8,
-}
-
-/// Where a communicator's error came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ErrSource {
-    /// Calls returned it.
-    Call,
-    /// Creating the communicator failed.
-    Init,
-    /// The library reported it asynchronously (`ncclCommGetAsyncError`).
-    Async,
-}
-
-/// The sentence of a `comm-error` finding.
-fn error_summary(e: &ErrInfo, ranks: &[i32], nodes: &[String], comm: u64) -> String {
-    let who = ranks_phrase(ranks);
-    let on = if nodes.is_empty() {
-        "an unknown node".to_owned()
-    } else {
-        nodes.join(", ")
-    };
-    let those = if nodes.len() == 1 {
-        "that node"
-    } else {
-        "those nodes"
-    };
-    let nccl = e.lib != commscope_wire::op::lib::MPI;
-    let mut error = if nccl {
-        format!("{}, {}", e.status, nccl_error_name(e.status))
-    } else {
-        e.status.to_string()
-    };
-    if !e.message.is_empty() {
-        error = format!("{error} (\"{}\")", e.message);
-    }
-    match e.source {
-        ErrSource::Init if nccl => format!(
-            "{who} on {on} could not create NCCL communicator {}: error {error} — the job cannot communicate; rerun with NCCL_DEBUG=WARN and read its log on {those} (network interfaces, NCCL_SOCKET_IFNAME, GPU visibility)",
-            format_comm_id(comm)
-        ),
-        ErrSource::Init => format!(
-            "{who} on {on} could not create communicator {}: error {error} — read the library's error log on {those}",
-            format_comm_id(comm)
-        ),
-        ErrSource::Async => format!(
-            "{who} on {on} reported asynchronous error {error} on NCCL communicator {} — the communicator is broken and its pending collectives will not finish: read the NCCL log on {those} and restart the job",
-            format_comm_id(comm)
-        ),
-        ErrSource::Call => format!(
-            "{who} on {on} got error {error} from {} on communicator {} ({} failed call{} from #{}) — the communicator is broken: read the library's error log on {those} and restart the job",
-            e.op,
-            format_comm_id(comm),
-            e.count,
-            if e.count == 1 { "" } else { "s" },
-            e.first_seq,
-        ),
-    }
-}
-
-/// The name and meaning of an `ncclResult_t`.
-fn nccl_error_name(status: i32) -> &'static str {
-    match status {
-        1 => "ncclUnhandledCudaError: a CUDA call failed",
-        2 => "ncclSystemError: a system call failed (sockets, memory, shared memory)",
-        3 => "ncclInternalError",
-        4 => "ncclInvalidArgument",
-        5 => "ncclInvalidUsage",
-        6 => "ncclRemoteError: a peer process exited or the network failed",
-        8 => "ncclTimeout",
-        _ => "an unknown NCCL error",
-    }
-}
-
 /// A slow-rank finding while it is open.
 #[derive(Debug, Clone)]
 struct SlowOpen {
@@ -340,8 +240,8 @@ pub struct Detectors {
     ranks: HashMap<i32, RankSt>,
     pending: HashMap<(u64, u64), Pending>,
     pending_order: VecDeque<(u64, u64)>,
-    perf: HashMap<(u64, u8, u32), Perf>,
-    errors: BTreeMap<u64, ErrInfo>,
+    degraded: Degraded,
+    errors: CommErrors,
     mismatches: BTreeMap<(u64, u64), Mismatch>,
     /// Communicator → (parent, size): siblings break a mismatch's tie.
     families: HashMap<u64, (u64, i32)>,
@@ -423,8 +323,8 @@ impl Detectors {
             ranks: HashMap::new(),
             pending: HashMap::new(),
             pending_order: VecDeque::new(),
-            perf: HashMap::new(),
-            errors: BTreeMap::new(),
+            degraded: Degraded::default(),
+            errors: CommErrors::default(),
             mismatches: BTreeMap::new(),
             families: HashMap::new(),
             agreed: HashMap::new(),
@@ -502,22 +402,7 @@ impl Detectors {
             // Its wait is not known: the next instance on this comm has no compute measure.
             r.last_on_comm.remove(&c.comm_id);
         }
-        if c.status != 0 {
-            let e = self.errors.entry(c.comm_id).or_insert_with(|| ErrInfo {
-                ranks: BTreeSet::new(),
-                first_seq: c.seq,
-                op: op.name(),
-                status: c.status,
-                count: 0,
-                first_s: now,
-                source: ErrSource::Call,
-                message: String::new(),
-                lib: c.lib,
-            });
-            e.ranks.insert(c.rank);
-            e.count += 1;
-            e.first_seq = e.first_seq.min(c.seq);
-        }
+        self.errors.call(c, now);
         if op.is_p2p() || op == Op::None || c.comm_size <= 0 {
             return;
         }
@@ -565,28 +450,7 @@ impl Detectors {
         if now > self.now_s {
             self.now_s = now;
         }
-        let source = if c.flags & flags::COMM_ASYNC_ERROR != 0 {
-            ErrSource::Async
-        } else {
-            ErrSource::Init
-        };
-        let e = self.errors.entry(c.comm_id).or_insert_with(|| ErrInfo {
-            ranks: BTreeSet::new(),
-            first_seq: 0,
-            op: "",
-            status: c.status,
-            count: 0,
-            first_s: now,
-            source,
-            message: c.name().to_owned(),
-            lib: if c.flags & flags::NCCL_COMM != 0 {
-                commscope_wire::op::lib::NCCL
-            } else {
-                commscope_wire::op::lib::MPI
-            },
-        });
-        e.ranks.insert(c.rank);
-        e.count += 1;
+        self.errors.comm_failed(c, now);
     }
 
     /// Calls of `rank` that consistent sampling left out (a `skip` record): from now on its
@@ -622,7 +486,7 @@ impl Detectors {
         true
     }
 
-    fn complete(&mut self, key: (u64, u64), mut p: Pending, bytes: u64, now: f64) {
+    fn complete(&mut self, key: (u64, u64), p: Pending, bytes: u64, now: f64) {
         self.instances += 1;
         if self.check_shapes(key, &p, now) {
             return;
@@ -711,27 +575,18 @@ impl Detectors {
             && !matches!(op, Op::Gather | Op::Scatter)
             && let Some(f) = commscope_wire::op::busbw_factor(op, p.size as i32)
         {
-            let class = 64 - bytes.leading_zeros();
             let bw = bytes as f64 * f / (d_min as f64 / 1e9);
-            let perf = self.perf.entry((key.0, op as u8, class)).or_default();
-            if perf.members.is_empty() {
-                p.entries.sort_by_key(|e| e.rank);
-                perf.members = p.entries.iter().map(|e| e.rank).collect();
-                perf.comm = key.0;
-                perf.op = op as u8;
-                perf.size = p.size;
-            }
-            perf.bytes = bytes;
-            perf.recent.push_back(bw);
-            if perf.recent.len() > self.tuning.window {
-                perf.recent.pop_front();
-            }
-            if perf.recent.len() == self.tuning.window {
-                let mut r: Vec<f64> = perf.recent.iter().copied().collect();
-                let cur = median(&mut r);
-                perf.current = cur;
-                perf.base = Some(perf.base.map_or(cur, |b| b.max(cur)));
-            }
+            let ranks = &self.ranks;
+            self.degraded
+                .observe(key.0, op, bytes, p.size, bw, self.tuning.window, || {
+                    let mut members: Vec<i32> = p.entries.iter().map(|e| e.rank).collect();
+                    members.sort_unstable();
+                    let nodes: BTreeSet<&str> = members
+                        .iter()
+                        .filter_map(|m| ranks.get(m).map(|x| x.node.as_str()))
+                        .collect();
+                    (members, nodes.len())
+                });
         }
     }
 
@@ -830,12 +685,20 @@ impl Detectors {
             },
             &mut out,
         );
-        self.degraded_findings(now_ns, &mut out);
+        self.degraded_findings(&mut out);
         // One finding per communicator and diverging ranks: their first mismatched instance
         // (the ones after it follow from it).
         let mut seen: BTreeSet<(String, Vec<i32>)> = BTreeSet::new();
         for m in self.mismatches.values() {
             let siblings = self.siblings_at(m.comm, m.seq);
+            // A tie waits (up to TIE_WAIT_S) for the siblings that have not completed that
+            // instance yet: naming both ranks, then one, would be two findings for one cause.
+            if mismatch::majority(m, &siblings).is_none()
+                && siblings.len() < self.sibling_count(m.comm)
+                && self.now_s - m.at_s < TIE_WAIT_S
+            {
+                continue;
+            }
             let ranks = &self.ranks;
             let f = mismatch::finding(&self.job, m, &siblings, |r| {
                 ranks
@@ -847,54 +710,17 @@ impl Detectors {
                 out.push(f);
             }
         }
-        for (comm, e) in &self.errors {
-            let nodes: BTreeSet<String> = e
-                .ranks
-                .iter()
-                .filter_map(|r| self.ranks.get(r).map(|x| x.node.clone()))
-                .filter(|n| !n.is_empty())
-                .collect();
-            let ranks: Vec<i32> = e.ranks.iter().copied().collect();
-            out.push(Finding {
-                id: finding_id(
-                    Kind::CommError,
-                    &self.job,
-                    Some(*comm),
-                    &ranks,
-                    Some(e.first_seq),
-                ),
-                kind: Kind::CommError,
-                class: Class::CommunicationHang,
-                state: State::Open,
-                job: self.job.clone(),
-                comm: Some(format_comm_id(*comm)),
-                seq: Some(e.first_seq),
-                ranks: ranks.clone(),
-                nodes: nodes.iter().cloned().collect(),
-                link: None,
-                opened_at: (e.first_s * 1e9) as u64,
-                resolved_at: None,
-                confidence: 0.99,
-                summary: error_summary(
-                    e,
-                    &ranks,
-                    &nodes.iter().cloned().collect::<Vec<_>>(),
-                    *comm,
-                ),
-                evidence: json!({
-                    "status": e.status,
-                    "failed_calls": e.count,
-                    "op": e.op,
-                    "source": match e.source {
-                        ErrSource::Call => "call",
-                        ErrSource::Init => "init",
-                        ErrSource::Async => "async",
-                    },
-                    "library": commscope_wire::op::lib::name(e.lib),
-                    "message": e.message,
-                }),
-            });
-        }
+        let ranks = &self.ranks;
+        self.errors.findings(
+            &self.job,
+            |r| {
+                ranks
+                    .get(&r)
+                    .map(|x| x.node.clone())
+                    .filter(|n| !n.is_empty())
+            },
+            &mut out,
+        );
         out
     }
 
@@ -969,7 +795,11 @@ impl Detectors {
         }
         for (node, (lows, any_high)) in by_node {
             let on_node = node_ranks.get(&node).copied().unwrap_or(0);
-            let is_node = !node.is_empty() && lows.len() >= 2 && 2 * lows.len() >= on_node;
+            // A slow node is slow against other nodes: a job on one node has ranks only.
+            let is_node = !node.is_empty()
+                && node_ranks.len() >= 2
+                && lows.len() >= 2
+                && 2 * lows.len() >= on_node;
             if is_node {
                 // Half the node or more is slow: one finding for the node. Three quarters or
                 // more: the whole node (the rest are slow too, only less visibly: their waits
@@ -1149,111 +979,31 @@ impl Detectors {
         }
     }
 
-    fn degraded_findings(&mut self, now_ns: u64, out: &mut Vec<Finding>) {
+    fn degraded_findings(&mut self, out: &mut Vec<Finding>) {
         let slow: BTreeSet<i32> = self
             .slow_open
             .iter()
             .flat_map(|o| o.ranks.iter().copied())
             .collect();
-        let t = self.tuning.clone();
-        let now = self.now_s;
         // A communicator with a slow link is that finding's (one finding per root cause).
         let slow_links = self.links.slow_comms();
-        let mut degraded: Vec<&Perf> = Vec::new();
-        for perf in self.perf.values_mut() {
-            let Some(base) = perf.base else { continue };
-            let cur = perf.current;
-            let member_slow = perf.members.iter().any(|m| slow.contains(m))
-                || slow_links.binary_search(&perf.comm).is_ok();
-            match perf.degraded_since {
-                None if cur < t.degraded_ratio * base && !member_slow => {
-                    perf.degraded_since = Some(now);
-                }
-                Some(_) if cur >= t.recover_ratio * base || member_slow => {
-                    perf.degraded_since = None;
-                }
-                _ => {}
-            }
-            if perf.degraded_since.is_some() {
-                degraded.push(perf);
-            }
-        }
-        if degraded.is_empty() {
-            return;
-        }
-        // The worst one leads the sentence; all are in the evidence.
-        degraded.sort_by(|a, b| {
-            (a.current / a.base.unwrap_or(1.0)).total_cmp(&(b.current / b.base.unwrap_or(1.0)))
-        });
-        let worst = degraded[0];
-        let base = worst.base.unwrap_or(0.0);
-        let comms: BTreeSet<u64> = degraded.iter().map(|p| p.comm).collect();
-        let nodes: Vec<String> = degraded
-            .iter()
-            .flat_map(|p| p.members.iter())
-            .filter_map(|m| self.ranks.get(m).map(|x| x.node.clone()))
-            .filter(|n| !n.is_empty())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let since = degraded
-            .iter()
-            .filter_map(|p| p.degraded_since)
-            .fold(f64::INFINITY, f64::min);
-        let op = Op::from_code(worst.op);
-        let single = (comms.len() == 1).then_some(worst.comm);
-        let scope = if comms.len() == 1 {
-            format!(
-                "on communicator {} ({} ranks on {} node{})",
-                format_comm_id(worst.comm),
-                worst.size,
-                nodes.len(),
-                if nodes.len() == 1 { "" } else { "s" }
-            )
-        } else {
-            format!(
-                "on {} communicators across {} nodes (worst: {})",
-                comms.len(),
-                nodes.len(),
-                format_comm_id(worst.comm)
-            )
-        };
-        out.push(Finding {
-            // One finding per job: its id stays when more communicators join it.
-            id: finding_id(Kind::DegradedCollective, &self.job, None, &[], None),
-            kind: Kind::DegradedCollective,
-            class: Class::CommunicationSlow,
-            state: State::Open,
-            job: self.job.clone(),
-            comm: single.map(format_comm_id),
-            seq: None,
-            ranks: vec![],
-            nodes,
-            link: None,
-            opened_at: (since * 1e9) as u64,
-            resolved_at: None,
-            confidence: 0.8,
-            summary: format!(
-                "{} of {} {scope} runs at {} bus bandwidth, {:.0} % of its own best {}, while no rank arrives late — the transport is slow: check the links and NICs between these nodes (slow-link findings, NIC counters) and the library's transport choice",
-                op.name(),
-                fmt_bytes(worst.bytes),
-                fmt_bw(worst.current),
-                100.0 * worst.current / base,
-                fmt_bw(base)
-            ),
-            evidence: json!({
-                "collectives": degraded.iter().map(|p| json!({
-                    "comm": format_comm_id(p.comm),
-                    "op": Op::from_code(p.op).name(),
-                    "bytes": p.bytes,
-                    "members": p.size,
-                    "busbw_now_bytes_per_s": p.current,
-                    "busbw_best_bytes_per_s": p.base,
-                    "ratio": p.current / p.base.unwrap_or(1.0),
-                })).collect::<Vec<_>>(),
-                "at_ns": now_ns,
-            }),
-        });
+        let ranks = &self.ranks;
+        self.degraded.findings(
+            &self.job,
+            &self.tuning,
+            self.now_s,
+            &Explained {
+                slow_ranks: &slow,
+                slow_link_comms: &slow_links,
+            },
+            |r| {
+                ranks
+                    .get(&r)
+                    .map(|x| x.node.clone())
+                    .filter(|n| !n.is_empty())
+            },
+            out,
+        );
     }
 }
 
@@ -1277,6 +1027,17 @@ impl Detectors {
         if parent != 0 && self.families.len() < MAX_FAMILIES {
             self.families.insert(comm, (parent, size));
         }
+    }
+
+    /// How many sibling communicators `comm` has.
+    fn sibling_count(&self, comm: u64) -> usize {
+        let Some(fam) = self.families.get(&comm) else {
+            return 0;
+        };
+        self.families
+            .iter()
+            .filter(|(c, f)| **c != comm && *f == fam)
+            .count()
     }
 
     /// What sibling communicators of `comm` agreed on at instance `seq`.

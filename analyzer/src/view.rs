@@ -35,6 +35,9 @@ pub struct RankView {
     pub last_heard_ns: u64,
     /// Calls in flight at its last observation: now while it runs, when it ended otherwise.
     pub in_flight: Vec<InFlight>,
+    /// Its last heartbeat counted a call in flight that no record shows (entered less than the
+    /// shim's `enter` delay before its records end): it was inside some call, not elsewhere.
+    pub busy_unseen: bool,
     /// The process as its node's agent sees it (live only).
     pub process: Option<ProcessState>,
     /// Extra evidence about the process (stacks, kernel state) for findings that name it.

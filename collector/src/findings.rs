@@ -110,11 +110,6 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView
         status: r.exit_status,
         signal: r.signal,
     });
-    // Ages grow from the snapshot while the process runs; an ended one's stop at its end.
-    let since = match (ended, r.snapshot_at) {
-        (None, Some(t)) => t.elapsed().as_nanos() as u64,
-        _ => 0,
-    };
     let to_real = |t_mono: u64| -> u64 {
         if r.mono_anchor == 0 || r.real_anchor == 0 || t_mono == 0 {
             return 0;
@@ -123,6 +118,15 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView
         (i128::from(r.real_anchor) + i128::from(t_mono) - i128::from(r.mono_anchor)
             + i128::from(offset))
         .max(0) as u64
+    };
+    // Ages grow from the snapshot while the process runs; an ended one's stop at its end.
+    let since = match (ended, r.snapshot_at) {
+        (None, Some(t)) => t.elapsed().as_nanos() as u64,
+        (Some(e), _) => match to_real(r.snapshot_mono) {
+            0 => 0,
+            snap => e.at_ns.saturating_sub(snap).min(60_000_000_000),
+        },
+        _ => 0,
     };
     let in_flight = r
         .in_flight
@@ -160,6 +164,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView
         ended,
         last_heard_ns: r.last_heard_ns,
         in_flight,
+        busy_unseen: false,
         process: r.proc.as_ref().map(|p| ProcessState {
             state: p.state.clone(),
             wchan: p.wchan.clone(),

@@ -125,28 +125,33 @@ pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
         .ranks
         .values()
         .any(|r| !early.contains(&r.rank) && (r.finalized || !d.ended.contains_key(&r.rank)));
-    let rest: Vec<u64> = d
+    let mut rest: Vec<u64> = d
         .ended
         .iter()
         .filter(|(r, _)| !early.contains(r))
         .map(|(_, e)| e.at_ns)
         .collect();
+    rest.sort_unstable();
     let early_end = early
         .iter()
         .filter_map(|r| d.ended.get(r))
         .map(|e| e.at_ns)
         .max()
         .unwrap_or(first);
-    // A clear gap after the first endings: wider than the window, and than the spread of the
-    // endings on either side of it.
-    let apart = match (rest.iter().min(), rest.iter().max()) {
-        (Some(&next), Some(&last)) => {
-            let gap = next - early_end;
-            gap >= window && gap >= 2 * (last - next) && gap >= 2 * (early_end - first)
-        }
-        _ => false,
-    };
-    if alive || apart {
+    // A clear gap after the first endings: wider than the window, than their own spread, and
+    // than the usual spacing of the endings after it (a launcher kills the rest at once; `pkill`
+    // one process after another, as evenly spaced from the first as from each other).
+    let mut spacing: Vec<u64> = rest.windows(2).map(|w| w[1] - w[0]).collect();
+    spacing.sort_unstable();
+    // The lower quartile: kills come in bursts (per node, per proxy) with pauses between.
+    let usual = spacing.get(spacing.len() / 4).copied().unwrap_or(0);
+    let apart = rest.first().is_some_and(|&next| {
+        let gap = next - early_end;
+        gap >= window && gap >= 4 * usual && gap >= 2 * (early_end - first)
+    });
+    // The first to end are a few, not most of the job (that is a job taken down as a whole).
+    let few = 2 * early.len() <= view.ranks.len().max(2);
+    if few && (alive || apart) {
         d.roots = early;
         d.how_found = "it ended first";
     }
@@ -176,7 +181,9 @@ fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i3
             for root in waits.roots(r.rank, c) {
                 if let Root::Rank(x) = root
                     && let Some(e) = ended.get(&x)
-                    && (e.at_ns + window(e) <= until
+                    // Inside some call we have no record of: not shown to be elsewhere.
+                    && !view.ranks.get(&x).is_some_and(|p| p.busy_unseen)
+                    && (ended_before(e, until)
                         || (torn_down && e.at_ns + OBSERVED_WINDOW_NS <= until))
                 {
                     roots.insert(x);
@@ -185,6 +192,18 @@ fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i3
         }
     }
     roots
+}
+
+/// A rank others waited for, and that never joined them, is the first to end unless it ended
+/// clearly after them: the kernel's exit times can put a process whose threads take a moment
+/// to go a little behind the ones a launcher killed in reaction (a millisecond), while silence is
+/// known only to a heartbeat period (then it must have gone quiet that much earlier).
+fn ended_before(e: &Ending, until: u64) -> bool {
+    if e.observed {
+        e.at_ns < until + 1_000_000
+    } else {
+        e.at_ns + INFERRED_WINDOW_NS <= until
+    }
 }
 
 /// Endings closer than this are one event.

@@ -5,6 +5,8 @@
 //! - [`hang`]: instances that make no progress, traced to their root: ranks that never entered
 //!   (hang), a process that stopped (frozen: hang), every member inside (a stall:
 //!   communication-hang with no rank), or a death or mismatch that explains them.
+//! - [`comm_error`]: errors the communication library reported.
+//! - [`degraded`]: collectives slower than their own best or their peers', no rank late.
 //! - [`mismatch`]: members of an instance that called different things (its instance data
 //!   comes from the instance detectors in [`crate::stream`]).
 //! - [`waits`]: the wait graph both use.
@@ -12,7 +14,9 @@
 //! [`liveness`] runs them together, so one root cause gives one finding: the hangs a death, a
 //! frozen process or a mismatch causes are that finding's evidence.
 
+pub mod comm_error;
 pub mod dead_rank;
+pub mod degraded;
 pub mod hang;
 pub mod mismatch;
 pub mod waits;

@@ -367,3 +367,40 @@ fn a_job_killed_process_by_process_singles_nobody_out() {
     let f = run(&v);
     assert!(f.is_empty(), "{f:#?}");
 }
+
+#[test]
+fn a_teardown_whose_kills_spread_over_milliseconds_still_names_the_first() {
+    // Measured under Hydra: rank 3, then 6.9 ms later the rest, spread over 13 ms.
+    let mut v = job(8, 10, true);
+    ended_at(
+        &mut v,
+        &[7.26, 6.97, 16.52, 0.0, 15.34, 6.91, 19.99, 9.88],
+        9,
+    );
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![3])], "{f:#?}");
+}
+
+#[test]
+fn a_rank_the_others_waited_for_is_first_even_when_the_kernel_orders_it_a_hair_late() {
+    // Measured under Hydra: the killed rank's exit event came 23 µs after one the launcher
+    // killed in reaction, while every other rank waited 0.3 s in the all-reduce it never
+    // entered. Rank 1 ended 5.5 ms after the rest: that alone must not make the rest "first".
+    let mut v = job(8, 10, true);
+    ended_at(
+        &mut v,
+        &[0.14, 5.6, 0.076, 0.023, 0.12, 0.047, 0.0, 0.033],
+        9,
+    );
+    for r in (0..8).filter(|r| *r != 3) {
+        inside(&mut v, r, WORLD, 10, 3 * S / 10);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![3])], "{f:#?}");
+    // Without the waits, nothing tells: no finding rather than a wrong one.
+    for r in 0..8 {
+        rank(&mut v, r).in_flight.clear();
+    }
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}

@@ -1,0 +1,305 @@
+//! `degraded-collective`: a collective moves data slower than it should while no rank is late.
+//!
+//! Measures, per (communicator, op, size class) and for messages of at least
+//! `degraded_min_bytes`, the bus bandwidth of each instance from its last arriver's duration
+//! (the transfer itself, which stragglers do not inflate), as the median of the last `window`
+//! instances. Fires when that is below `degraded_ratio` of a reference — the communicator's own
+//! best so far, or the best current bandwidth of communicators of the same shape (same op, size
+//! class, member count and number of nodes), so a collective degraded from its first step is
+//! found while its peers are not — and no member is a slow rank and no link of it is slow (those
+//! findings explain it). It recovers above `recover_ratio`. All degraded collectives of a job
+//! are one finding (one slow transport).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use commscope_wire::hash::format_comm_id;
+use commscope_wire::op::Op;
+use serde_json::json;
+
+use crate::finding::{Class, Finding, Kind, State, finding_id};
+use crate::stream::{Tuning, fmt_bw, fmt_bytes, median};
+
+/// Bandwidth history of one (communicator, op, size class).
+#[derive(Debug, Default)]
+struct Perf {
+    comm: u64,
+    op: u8,
+    bytes: u64,
+    size: usize,
+    /// Best windowed median so far.
+    base: Option<f64>,
+    recent: VecDeque<f64>,
+    /// Median of `recent`.
+    current: f64,
+    degraded_since: Option<f64>,
+    /// Members' ranks (for "no member is slow").
+    members: Vec<i32>,
+    /// Nodes the members run on (its shape, with op, size class and size).
+    nodes: usize,
+}
+
+/// The degraded-collective detector.
+#[derive(Debug, Default)]
+pub struct Degraded {
+    perf: HashMap<(u64, u8, u32), Perf>,
+}
+
+/// What else explains slow transfers: ranks that are slow, communicators with a slow link.
+#[derive(Debug)]
+pub struct Explained<'a> {
+    pub slow_ranks: &'a BTreeSet<i32>,
+    pub slow_link_comms: &'a [u64],
+}
+
+impl Degraded {
+    /// One completed instance: `bytes` per member, `busbw` its bus bandwidth (bytes/s);
+    /// `members` its ranks and their nodes, asked the first time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe(
+        &mut self,
+        comm: u64,
+        op: Op,
+        bytes: u64,
+        size: usize,
+        busbw: f64,
+        window: usize,
+        members: impl FnOnce() -> (Vec<i32>, usize),
+    ) {
+        let class = 64 - bytes.leading_zeros();
+        let perf = self.perf.entry((comm, op as u8, class)).or_default();
+        if perf.members.is_empty() {
+            (perf.members, perf.nodes) = members();
+            perf.comm = comm;
+            perf.op = op as u8;
+            perf.size = size;
+        }
+        perf.bytes = bytes;
+        perf.recent.push_back(busbw);
+        if perf.recent.len() > window {
+            perf.recent.pop_front();
+        }
+        if perf.recent.len() == window {
+            let mut r: Vec<f64> = perf.recent.iter().copied().collect();
+            let cur = median(&mut r);
+            perf.current = cur;
+            perf.base = Some(perf.base.map_or(cur, |b| b.max(cur)));
+        }
+    }
+
+    /// The reference of each collective: its own best, or its shape's best current bandwidth.
+    fn references(&self) -> HashMap<(u64, u8, u32), f64> {
+        let mut shape_best: HashMap<(u8, u32, usize, usize), f64> = HashMap::new();
+        for (k, p) in &self.perf {
+            if p.base.is_some() {
+                let b = shape_best.entry((p.op, k.2, p.size, p.nodes)).or_default();
+                *b = b.max(p.current);
+            }
+        }
+        self.perf
+            .iter()
+            .filter_map(|(k, p)| {
+                let own = p.base?;
+                let peers = shape_best.get(&(p.op, k.2, p.size, p.nodes)).copied();
+                Some((*k, own.max(peers.unwrap_or(0.0))))
+            })
+            .collect()
+    }
+
+    /// The finding, if any collective is degraded now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn findings(
+        &mut self,
+        job: &str,
+        t: &Tuning,
+        now_s: f64,
+        why_else: &Explained,
+        node_of: impl Fn(i32) -> Option<String>,
+        out: &mut Vec<Finding>,
+    ) {
+        let refs = self.references();
+        let mut degraded: Vec<(&Perf, f64)> = Vec::new();
+        for (k, perf) in self.perf.iter_mut() {
+            let Some(&reference) = refs.get(k) else {
+                continue;
+            };
+            let cur = perf.current;
+            let explained = perf.members.iter().any(|m| why_else.slow_ranks.contains(m))
+                || why_else.slow_link_comms.binary_search(&perf.comm).is_ok();
+            match perf.degraded_since {
+                None if cur < t.degraded_ratio * reference && !explained => {
+                    perf.degraded_since = Some(now_s);
+                }
+                Some(_) if cur >= t.recover_ratio * reference || explained => {
+                    perf.degraded_since = None;
+                }
+                _ => {}
+            }
+            if perf.degraded_since.is_some() {
+                degraded.push((perf, reference));
+            }
+        }
+        if degraded.is_empty() {
+            return;
+        }
+        // The worst one leads the sentence; all are in the evidence.
+        degraded.sort_by(|a, b| (a.0.current / a.1).total_cmp(&(b.0.current / b.1)));
+        let (worst, reference) = degraded[0];
+        let own_best = worst.base.unwrap_or(0.0);
+        let comms: BTreeSet<u64> = degraded.iter().map(|p| p.0.comm).collect();
+        let nodes: Vec<String> = degraded
+            .iter()
+            .flat_map(|p| p.0.members.iter())
+            .filter_map(|m| node_of(*m))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let since = degraded
+            .iter()
+            .filter_map(|p| p.0.degraded_since)
+            .fold(f64::INFINITY, f64::min);
+        let op = Op::from_code(worst.op);
+        let single = (comms.len() == 1).then_some(worst.comm);
+        let scope = if comms.len() == 1 {
+            format!(
+                "on communicator {} ({} ranks on {} node{})",
+                format_comm_id(worst.comm),
+                worst.size,
+                nodes.len(),
+                if nodes.len() == 1 { "" } else { "s" }
+            )
+        } else {
+            format!(
+                "on {} communicators across {} nodes (worst: {})",
+                comms.len(),
+                nodes.len(),
+                format_comm_id(worst.comm)
+            )
+        };
+        let against = if reference > own_best * 1.0001 {
+            format!(
+                "of the {} that communicators of the same shape reach",
+                fmt_bw(reference)
+            )
+        } else {
+            format!("of its own best {}", fmt_bw(reference))
+        };
+        out.push(Finding {
+            // One finding per job: its id stays when more communicators join it.
+            id: finding_id(Kind::DegradedCollective, job, None, &[], None),
+            kind: Kind::DegradedCollective,
+            class: Class::CommunicationSlow,
+            state: State::Open,
+            job: job.to_owned(),
+            comm: single.map(format_comm_id),
+            seq: None,
+            ranks: vec![],
+            nodes,
+            link: None,
+            opened_at: (since * 1e9) as u64,
+            resolved_at: None,
+            confidence: 0.8,
+            summary: format!(
+                "{} of {} {scope} runs at {} bus bandwidth, {:.0} % {against}, while no rank arrives late — the transport is slow: check the links and NICs between these nodes (slow-link findings, NIC counters) and the library's transport choice",
+                op.name(),
+                fmt_bytes(worst.bytes),
+                fmt_bw(worst.current),
+                100.0 * worst.current / reference,
+            ),
+            evidence: json!({
+                "collectives": degraded.iter().map(|(p, r)| json!({
+                    "comm": format_comm_id(p.comm),
+                    "op": Op::from_code(p.op).name(),
+                    "bytes": p.bytes,
+                    "members": p.size,
+                    "busbw_now_bytes_per_s": p.current,
+                    "busbw_best_bytes_per_s": p.base,
+                    "busbw_reference_bytes_per_s": r,
+                    "ratio": p.current / r,
+                })).collect::<Vec<_>>(),
+                "at_ns": (now_s * 1e9) as u64,
+            }),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+
+    fn feed(d: &mut Degraded, comm: u64, bw: f64, n: usize) {
+        for _ in 0..n {
+            d.observe(comm, Op::Allreduce, 64 << 20, 8, bw, 5, || {
+                ((0..8).map(|r| r + comm as i32 * 8).collect(), 2)
+            });
+        }
+    }
+
+    fn run(d: &mut Degraded, slow: &[i32]) -> Vec<Finding> {
+        let slow: BTreeSet<i32> = slow.iter().copied().collect();
+        let mut out = vec![];
+        let e = Explained {
+            slow_ranks: &slow,
+            slow_link_comms: &[],
+        };
+        d.findings(
+            "j",
+            &Tuning::default(),
+            10.0,
+            &e,
+            |r| Some(format!("n{}", r / 4)),
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn a_steady_collective_is_no_finding() {
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 20);
+        assert!(run(&mut d, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_collective_that_slows_down_is_degraded_and_recovers() {
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 10);
+        feed(&mut d, 1, 10.0 * GB, 10);
+        let f = run(&mut d, &[]);
+        assert_eq!(f.len(), 1);
+        assert!(f[0].ranks.is_empty());
+        assert!(
+            f[0].summary.contains("25 % of its own best"),
+            "{}",
+            f[0].summary
+        );
+        feed(&mut d, 1, 39.0 * GB, 10);
+        assert!(run(&mut d, &[]).is_empty());
+    }
+
+    #[test]
+    fn degraded_from_the_first_step_is_found_against_its_peers() {
+        let mut d = Degraded::default();
+        for c in 1..=3 {
+            feed(&mut d, c, 40.0 * GB, 10);
+        }
+        feed(&mut d, 4, 12.0 * GB, 10);
+        let f = run(&mut d, &[]);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].comm.as_deref(), Some("0x4"));
+        assert!(
+            f[0].summary.contains("of the same shape"),
+            "{}",
+            f[0].summary
+        );
+    }
+
+    #[test]
+    fn a_slow_member_explains_it() {
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 10);
+        feed(&mut d, 1, 10.0 * GB, 10);
+        assert!(run(&mut d, &[9]).is_empty());
+    }
+}
