@@ -82,7 +82,8 @@ pub fn ended(view: &JobView) -> BTreeMap<i32, Ending> {
 }
 
 /// Finds the root deaths of a job.
-pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
+/// `hung_at`: when the job is known to have hung already (a mismatch found), if it is.
+pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
     let ended = ended(view);
     let mut d = Deaths {
         ended,
@@ -97,10 +98,32 @@ pub fn deaths(view: &JobView, th: &Liveness) -> Deaths {
             .iter()
             .any(|c| c.entered_ns > 0 && c.entered_ns + th.hang_floor_ns <= first)
     });
-    if hung_before {
+    // Or stuck as a whole: every rank inside a call for a second at least (nobody elsewhere to
+    // die first), or a mismatch already found — the kills that follow take a hung job down.
+    let all_inside = view.ranks.values().all(|r| {
+        r.in_flight
+            .iter()
+            .any(|c| c.entered_ns > 0 && c.entered_ns + 1_000_000_000 <= first)
+    });
+    // (Stuck as a whole only counts when the whole job then ended within seconds.)
+    let taken_down = view.ranks.values().all(|r| {
+        d.ended
+            .get(&r.rank)
+            .is_some_and(|e| e.at_ns <= first + TEARDOWN_NS)
+    });
+    if hung_before || (all_inside && taken_down) || hung_at.is_some_and(|t| t <= first) {
         return d;
     }
     let by_order = by_record_order(view, &d.ended);
+    // Several ranks none of whose endings was seen, each missing from the others' calls: the
+    // shim's files ended before telling which went first — no finding rather than a guess.
+    let ambiguous = by_order.len() > 1
+        && by_order
+            .iter()
+            .all(|r| d.ended.get(r).is_some_and(|e| !e.observed));
+    if ambiguous {
+        return d;
+    }
     if !by_order.is_empty() {
         d.roots = by_order;
         d.how_found = "the others were blocked waiting for it";

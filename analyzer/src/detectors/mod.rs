@@ -46,7 +46,9 @@ impl Default for Liveness {
 /// The liveness findings of a job (dead-rank, hang), given the mismatch findings the instance
 /// detectors made of it: a hang a mismatch explains goes into that mismatch's evidence.
 pub fn liveness(view: &JobView, th: &Liveness, mismatches: &mut [Finding]) -> Vec<Finding> {
-    let deaths = dead_rank::deaths(view, th);
+    // A mismatch found: the job hung then, and kills after it are its consequences.
+    let hung_at = mismatches.iter().map(|m| m.opened_at).min();
+    let deaths = dead_rank::deaths(view, th, hung_at);
     hang::findings(view, th, &deaths, mismatches)
 }
 

@@ -404,3 +404,37 @@ fn a_rank_the_others_waited_for_is_first_even_when_the_kernel_orders_it_a_hair_l
     let f = run(&v);
     assert!(f.is_empty(), "{f:#?}");
 }
+
+#[test]
+fn a_mismatched_job_killed_afterwards_is_the_mismatch_alone() {
+    // Rank 4 called another collective; a second later the operator killed the job process
+    // by process, rank 0 first and 12 ms before the rest.
+    let mut v = job(8, 10, true);
+    ended_at(
+        &mut v,
+        &[0.0, 12.0, 12.01, 12.02, 12.03, 12.04, 12.05, 12.06],
+        9,
+    );
+    for r in 0..8 {
+        inside(&mut v, r, WORLD, 10, S);
+    }
+    let mut m = vec![crate::finding::Finding {
+        id: "m".into(),
+        kind: Kind::Mismatch,
+        class: Class::CommunicationHang,
+        state: crate::finding::State::Open,
+        job: "j".into(),
+        comm: Some("0x100".into()),
+        seq: Some(10),
+        ranks: vec![4],
+        nodes: vec![],
+        link: None,
+        opened_at: NOW - 2 * S,
+        resolved_at: None,
+        confidence: 0.99,
+        summary: String::new(),
+        evidence: serde_json::json!({}),
+    }];
+    let f = liveness(&v, &Liveness::default(), &mut m);
+    assert!(f.is_empty(), "{f:#?}");
+}
