@@ -756,8 +756,12 @@ impl Detectors {
         // node of a 2-node job) the median rank is itself slow.
         let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
         let med = lower_quartile(&mut all);
-        let high =
-            |s: f64, late: f64| s >= t.min_share && s >= t.dominance * med && late >= t.min_late;
+        // A rank far below the slowest one (under a third of its share) is the noise around
+        // it, not a cause of its own.
+        let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
+        let high = |s: f64, late: f64| {
+            s >= t.min_share && s >= t.dominance * med && late >= t.min_late && 3.0 * s >= top
+        };
         let low = |s: f64| s >= t.min_share / 2.0 && s >= t.dominance * med / 2.0;
         let share_of: HashMap<i32, f64> = shares.iter().map(|s| (s.0, s.1)).collect();
         // Keep the open ones that stay above the lower threshold.

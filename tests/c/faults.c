@@ -11,7 +11,7 @@
  *   stop      stops calling collectives (sleeps) while the others wait
  *   bcast     calls MPI_Bcast where the others call MPI_Allreduce
  *   recv      calls MPI_Recv from the next rank, which never sends
- *   kill      kills itself with SIGKILL 300 ms into the step (the others wait for it by then)
+ *   kill      kills itself with SIGKILL 1 s into the step (the others wait for it by then)
  *   freeze    (with pairs) enters the all-reduce on its pair first and stops (SIGSTOP) 200 ms
  *             later; its partner enters 400 ms after it
  *   pairbcast (with pairs) calls MPI_Bcast on its pair where its partner and every other pair
@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
         }
         if (faulty && strcmp(mode, "kill") == 0) {
             /* Dies while the others already wait for it in the next all-reduce. */
-            usleep(300 * 1000);
+            usleep(1000 * 1000);
             raise(SIGKILL);
         }
         compute(faulty && strcmp(mode, "compute") == 0 ? 4 * iters : iters);

@@ -182,8 +182,8 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
 }
 
 /// Among ranks that ended, those the others were blocked waiting for when they ended: ranks
-/// that never entered a call the others sat in for a while (at least 100 ms, and twice the
-/// communicator's longest completed call), and that ended clearly before the rank waiting.
+/// that never entered a call the others sat in for a while (at least 100 ms, and longer than any
+/// call completed on the communicator), and that ended clearly before the rank waiting.
 fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
     let none = BTreeSet::new();
     let waits = Waits {
@@ -195,7 +195,7 @@ fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i3
         let until = ended.get(&r.rank).map_or(view.now_ns, |e| e.at_ns);
         for c in &r.in_flight {
             let longest = view.comms.get(&c.comm).map_or(0, |x| x.longest_ns);
-            if c.age_ns < (100_000_000u64).max(2 * longest) {
+            if c.age_ns < (100_000_000u64).max(longest) {
                 continue;
             }
             // A short wait ended by the teardown: the rank it waited for stopped first if its
