@@ -1151,24 +1151,15 @@ impl Pump {
         let mut rec_seq = head + 2;
         let mut inside = Vec::new();
         for (_, e) in shm.in_flight() {
-            let p2p = commscope_wire::op::Op::from_code(e.op).is_p2p();
-            inside.push(Record::Enter(commscope_wire::record::Call {
-                rec_seq,
-                op: e.op,
-                flags: e.flags,
-                comm_id: e.comm_id,
-                seq: if p2p { 0 } else { e.seq },
-                op_seq: if p2p { e.seq } else { 0 },
-                bytes: e.bytes,
-                peer: e.peer,
-                tag: e.tag,
-                t_enter: e.t_enter,
-                rank: s.process.rank,
-                comm_rank: e.comm_rank,
-                peer2: -1,
-                tag2: -1,
-                ..Default::default()
-            }));
+            // Which library: GPU work is NCCL's (or RCCL's); the slot does not say more.
+            let lib = if e.status == commscope_wire::shm::in_flight_status::ON_GPU {
+                commscope_wire::op::lib::NCCL
+            } else {
+                commscope_wire::op::lib::MPI
+            };
+            let mut c = e.enter_record(s.process.rank, lib);
+            c.rec_seq = rec_seq;
+            inside.push(Record::Enter(c));
             rec_seq += 1;
         }
         let (status, signal) = match ending {

@@ -270,6 +270,14 @@ fn lower_quartile(v: &mut [f64]) -> f64 {
     v[(v.len() - 1) / 4]
 }
 
+/// A rank's node, when known.
+fn node_of(ranks: &HashMap<i32, RankSt>, r: i32) -> Option<String> {
+    ranks
+        .get(&r)
+        .map(|x| x.node.clone())
+        .filter(|n| !n.is_empty())
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -674,17 +682,8 @@ impl Detectors {
         let mut out = Vec::new();
         self.slow_findings(now_ns, &mut out);
         let ranks = &self.ranks;
-        self.links.findings(
-            &self.job,
-            self.now_s,
-            |r| {
-                ranks
-                    .get(&r)
-                    .map(|x| x.node.clone())
-                    .filter(|n| !n.is_empty())
-            },
-            &mut out,
-        );
+        self.links
+            .findings(&self.job, self.now_s, |r| node_of(ranks, r), &mut out);
         self.degraded_findings(&mut out);
         // One finding per communicator and diverging ranks: their first mismatched instance
         // (the ones after it follow from it).
@@ -694,33 +693,20 @@ impl Detectors {
             // A tie waits (up to TIE_WAIT_S) for the siblings that have not completed that
             // instance yet: naming both ranks, then one, would be two findings for one cause.
             if mismatch::majority(m, &siblings).is_none()
-                && siblings.len() < self.sibling_count(m.comm)
+                && siblings.len() < self.siblings(m.comm).count()
                 && self.now_s - m.at_s < TIE_WAIT_S
             {
                 continue;
             }
             let ranks = &self.ranks;
-            let f = mismatch::finding(&self.job, m, &siblings, |r| {
-                ranks
-                    .get(&r)
-                    .map(|x| x.node.clone())
-                    .filter(|n| !n.is_empty())
-            });
+            let f = mismatch::finding(&self.job, m, &siblings, |r| node_of(ranks, r));
             if seen.insert((f.comm.clone().unwrap_or_default(), f.ranks.clone())) {
                 out.push(f);
             }
         }
         let ranks = &self.ranks;
-        self.errors.findings(
-            &self.job,
-            |r| {
-                ranks
-                    .get(&r)
-                    .map(|x| x.node.clone())
-                    .filter(|n| !n.is_empty())
-            },
-            &mut out,
-        );
+        self.errors
+            .findings(&self.job, |r| node_of(ranks, r), &mut out);
         out
     }
 
@@ -894,8 +880,7 @@ impl Detectors {
         let nodes: Vec<String> = o
             .ranks
             .iter()
-            .filter_map(|r| self.ranks.get(r).map(|x| x.node.clone()))
-            .filter(|n| !n.is_empty())
+            .filter_map(|r| node_of(&self.ranks, *r))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -1000,12 +985,7 @@ impl Detectors {
                 slow_ranks: &slow,
                 slow_link_comms: &slow_links,
             },
-            |r| {
-                ranks
-                    .get(&r)
-                    .map(|x| x.node.clone())
-                    .filter(|n| !n.is_empty())
-            },
+            |r| node_of(ranks, r),
             out,
         );
     }
@@ -1033,28 +1013,21 @@ impl Detectors {
         }
     }
 
-    /// How many sibling communicators `comm` has.
-    fn sibling_count(&self, comm: u64) -> usize {
-        let Some(fam) = self.families.get(&comm) else {
-            return 0;
-        };
+    /// The sibling communicators of `comm`: same parent, same size.
+    fn siblings(&self, comm: u64) -> impl Iterator<Item = u64> + '_ {
+        let fam = self.families.get(&comm);
         self.families
             .iter()
-            .filter(|(c, f)| **c != comm && *f == fam)
-            .count()
+            .filter(move |(c, f)| **c != comm && Some(*f) == fam)
+            .map(|(c, _)| *c)
     }
 
     /// What sibling communicators of `comm` agreed on at instance `seq`.
     fn siblings_at(&self, comm: u64, seq: u64) -> Vec<Shape> {
-        let Some(fam) = self.families.get(&comm) else {
-            return vec![];
-        };
-        self.families
-            .iter()
-            .filter(|(c, f)| **c != comm && *f == fam)
-            .filter_map(|(c, _)| {
+        self.siblings(comm)
+            .filter_map(|c| {
                 self.agreed
-                    .get(c)?
+                    .get(&c)?
                     .iter()
                     .find(|(s, _)| *s == seq)
                     .map(|(_, shape)| *shape)

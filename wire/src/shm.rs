@@ -209,6 +209,31 @@ pub struct InFlight {
     pub comm_rank: i32,
 }
 
+impl InFlight {
+    /// The `enter` record of this call, made by `rank`'s process through library `lib`
+    /// (`crate::op::lib`): a call in flight, not completed (yet).
+    pub fn enter_record(&self, rank: i32, lib: u8) -> crate::record::Call {
+        let p2p = crate::op::Op::from_code(self.op).is_p2p();
+        crate::record::Call {
+            op: self.op,
+            flags: self.flags,
+            comm_id: self.comm_id,
+            seq: if p2p { 0 } else { self.seq },
+            op_seq: if p2p { self.seq } else { 0 },
+            bytes: self.bytes,
+            peer: self.peer,
+            tag: self.tag,
+            t_enter: self.t_enter,
+            rank,
+            comm_rank: self.comm_rank,
+            peer2: -1,
+            tag2: -1,
+            lib,
+            ..Default::default()
+        }
+    }
+}
+
 /// Values of [`InFlight::status`].
 pub mod in_flight_status {
     /// The caller is inside a blocking call.

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use commscope_wire::cst;
-use commscope_wire::record::{Call, Record};
+use commscope_wire::record::Record;
 use commscope_wire::shm::{Consumer, Counter};
 
 use crate::state::Shim;
@@ -174,7 +174,6 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
             continue;
         }
         *seen = key;
-        let p2p = commscope_wire::op::Op::from_code(e.op).is_p2p();
         // The slot has no room for the library: work waiting for its GPU, or any call of a
         // process without MPI, is NCCL's (or RCCL's).
         let lib = if e.status == commscope_wire::shm::in_flight_status::ON_GPU || !shim.mpi {
@@ -182,23 +181,7 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
         } else {
             commscope_wire::op::lib::MPI
         };
-        shim.push(&Record::Enter(Call {
-            op: e.op,
-            flags: e.flags,
-            comm_id: e.comm_id,
-            seq: if p2p { 0 } else { e.seq },
-            op_seq: if p2p { e.seq } else { 0 },
-            bytes: e.bytes,
-            peer: e.peer,
-            tag: e.tag,
-            t_enter: e.t_enter,
-            rank: shim.rank,
-            comm_rank: e.comm_rank,
-            peer2: -1,
-            tag2: -1,
-            lib,
-            ..Default::default()
-        }));
+        shim.push(&Record::Enter(e.enter_record(shim.rank, lib)));
     }
 }
 
