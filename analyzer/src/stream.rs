@@ -3,26 +3,8 @@
 //! analyze` feeds it a job's trace merged in time order (batch) — the same code gives both
 //! verdicts.
 //!
-//! **Slow rank, clock-free.** In a synchronizing collective (all-reduce, all-gather,
-//! reduce-scatter, all-to-all, barrier) every member leaves at about the same moment, so a member's
-//! duration tells how long it waited: the member with the shortest duration arrived last, and a
-//! member's lateness is `median(duration) − its duration`. Only host durations on each rank's own
-//! clock are compared, never timestamps of different hosts.
-//!
-//! Lateness alone does not make a root: a rank can arrive late because it waited in another
-//! communicator (a pipeline receive, a tensor-parallel all-reduce behind a straggler). So each
-//! rank's own *compute* before the instance is measured, again on its own clock: the time since
-//! its previous call on the same communicator minus the time it spent inside any communication
-//! call in between. A late member is blamed only for the part of its lateness its own extra
-//! compute explains: `min(lateness, compute − median(compute))`. Victims wait inside calls,
-//! roots compute; the difference is what separates them.
-//!
-//! Blame is accumulated per rank with exponential decay (time constant `tau`) across all
-//! communicators; `blame / tau` is the share of wall time the job spends waiting for that rank.
-//! A rank is flagged when its share is at least `min_share`, at least `dominance` times the
-//! median rank's share, and it was late in at least `min_late` (decayed) instances; the finding
-//! resolves when its share falls below half the threshold. When at least half of a node's ranks
-//! are flagged together, they are one finding (a slow node).
+//! The slow-rank detector is [`crate::detectors::slow_rank`]; this module measures what it
+//! needs and hands it each completed instance.
 //!
 //! **Degraded collective.** Per (communicator, op, size class) the bus bandwidth (nccl-tests
 //! factors) of each instance is computed from the *last arriver's* duration — the time the
@@ -39,12 +21,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Skip};
-use serde_json::json;
 
 use crate::detectors::comm_error::CommErrors;
 use crate::detectors::degraded::{Degraded, Explained};
 use crate::detectors::mismatch::{self, Mismatch};
-use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
+use crate::detectors::slow_rank::{CallTimes, Context as SlowContext, Member, SlowRanks};
+use crate::finding::Finding;
 
 /// The detectors' thresholds (documented in docs/diagnosis.md).
 #[derive(Clone, Debug)]
@@ -102,14 +84,7 @@ const MAX_FAMILIES: usize = 65_536;
 /// One member's call of an instance.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    rank: i32,
-    dur_ns: u64,
-    /// Own compute since its previous call on this communicator (None: first call, or the
-    /// previous one was not blocking).
-    compute_ns: Option<u64>,
-    /// The rank's blame total when it left its previous call on this communicator: blame
-    /// given since then already accounts for part of its extra compute.
-    blamed_before_ns: u64,
+    member: Member,
     shape: Shape,
     blocking: bool,
     /// Consistent sampling: the instances this one stands for (its modulus).
@@ -172,72 +147,14 @@ struct Pending {
     entries: Vec<Entry>,
 }
 
-#[derive(Debug, Default)]
-struct RankSt {
-    node: String,
-    /// Time spent inside blocking calls so far (ns, own clock).
-    inside_ns: u64,
-    /// Its agent samples its calls: compute is known only where the agent measured it
-    /// ([`flags::COMPUTE_KNOWN`]); time inside left-out calls is not seen here.
-    sampled: bool,
-    /// comm → (t_exit, inside_ns after it) of the previous blocking call on it.
-    last_on_comm: HashMap<u64, (u64, u64, u64)>,
-    /// Blame given to this rank so far (ns, undecayed).
-    blamed_ns: u64,
-    /// Decayed blame (seconds others waited for this rank's own compute), decayed late count,
-    /// decayed count of judged instances, at time `at_s`.
-    blame_s: f64,
-    /// The largest single instance's blame, decayed alike: left out of the share, so one
-    /// hiccup never makes a slow rank by itself; with sampling (each instance weighted by its
-    /// modulus) the second largest too.
-    max_obs_s: f64,
-    max2_obs_s: f64,
-    late: f64,
-    judged: f64,
-    at_s: f64,
-    /// Undecayed totals.
-    total_blame_s: f64,
-    total_late: u64,
-    /// When it was first judged.
-    first_s: Option<f64>,
-    /// Per communicator: decayed (late, judged) — persistence.
-    per_comm: HashMap<u64, (f64, f64)>,
-}
-
-impl RankSt {
-    fn decay_to(&mut self, t: f64, tau: f64) {
-        if t > self.at_s {
-            let k = (-(t - self.at_s) / tau).exp();
-            self.blame_s *= k;
-            self.max_obs_s *= k;
-            self.max2_obs_s *= k;
-            self.late *= k;
-            self.judged *= k;
-            for v in self.per_comm.values_mut() {
-                v.0 *= k;
-                v.1 *= k;
-            }
-            self.at_s = t;
-        }
-    }
-}
-
-/// A slow-rank finding while it is open.
-#[derive(Debug, Clone)]
-struct SlowOpen {
-    ranks: Vec<i32>,
-    /// The ranks it opened with (its id stays when a node's ranks join it).
-    id_ranks: Vec<i32>,
-    node: Option<String>,
-    opened_s: f64,
-}
-
 /// The detectors of one job.
 #[derive(Debug)]
 pub struct Detectors {
     job: String,
     pub tuning: Tuning,
-    ranks: HashMap<i32, RankSt>,
+    /// Rank → node.
+    nodes: HashMap<i32, String>,
+    slow: SlowRanks,
     pending: HashMap<(u64, u64), Pending>,
     pending_order: VecDeque<(u64, u64)>,
     degraded: Degraded,
@@ -249,7 +166,6 @@ pub struct Detectors {
     agreed: HashMap<u64, VecDeque<(u64, Shape)>>,
     /// (comm, op) → (instances completed, first and last completion time): step inference.
     cadence: HashMap<(u64, u8), (u64, f64, f64)>,
-    slow_open: Vec<SlowOpen>,
     /// `commscope_step` markers: per rank (last step, its time), and the latest step intervals.
     markers: HashMap<i32, (u64, f64)>,
     step_intervals: VecDeque<f64>,
@@ -261,21 +177,9 @@ pub struct Detectors {
     pub incomplete: u64,
 }
 
-/// The lower quartile (0 when empty).
-fn lower_quartile(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[(v.len() - 1) / 4]
-}
-
 /// A rank's node, when known.
-fn node_of(ranks: &HashMap<i32, RankSt>, r: i32) -> Option<String> {
-    ranks
-        .get(&r)
-        .map(|x| x.node.clone())
-        .filter(|n| !n.is_empty())
+fn node_of(nodes: &HashMap<i32, String>, r: i32) -> Option<String> {
+    nodes.get(&r).filter(|n| !n.is_empty()).cloned()
 }
 
 pub(crate) fn median(v: &mut [f64]) -> f64 {
@@ -285,34 +189,6 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     let mid = v.len() / 2;
     let (_, m, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
     *m
-}
-
-/// The upper quartile (of two: the larger).
-fn upper_quartile_u64(v: &mut [u64]) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    let i = (3 * v.len() / 4).min(v.len() - 1);
-    *v.select_nth_unstable(i).1
-}
-
-/// The lower quartile (of two: the smaller).
-fn lower_quartile_u64(v: &mut [u64]) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    let i = (v.len() - 1) / 4;
-    *v.select_nth_unstable(i).1
-}
-
-fn fmt_dur(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else if s >= 1e-3 {
-        format!("{:.1} ms", s * 1e3)
-    } else {
-        format!("{:.0} µs", s * 1e6)
-    }
 }
 
 pub(crate) fn fmt_bw(bytes_per_s: f64) -> String {
@@ -328,7 +204,8 @@ impl Detectors {
         Detectors {
             job: job.to_owned(),
             tuning,
-            ranks: HashMap::new(),
+            nodes: HashMap::new(),
+            slow: SlowRanks::default(),
             pending: HashMap::new(),
             pending_order: VecDeque::new(),
             degraded: Degraded::default(),
@@ -337,7 +214,6 @@ impl Detectors {
             families: HashMap::new(),
             agreed: HashMap::new(),
             cadence: HashMap::new(),
-            slow_open: Vec::new(),
             markers: HashMap::new(),
             step_intervals: VecDeque::new(),
             links: crate::links::Links::default(),
@@ -349,9 +225,8 @@ impl Detectors {
 
     /// Tells which node a rank runs on.
     pub fn rank_node(&mut self, rank: i32, node: &str) {
-        let r = self.ranks.entry(rank).or_default();
-        if r.node != node {
-            r.node = node.to_owned();
+        if self.nodes.get(&rank).is_none_or(|n| n != node) {
+            self.nodes.insert(rank, node.to_owned());
         }
     }
 
@@ -376,40 +251,15 @@ impl Detectors {
         // included. (A call captured into a CUDA graph shares the persistent bit: not blocking.)
         let (t_start, t_end) = c.span();
         let blocking = c.flags & (flags::NONBLOCKING | flags::PERSISTENT | flags::UNTRACKED) == 0;
-        let r = self.ranks.entry(c.rank).or_default();
-        r.sampled |= c.sample_shift > 0 || c.flags & flags::COMPUTE_KNOWN != 0;
-        // Own compute since the previous blocking call on this communicator.
-        let mut compute = None;
-        let mut blamed_before = 0;
-        if r.sampled {
-            // Measured by the agent over every call, kept or not.
-            if c.flags & flags::COMPUTE_KNOWN != 0 {
-                compute = Some(c.op_seq2);
-            }
-            if let Some(&(_, _, blamed)) = r.last_on_comm.get(&c.comm_id) {
-                blamed_before = blamed;
-            }
-            if r.last_on_comm.len() >= 1024 && !r.last_on_comm.contains_key(&c.comm_id) {
-                r.last_on_comm.clear();
-            }
-            r.last_on_comm.insert(c.comm_id, (t_end, 0, r.blamed_ns));
-        } else if blocking {
-            if let Some(&(t_exit, inside, blamed)) = r.last_on_comm.get(&c.comm_id) {
-                blamed_before = blamed;
-                let span = t_start.saturating_sub(t_exit);
-                compute = Some(span.saturating_sub(r.inside_ns.saturating_sub(inside)));
-            }
-            r.inside_ns += c.span_ns();
-            if r.last_on_comm.len() >= 1024 && !r.last_on_comm.contains_key(&c.comm_id) {
-                // A program that makes communicators without end: start over.
-                r.last_on_comm.clear();
-            }
-            r.last_on_comm
-                .insert(c.comm_id, (t_end, r.inside_ns, r.blamed_ns));
-        } else {
-            // Its wait is not known: the next instance on this comm has no compute measure.
-            r.last_on_comm.remove(&c.comm_id);
-        }
+        let member = self.slow.call(&CallTimes {
+            rank: c.rank,
+            comm: c.comm_id,
+            start_ns: t_start,
+            end_ns: t_end,
+            blocking,
+            sampled: c.sample_shift > 0 || c.flags & flags::COMPUTE_KNOWN != 0,
+            agent_compute_ns: (c.flags & flags::COMPUTE_KNOWN != 0).then_some(c.op_seq2),
+        });
         self.errors.call(c, now);
         if op.is_p2p() || op == Op::None || c.comm_size <= 0 {
             return;
@@ -424,10 +274,7 @@ impl Detectors {
             }
         });
         p.entries.push(Entry {
-            rank: c.rank,
-            dur_ns: c.span_ns(),
-            compute_ns: compute,
-            blamed_before_ns: blamed_before,
+            member,
             shape: Shape::of(op, c.bytes, c.peer, c.dtype, c.flags),
             blocking,
             weight: c.sample_modulus() as u32,
@@ -469,7 +316,7 @@ impl Detectors {
         if now > self.now_s {
             self.now_s = now;
         }
-        self.ranks.entry(k.rank).or_default().sampled = true;
+        self.slow.sampled(k.rank);
     }
 
     /// Records a mismatch if members called different things.
@@ -480,7 +327,7 @@ impl Detectors {
         }
         let mut shapes: BTreeMap<Shape, Vec<i32>> = BTreeMap::new();
         for e in &p.entries {
-            shapes.entry(e.shape).or_default().push(e.rank);
+            shapes.entry(e.shape).or_default().push(e.member.rank);
         }
         if self.mismatches.len() < MAX_MISMATCHES {
             self.mismatches.entry(key).or_insert(Mismatch {
@@ -518,64 +365,9 @@ impl Detectors {
         if !op.is_synchronizing() || p.entries.iter().any(|e| !e.blocking) || p.size < 2 {
             return;
         }
-        // The references are quartiles, not medians, so that up to three quarters of the
-        // members may be late (most of a job slow) and the waiters still set the reference.
-        let mut durs: Vec<u64> = p.entries.iter().map(|e| e.dur_ns).collect();
-        let d_med = upper_quartile_u64(&mut durs);
-        let d_min = p.entries.iter().map(|e| e.dur_ns).min().unwrap_or(0);
-        // Blame.
-        if p.entries.iter().all(|e| e.compute_ns.is_some()) {
-            let mut comp: Vec<u64> = p.entries.iter().filter_map(|e| e.compute_ns).collect();
-            // The lower quartile: with two members, the slower one's excess is over the faster.
-            let c_med = lower_quartile_u64(&mut comp);
-            let tau = self.tuning.tau_s;
-            let min_ex = self.tuning.min_excess_ns;
-            for e in &p.entries {
-                let late = d_med.saturating_sub(e.dur_ns);
-                let r = self.ranks.entry(e.rank).or_default();
-                // Extra compute not already blamed at an instance in between (a tensor-parallel
-                // all-reduce inside a data-parallel step): each unit of it is blamed once.
-                let already = r.blamed_ns.saturating_sub(e.blamed_before_ns);
-                let own = late.min(
-                    e.compute_ns
-                        .unwrap_or(0)
-                        .saturating_sub(c_med)
-                        .saturating_sub(already),
-                );
-                let w = f64::from(weight);
-                r.decay_to(now, tau);
-                r.first_s.get_or_insert(now);
-                r.judged += w;
-                if r.per_comm.len() >= 64 && !r.per_comm.contains_key(&key.0) {
-                    r.per_comm.retain(|_, v| v.1 >= 0.5);
-                }
-                let pc = r.per_comm.entry(key.0).or_default();
-                pc.1 += w;
-                if own >= min_ex {
-                    pc.0 += w;
-                    // The wait it caused, for every instance this one stands for; lateness
-                    // itself is counted as seen: repetition needs as many late instances
-                    // sampled or not (the single largest blame is left out of the share).
-                    r.blamed_ns += own * u64::from(weight);
-                    // Blame charged at this communicator's own instance is not "blamed in
-                    // between" for the rank's next call on it: its snapshot moves too.
-                    if let Some(x) = r.last_on_comm.get_mut(&key.0) {
-                        x.2 += own * u64::from(weight);
-                    }
-                    let s = own as f64 / 1e9 * w;
-                    r.blame_s += s;
-                    if s > r.max_obs_s {
-                        r.max2_obs_s = r.max_obs_s;
-                        r.max_obs_s = s;
-                    } else if s > r.max2_obs_s {
-                        r.max2_obs_s = s;
-                    }
-                    r.late += 1.0;
-                    r.total_blame_s += s;
-                    r.total_late += 1;
-                }
-            }
-        }
+        let members: Vec<Member> = p.entries.iter().map(|e| e.member).collect();
+        self.slow.judge(key.0, &members, weight, now, &self.tuning);
+        let d_min = members.iter().map(|m| m.dur_ns).min().unwrap_or(0);
         // Bus bandwidth, from the last arriver's duration.
         if bytes >= self.tuning.degraded_min_bytes
             && d_min > 0
@@ -584,44 +376,18 @@ impl Detectors {
             && let Some(f) = commscope_wire::op::busbw_factor(op, p.size as i32)
         {
             let bw = bytes as f64 * f / (d_min as f64 / 1e9);
-            let ranks = &self.ranks;
+            let node_names = &self.nodes;
             self.degraded
                 .observe(key.0, op, bytes, p.size, bw, self.tuning.window, || {
-                    let mut members: Vec<i32> = p.entries.iter().map(|e| e.rank).collect();
+                    let mut members: Vec<i32> = members.iter().map(|m| m.rank).collect();
                     members.sort_unstable();
                     let nodes: BTreeSet<&str> = members
                         .iter()
-                        .filter_map(|m| ranks.get(m).map(|x| x.node.as_str()))
+                        .filter_map(|m| node_names.get(m).map(String::as_str))
                         .collect();
                     (members, nodes.len())
                 });
         }
-    }
-
-    fn share(&self, r: &RankSt) -> f64 {
-        let k = if self.now_s > r.at_s {
-            (-(self.now_s - r.at_s) / self.tuning.tau_s).exp()
-        } else {
-            1.0
-        };
-        // The decayed sum over a history shorter than a few time constants covers less time:
-        // divide by the time it does cover (bias correction), at least one second.
-        let tau = self.tuning.tau_s;
-        let covered = match r.first_s {
-            Some(f) => tau * (1.0 - (-(self.now_s - f).max(tau / 2.0) / tau).exp()),
-            None => tau,
-        };
-        let outliers = r.max_obs_s + if r.sampled { r.max2_obs_s } else { 0.0 };
-        (r.blame_s - outliers).max(0.0) * k / covered
-    }
-
-    fn late_now(&self, r: &RankSt) -> f64 {
-        let k = if self.now_s > r.at_s {
-            (-(self.now_s - r.at_s) / self.tuning.tau_s).exp()
-        } else {
-            1.0
-        };
-        r.late * k
     }
 
     /// Moves "now" forward without a record (a quiet job decays).
@@ -678,10 +444,16 @@ impl Detectors {
     /// The findings open now (slow-rank, degraded-collective, mismatch, comm-error), with their
     /// state updated (hysteresis for slow ranks and degraded collectives).
     pub fn findings(&mut self) -> Vec<Finding> {
-        let now_ns = (self.now_s * 1e9) as u64;
         let mut out = Vec::new();
-        self.slow_findings(now_ns, &mut out);
-        let ranks = &self.ranks;
+        let cx = SlowContext {
+            job: &self.job,
+            now_s: self.now_s,
+            tuning: &self.tuning,
+            nodes: &self.nodes,
+            step: self.step_period(),
+        };
+        self.slow.findings(&cx, &mut out);
+        let ranks = &self.nodes;
         self.links
             .findings(&self.job, self.now_s, |r| node_of(ranks, r), &mut out);
         self.degraded_findings(&mut out);
@@ -698,13 +470,13 @@ impl Detectors {
             {
                 continue;
             }
-            let ranks = &self.ranks;
+            let ranks = &self.nodes;
             let f = mismatch::finding(&self.job, m, &siblings, |r| node_of(ranks, r));
             if seen.insert((f.comm.clone().unwrap_or_default(), f.ranks.clone())) {
                 out.push(f);
             }
         }
-        let ranks = &self.ranks;
+        let ranks = &self.nodes;
         self.errors
             .findings(&self.job, |r| node_of(ranks, r), &mut out);
         out
@@ -712,271 +484,14 @@ impl Detectors {
 
     /// Current share of each rank (for evidence and tests): rank → share of wall time.
     pub fn shares(&self) -> BTreeMap<i32, f64> {
-        self.ranks
-            .iter()
-            .map(|(r, st)| (*r, self.share(st)))
-            .collect()
-    }
-
-    fn slow_findings(&mut self, now_ns: u64, out: &mut Vec<Finding>) {
-        let t = &self.tuning;
-        // (rank, share, decayed late count — zero unless it is late repeatedly on some
-        // communicator: a one-off hiccup is not a slow rank)
-        let mut shares: Vec<(i32, f64, f64)> = self
-            .ranks
-            .iter()
-            .map(|(r, st)| {
-                let repeated = st
-                    .per_comm
-                    .values()
-                    .any(|(l, j)| *j >= 2.0 && l / j >= t.min_late_ratio);
-                (
-                    *r,
-                    self.share(st),
-                    if repeated { self.late_now(st) } else { 0.0 },
-                )
-            })
-            .collect();
-        shares.sort_by_key(|s| s.0);
-        // The reference is the lower quartile, not the median: with half the job slow (a slow
-        // node of a 2-node job) the median rank is itself slow.
-        let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
-        let med = lower_quartile(&mut all);
-        // A rank far below the slowest one (under a third of its share) is the noise around
-        // it, not a cause of its own.
-        let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
-        let high = |s: f64, late: f64| {
-            s >= t.min_share && s >= t.dominance * med && late >= t.min_late && 3.0 * s >= top
-        };
-        let low = |s: f64| s >= t.min_share / 2.0 && s >= t.dominance * med / 2.0;
-        let share_of: HashMap<i32, f64> = shares.iter().map(|s| (s.0, s.1)).collect();
-        // Keep the open ones that stay above the lower threshold.
-        let mut open: Vec<SlowOpen> = Vec::new();
-        let mut taken: BTreeSet<i32> = BTreeSet::new();
-        for o in std::mem::take(&mut self.slow_open) {
-            if o.ranks
-                .iter()
-                .any(|r| low(share_of.get(r).copied().unwrap_or(0.0)))
-            {
-                taken.extend(o.ranks.iter().copied());
-                open.push(o);
-            }
-        }
-        let node_of = |r: &i32| {
-            self.ranks
-                .get(r)
-                .map(|x| x.node.clone())
-                .unwrap_or_default()
-        };
-        let mut node_ranks: HashMap<String, usize> = HashMap::new();
-        let mut node_members: HashMap<String, Vec<i32>> = HashMap::new();
-        for (r, st) in &self.ranks {
-            *node_ranks.entry(st.node.clone()).or_default() += 1;
-            node_members.entry(st.node.clone()).or_default().push(*r);
-        }
-        // Per node: ranks above the lower threshold, and whether one is above the upper one.
-        let mut by_node: BTreeMap<String, (Vec<i32>, bool)> = BTreeMap::new();
-        for (r, s, late) in &shares {
-            if low(*s) {
-                let e = by_node.entry(node_of(r)).or_default();
-                e.0.push(*r);
-                e.1 |= high(*s, *late) && !taken.contains(r);
-            }
-        }
-        for (node, (lows, any_high)) in by_node {
-            let on_node = node_ranks.get(&node).copied().unwrap_or(0);
-            // A slow node is slow against other nodes: a job on one node has ranks only.
-            let is_node = !node.is_empty()
-                && node_ranks.len() >= 2
-                && lows.len() >= 2
-                && 2 * lows.len() >= on_node;
-            if is_node {
-                // Half the node or more is slow: one finding for the node. Three quarters or
-                // more: the whole node (the rest are slow too, only less visibly: their waits
-                // fall on the others' instances); fewer: only the ranks that are.
-                let mut lows = if 4 * lows.len() >= 3 * on_node {
-                    node_members.get(&node).cloned().unwrap_or(lows)
-                } else {
-                    // Only the ranks near the slowest: not a neighbour with mild skew.
-                    let share = |r: &i32| share_of.get(r).copied().unwrap_or(0.0);
-                    let top = lows.iter().map(share).fold(0.0, f64::max);
-                    lows.into_iter().filter(|r| share(r) >= top / 2.0).collect()
-                };
-                lows.sort_unstable();
-                // A slow node: one finding. It takes over open single-rank findings on the
-                // node (keeping the first one's id) once a rank crosses the upper threshold.
-                let existing = open
-                    .iter()
-                    .position(|o| o.ranks.iter().any(|r| node_of(r) == node));
-                match existing {
-                    Some(i) => {
-                        let mut merged: BTreeSet<i32> = lows.iter().copied().collect();
-                        let mut id_ranks = open[i].id_ranks.clone();
-                        let mut opened = open[i].opened_s;
-                        let mut j = 0;
-                        while j < open.len() {
-                            if open[j].ranks.iter().any(|r| node_of(r) == node) {
-                                let o = open.remove(j);
-                                merged.extend(o.ranks);
-                                if o.opened_s < opened {
-                                    opened = o.opened_s;
-                                    id_ranks = o.id_ranks;
-                                }
-                            } else {
-                                j += 1;
-                            }
-                        }
-                        open.push(SlowOpen {
-                            ranks: merged.into_iter().collect(),
-                            id_ranks,
-                            node: Some(node),
-                            opened_s: opened,
-                        });
-                    }
-                    None if any_high => open.push(SlowOpen {
-                        ranks: lows.clone(),
-                        id_ranks: lows,
-                        node: Some(node),
-                        opened_s: self.now_s,
-                    }),
-                    None => {}
-                }
-            } else {
-                for r in lows {
-                    let (s, late) = shares
-                        .iter()
-                        .find(|x| x.0 == r)
-                        .map_or((0.0, 0.0), |x| (x.1, x.2));
-                    if !taken.contains(&r) && high(s, late) {
-                        open.push(SlowOpen {
-                            ranks: vec![r],
-                            id_ranks: vec![r],
-                            node: None,
-                            opened_s: self.now_s,
-                        });
-                    }
-                }
-            }
-        }
-        let step = self.step_period();
-        for o in &open {
-            out.push(self.slow_finding(o, &share_of, step.as_ref(), now_ns));
-        }
-        self.slow_open = open;
-    }
-
-    fn slow_finding(
-        &self,
-        o: &SlowOpen,
-        share_of: &HashMap<i32, f64>,
-        step: Option<&(f64, String)>,
-        now_ns: u64,
-    ) -> Finding {
-        let share: f64 = o
-            .ranks
-            .iter()
-            .map(|r| share_of.get(r).copied().unwrap_or(0.0))
-            .fold(0.0, f64::max);
-        let nodes: Vec<String> = o
-            .ranks
-            .iter()
-            .filter_map(|r| node_of(&self.ranks, *r))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let (late, _judged, total_blame, total_late) = o
-            .ranks
-            .iter()
-            .filter_map(|r| self.ranks.get(r))
-            .fold((0.0f64, 0.0f64, 0.0f64, 0u64), |a, st| {
-                (
-                    a.0.max(self.late_now(st)),
-                    a.1.max(st.judged),
-                    a.2.max(st.total_blame_s),
-                    a.3.max(st.total_late),
-                )
-            });
-        // Persistent: late in at least half of its instances on some communicator.
-        let persistent = o
-            .ranks
-            .iter()
-            .filter_map(|r| self.ranks.get(r))
-            .flat_map(|st| st.per_comm.values())
-            .any(|(l, j)| *j >= 2.0 && l / j >= 0.5);
-        let job_median = {
-            let mut all: Vec<f64> = share_of.values().copied().collect();
-            median(&mut all)
-        };
-        let impact = match step {
-            Some((p, _)) => format!(
-                "the others wait {} per step for it ({:.0} % of the {} step)",
-                fmt_dur(share * p),
-                share * 100.0,
-                fmt_dur(*p)
-            ),
-            None => format!("the others wait for it {:.0} % of the time", share * 100.0),
-        };
-        let who = match &o.node {
-            Some(n) => format!("{n} ({})", ranks_phrase(&o.ranks)),
-            None => format!(
-                "{} on {}",
-                ranks_phrase(&o.ranks),
-                nodes.first().map_or("an unknown node", String::as_str)
-            ),
-        };
-        let what_next = match &o.node {
-            Some(_) => {
-                "every rank of the node computes slowly: check the node's CPU/GPU clocks, thermal throttling and noisy neighbours, or drain it"
-            }
-            None => {
-                "it computes longer than its peers before each collective: check that rank's data shard, GPU health and CPU contention (top/nvidia-smi on that node)"
-            }
-        };
-        Finding {
-            id: finding_id(Kind::SlowRank, &self.job, None, &o.id_ranks, None),
-            kind: Kind::SlowRank,
-            class: Class::NonCommunicationSlow,
-            state: State::Open,
-            job: self.job.clone(),
-            comm: None,
-            seq: None,
-            ranks: o.ranks.clone(),
-            nodes: nodes.clone(),
-            link: None,
-            opened_at: (o.opened_s * 1e9) as u64,
-            resolved_at: None,
-            confidence: if persistent { 0.9 } else { 0.7 },
-            summary: format!(
-                "{who} arrives last at collectives ({}): {impact} — {what_next}",
-                if persistent {
-                    "persistently"
-                } else {
-                    "in bursts"
-                }
-            ),
-            evidence: json!({
-                "share_of_time": share,
-                "persistence": if persistent { "persistent" } else { "transient" },
-                "late_instances_decayed": late,
-                "late_instances_total": total_late,
-                "blame_total_s": total_blame,
-                "step_s": step.map(|s| s.0),
-                "step_from": step.map(|s| s.1.clone()),
-                "job_median_share": job_median,
-                "at_ns": now_ns,
-            }),
-        }
+        self.slow.shares(self.now_s, self.tuning.tau_s)
     }
 
     fn degraded_findings(&mut self, out: &mut Vec<Finding>) {
-        let slow: BTreeSet<i32> = self
-            .slow_open
-            .iter()
-            .flat_map(|o| o.ranks.iter().copied())
-            .collect();
+        let slow = self.slow.open_ranks();
         // A communicator with a slow link is that finding's (one finding per root cause).
         let slow_links = self.links.slow_comms();
-        let ranks = &self.ranks;
+        let ranks = &self.nodes;
         self.degraded.findings(
             &self.job,
             &self.tuning,
@@ -1054,13 +569,13 @@ impl Detectors {
             let size = self.pending.get(&key).map_or(0, |p| p.size);
             if let Some(p) = self.pending.get(&key) {
                 for e in &p.entries {
-                    if seen.insert(e.rank) {
+                    if seen.insert(e.member.rank) {
                         let s = Shape {
                             root: None,
                             dtype: None,
                             ..e.shape
                         };
-                        shapes.entry(s).or_default().push(e.rank);
+                        shapes.entry(s).or_default().push(e.member.rank);
                     }
                 }
             }
@@ -1096,29 +611,10 @@ impl Detectors {
 }
 
 impl Detectors {
-    /// Per rank: (share, decayed late, max per-comm late ratio) — for looking into verdicts.
+    /// Per rank, highest share first: (rank, share, decayed late, max per-comm late ratio,
+    /// blame in seconds) — for looking into verdicts.
     pub fn debug_ranks(&self) -> Vec<(i32, f64, f64, f64, f64)> {
-        let mut v: Vec<(i32, f64, f64, f64, f64)> = self
-            .ranks
-            .iter()
-            .map(|(r, st)| {
-                let ratio = st
-                    .per_comm
-                    .values()
-                    .filter(|(_, j)| *j >= 2.0)
-                    .map(|(l, j)| l / j)
-                    .fold(0.0, f64::max);
-                (
-                    *r,
-                    self.share(st),
-                    self.late_now(st),
-                    ratio,
-                    st.total_blame_s,
-                )
-            })
-            .collect();
-        v.sort_by(|a, b| b.1.total_cmp(&a.1));
-        v
+        self.slow.debug_ranks(self.now_s, self.tuning.tau_s)
     }
 
     /// Per (communicator, op): (instances counted, first and last time) — the step cadence.

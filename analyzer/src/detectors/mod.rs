@@ -7,6 +7,7 @@
 //!   communication-hang with no rank), or a death or mismatch that explains them.
 //! - [`comm_error`]: errors the communication library reported.
 //! - [`degraded`]: collectives slower than their own best or their peers', no rank late.
+//! - [`slow_rank`]: ranks (or a node's) the others keep waiting for, from their own extra compute.
 //! - [`mismatch`]: members of an instance that called different things (its instance data
 //!   comes from the instance detectors in [`crate::stream`]).
 //! - [`waits`]: the wait graph both use.
@@ -19,6 +20,7 @@ pub mod dead_rank;
 pub mod degraded;
 pub mod hang;
 pub mod mismatch;
+pub mod slow_rank;
 pub mod waits;
 
 use crate::finding::Finding;

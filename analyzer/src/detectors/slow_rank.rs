@@ -1,0 +1,957 @@
+//! `slow-rank`: a rank (or a node's ranks) the others keep waiting for because it computes
+//! longer before its collectives.
+//!
+//! **Measured, clock-free.** In a synchronizing collective (all-reduce, all-gather,
+//! reduce-scatter, all-to-all, barrier) every member leaves at about the same moment, so a
+//! member's duration tells how long it waited: the member with the shortest duration arrived
+//! last, and a member's lateness is `reference(duration) − its duration`. Only host durations on
+//! each rank's own clock are compared, never timestamps of different hosts.
+//!
+//! Lateness alone does not make a root: a rank can arrive late because it waited in another
+//! communicator (a pipeline receive, a tensor-parallel all-reduce behind a straggler). So each
+//! rank's own *compute* before the instance is measured, again on its own clock: the time since
+//! its previous call on the same communicator minus the time it spent inside any communication
+//! call in between. A late member is blamed only for the part of its lateness its own extra
+//! compute explains: `min(lateness, compute − reference(compute))`. Victims wait inside calls,
+//! roots compute; the difference is what separates them. The references are quartiles, not
+//! medians, so that up to three quarters of a communicator may be slow and the fast ones still
+//! set them.
+//!
+//! Blame is accumulated per rank with exponential decay (time constant `tau`) across all
+//! communicators; `blame / tau` is the share of wall time the job spends waiting for that rank
+//! (its single largest instance left out: one hiccup is never a slow rank).
+//!
+//! **Fires** when a rank's share is at least `min_share`, at least `dominance` times the job's
+//! lower-quartile share, at least a third of the slowest rank's share, and it was late in at
+//! least `min_late` (decayed) instances, repeatedly on some communicator. When at least half of
+//! a node's ranks are slow together (and the job has another node), they are one finding: the
+//! whole node from three quarters of it, else only the ranks near the slowest.
+//!
+//! **Resolves** when its share falls below half the threshold, or once it has been on time for
+//! [`QUIET_S`] and at least [`QUIET_INSTANCES`] instances — well within 10 s of the cause ending,
+//! whatever share it had. Its summary gives the figures at its peak.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::json;
+
+use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
+use crate::stream::{Tuning, median};
+
+/// On time this long (seconds) …
+pub const QUIET_S: f64 = 5.0;
+/// … and at least this many judged instances: the cause has ended.
+pub const QUIET_INSTANCES: f64 = 3.0;
+
+/// One member's part in an instance, measured on its own clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Member {
+    pub rank: i32,
+    /// Time inside the call.
+    pub dur_ns: u64,
+    /// Own compute since its previous call on this communicator (None: first call, or the
+    /// previous one was not blocking).
+    pub compute_ns: Option<u64>,
+    /// The rank's blame total when it left its previous call on this communicator: blame
+    /// given since then already accounts for part of its extra compute.
+    pub blamed_before_ns: u64,
+}
+
+/// What the detector needs of one call to measure its rank's compute.
+#[derive(Clone, Copy, Debug)]
+pub struct CallTimes {
+    pub rank: i32,
+    pub comm: u64,
+    /// The call's interval (GPU interval where it has one).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// It waits for its peers before returning (not nonblocking, persistent or untracked).
+    pub blocking: bool,
+    /// Its agent samples calls ([`commscope_wire::op::flags::COMPUTE_KNOWN`] or a sample shift).
+    pub sampled: bool,
+    /// The compute its agent measured over every call, kept or not.
+    pub agent_compute_ns: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct RankSt {
+    /// Time spent inside blocking calls so far (ns, own clock).
+    inside_ns: u64,
+    /// Its agent samples its calls: compute is known only where the agent measured it; time
+    /// inside left-out calls is not seen here.
+    sampled: bool,
+    /// comm → (t_exit, inside_ns after it, blamed_ns then) of the previous blocking call on it.
+    last_on_comm: HashMap<u64, (u64, u64, u64)>,
+    /// Blame given to this rank so far (ns, undecayed).
+    blamed_ns: u64,
+    /// Decayed blame (seconds others waited for this rank's own compute), decayed late count,
+    /// decayed count of judged instances, at time `at_s`.
+    blame_s: f64,
+    /// The largest single instance's blame, decayed alike: left out of the share, so one
+    /// hiccup never makes a slow rank by itself; with sampling (each instance weighted by its
+    /// modulus) the second largest too.
+    max_obs_s: f64,
+    max2_obs_s: f64,
+    late: f64,
+    judged: f64,
+    at_s: f64,
+    /// Undecayed totals.
+    total_blame_s: f64,
+    total_late: u64,
+    /// When it was first judged.
+    first_s: Option<f64>,
+    /// Per communicator: decayed (late, judged) — persistence.
+    per_comm: HashMap<u64, (f64, f64)>,
+    /// When it was last late, and the instances judged on time since.
+    last_late_s: f64,
+    on_time_since: f64,
+}
+
+impl RankSt {
+    fn decay_to(&mut self, t: f64, tau: f64) {
+        if t > self.at_s {
+            let k = (-(t - self.at_s) / tau).exp();
+            self.blame_s *= k;
+            self.max_obs_s *= k;
+            self.max2_obs_s *= k;
+            self.late *= k;
+            self.judged *= k;
+            for v in self.per_comm.values_mut() {
+                v.0 *= k;
+                v.1 *= k;
+            }
+            self.at_s = t;
+        }
+    }
+
+    fn decay_factor(&self, now: f64, tau: f64) -> f64 {
+        if now > self.at_s {
+            (-(now - self.at_s) / tau).exp()
+        } else {
+            1.0
+        }
+    }
+
+    /// The share of wall time others wait for this rank, at `now`.
+    fn share(&self, now: f64, tau: f64) -> f64 {
+        // The decayed sum over a history shorter than a few time constants covers less time:
+        // divide by the time it does cover (bias correction), at least half a time constant.
+        let covered = match self.first_s {
+            Some(f) => tau * (1.0 - (-(now - f).max(tau / 2.0) / tau).exp()),
+            None => tau,
+        };
+        let outliers = self.max_obs_s + if self.sampled { self.max2_obs_s } else { 0.0 };
+        (self.blame_s - outliers).max(0.0) * self.decay_factor(now, tau) / covered
+    }
+
+    fn late_now(&self, now: f64, tau: f64) -> f64 {
+        self.late * self.decay_factor(now, tau)
+    }
+
+    /// Late again and again on some communicator (not a one-off).
+    fn repeated(&self, min_ratio: f64) -> bool {
+        self.per_comm
+            .values()
+            .any(|(l, j)| *j >= 2.0 && l / j >= min_ratio)
+    }
+
+    /// On time for a while: whatever made it late has ended.
+    fn quiet(&self, now: f64) -> bool {
+        self.on_time_since >= QUIET_INSTANCES && now - self.last_late_s >= QUIET_S
+    }
+}
+
+/// A finding while it is open.
+#[derive(Debug, Clone)]
+struct SlowOpen {
+    ranks: Vec<i32>,
+    /// The ranks it opened with (its id stays when a node's ranks join it).
+    id_ranks: Vec<i32>,
+    node: Option<String>,
+    opened_s: f64,
+    /// Its highest share so far, and the step period then.
+    peak_share: f64,
+    peak_step: Option<(f64, String)>,
+}
+
+/// What a slow-rank evaluation is given.
+#[derive(Debug)]
+pub struct Context<'a> {
+    pub job: &'a str,
+    pub now_s: f64,
+    pub tuning: &'a Tuning,
+    /// Rank → node (empty or absent: unknown).
+    pub nodes: &'a HashMap<i32, String>,
+    /// The step period and where it came from, when known.
+    pub step: Option<(f64, String)>,
+}
+
+/// The slow-rank detector of one job.
+#[derive(Debug, Default)]
+pub struct SlowRanks {
+    ranks: HashMap<i32, RankSt>,
+    open: Vec<SlowOpen>,
+}
+
+/// The lower quartile (0 when empty).
+fn lower_quartile(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[(v.len() - 1) / 4]
+}
+
+/// The upper quartile (of two: the larger).
+fn upper_quartile_u64(v: &mut [u64]) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let i = (3 * v.len() / 4).min(v.len() - 1);
+    *v.select_nth_unstable(i).1
+}
+
+/// The lower quartile (of two: the smaller).
+fn lower_quartile_u64(v: &mut [u64]) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let i = (v.len() - 1) / 4;
+    *v.select_nth_unstable(i).1
+}
+
+fn fmt_dur(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.0} µs", s * 1e6)
+    }
+}
+
+/// Communicators remembered per rank, at most (a program that makes them without end).
+const MAX_COMMS_PER_RANK: usize = 1024;
+
+impl SlowRanks {
+    /// A rank's agent samples its calls: from now on its compute comes from the agent.
+    pub fn sampled(&mut self, rank: i32) {
+        self.ranks.entry(rank).or_default().sampled = true;
+    }
+
+    /// One completed call of a rank, in its own order: measures its own compute since its
+    /// previous call on the same communicator, the member's part in the call's instance.
+    pub fn call(&mut self, c: &CallTimes) -> Member {
+        let r = self.ranks.entry(c.rank).or_default();
+        r.sampled |= c.sampled;
+        let mut m = Member {
+            rank: c.rank,
+            dur_ns: c.end_ns.saturating_sub(c.start_ns),
+            ..Member::default()
+        };
+        if r.last_on_comm.len() >= MAX_COMMS_PER_RANK && !r.last_on_comm.contains_key(&c.comm) {
+            r.last_on_comm.clear();
+        }
+        if r.sampled {
+            // Measured by the agent over every call, kept or not.
+            m.compute_ns = c.agent_compute_ns;
+            if let Some(&(_, _, blamed)) = r.last_on_comm.get(&c.comm) {
+                m.blamed_before_ns = blamed;
+            }
+            r.last_on_comm.insert(c.comm, (c.end_ns, 0, r.blamed_ns));
+        } else if c.blocking {
+            if let Some(&(t_exit, inside, blamed)) = r.last_on_comm.get(&c.comm) {
+                m.blamed_before_ns = blamed;
+                let span = c.start_ns.saturating_sub(t_exit);
+                m.compute_ns = Some(span.saturating_sub(r.inside_ns.saturating_sub(inside)));
+            }
+            r.inside_ns += m.dur_ns;
+            r.last_on_comm
+                .insert(c.comm, (c.end_ns, r.inside_ns, r.blamed_ns));
+        } else {
+            // Its wait is not known: the next instance on this comm has no compute measure.
+            r.last_on_comm.remove(&c.comm);
+        }
+        m
+    }
+
+    /// Judges one completed instance of a synchronizing collective on `comm` whose members all
+    /// blocked: blames the late members for their own extra compute. `weight`: the instances it
+    /// stands for (consistent sampling).
+    pub fn judge(&mut self, comm: u64, members: &[Member], weight: u32, now: f64, t: &Tuning) {
+        if members.len() < 2 || members.iter().any(|m| m.compute_ns.is_none()) {
+            return;
+        }
+        let mut durs: Vec<u64> = members.iter().map(|m| m.dur_ns).collect();
+        let d_ref = upper_quartile_u64(&mut durs);
+        let mut comp: Vec<u64> = members.iter().filter_map(|m| m.compute_ns).collect();
+        // The lower quartile: with two members, the slower one's excess is over the faster.
+        let c_ref = lower_quartile_u64(&mut comp);
+        let w = f64::from(weight.max(1));
+        for m in members {
+            let late = d_ref.saturating_sub(m.dur_ns);
+            let r = self.ranks.entry(m.rank).or_default();
+            // Extra compute not already blamed at an instance in between (a tensor-parallel
+            // all-reduce inside a data-parallel step): each unit of it is blamed once.
+            let already = r.blamed_ns.saturating_sub(m.blamed_before_ns);
+            let own = late.min(
+                m.compute_ns
+                    .unwrap_or(0)
+                    .saturating_sub(c_ref)
+                    .saturating_sub(already),
+            );
+            r.decay_to(now, t.tau_s);
+            r.first_s.get_or_insert(now);
+            r.judged += w;
+            if r.per_comm.len() >= 64 && !r.per_comm.contains_key(&comm) {
+                r.per_comm.retain(|_, v| v.1 >= 0.5);
+            }
+            let pc = r.per_comm.entry(comm).or_default();
+            pc.1 += w;
+            if own < t.min_excess_ns {
+                r.on_time_since += w;
+                continue;
+            }
+            pc.0 += w;
+            r.last_late_s = now;
+            r.on_time_since = 0.0;
+            // The wait it caused, for every instance this one stands for; lateness itself is
+            // counted as seen: repetition needs as many late instances sampled or not.
+            let blame_ns = own * u64::from(weight.max(1));
+            r.blamed_ns += blame_ns;
+            // Blame charged at this communicator's own instance is not "blamed in between" for
+            // the rank's next call on it: its snapshot moves too.
+            if let Some(x) = r.last_on_comm.get_mut(&comm) {
+                x.2 += blame_ns;
+            }
+            let s = own as f64 / 1e9 * w;
+            r.blame_s += s;
+            if s > r.max_obs_s {
+                r.max2_obs_s = r.max_obs_s;
+                r.max_obs_s = s;
+            } else if s > r.max2_obs_s {
+                r.max2_obs_s = s;
+            }
+            r.late += 1.0;
+            r.total_blame_s += s;
+            r.total_late += 1;
+        }
+    }
+
+    /// The ranks of the findings open now.
+    pub fn open_ranks(&self) -> BTreeSet<i32> {
+        self.open
+            .iter()
+            .flat_map(|o| o.ranks.iter().copied())
+            .collect()
+    }
+
+    /// Each rank's share of wall time the others wait for it, at `now`.
+    pub fn shares(&self, now: f64, tau: f64) -> BTreeMap<i32, f64> {
+        self.ranks
+            .iter()
+            .map(|(r, st)| (*r, st.share(now, tau)))
+            .collect()
+    }
+
+    /// Per rank, highest share first: (rank, share, decayed late instances, highest
+    /// per-communicator late ratio, blame in seconds) — for looking into verdicts.
+    pub fn debug_ranks(&self, now: f64, tau: f64) -> Vec<(i32, f64, f64, f64, f64)> {
+        let mut v: Vec<(i32, f64, f64, f64, f64)> = self
+            .ranks
+            .iter()
+            .map(|(r, st)| {
+                let ratio = st
+                    .per_comm
+                    .values()
+                    .filter(|(_, j)| *j >= 2.0)
+                    .map(|(l, j)| l / j)
+                    .fold(0.0, f64::max);
+                (
+                    *r,
+                    st.share(now, tau),
+                    st.late_now(now, tau),
+                    ratio,
+                    st.total_blame_s,
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    /// The slow-rank findings open now (with hysteresis), appended to `out`.
+    pub fn findings(&mut self, cx: &Context, out: &mut Vec<Finding>) {
+        let t = cx.tuning;
+        let now = cx.now_s;
+        // (rank, share, decayed late count — zero unless it is late repeatedly on some
+        // communicator and still late lately)
+        let mut shares: Vec<(i32, f64, f64)> = self
+            .ranks
+            .iter()
+            .map(|(r, st)| {
+                let active = st.repeated(t.min_late_ratio) && !st.quiet(now);
+                let late = if active {
+                    st.late_now(now, t.tau_s)
+                } else {
+                    0.0
+                };
+                (*r, st.share(now, t.tau_s), late)
+            })
+            .collect();
+        shares.sort_by_key(|s| s.0);
+        let quiet: BTreeSet<i32> = self
+            .ranks
+            .iter()
+            .filter(|(_, st)| st.quiet(now))
+            .map(|(r, _)| *r)
+            .collect();
+        // The reference is the lower quartile, not the median: with half the job slow (a slow
+        // node of a 2-node job) the median rank is itself slow.
+        let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
+        let reference = lower_quartile(&mut all);
+        // A rank far below the slowest one (under a third of its share) is the noise around
+        // it, not a cause of its own.
+        let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
+        let high = |s: f64, late: f64| {
+            s >= t.min_share && s >= t.dominance * reference && late >= t.min_late && 3.0 * s >= top
+        };
+        let low = |r: i32, s: f64| {
+            !quiet.contains(&r) && s >= t.min_share / 2.0 && s >= t.dominance * reference / 2.0
+        };
+        let share_of: HashMap<i32, f64> = shares.iter().map(|s| (s.0, s.1)).collect();
+        // Keep the open ones that stay above the lower threshold.
+        let mut open: Vec<SlowOpen> = Vec::new();
+        let mut taken: BTreeSet<i32> = BTreeSet::new();
+        for o in std::mem::take(&mut self.open) {
+            if o.ranks
+                .iter()
+                .any(|r| low(*r, share_of.get(r).copied().unwrap_or(0.0)))
+            {
+                taken.extend(o.ranks.iter().copied());
+                open.push(o);
+            }
+        }
+        let node_of = |r: &i32| cx.nodes.get(r).cloned().unwrap_or_default();
+        let mut node_members: HashMap<String, Vec<i32>> = HashMap::new();
+        let known: BTreeSet<i32> = self.ranks.keys().chain(cx.nodes.keys()).copied().collect();
+        for r in known {
+            node_members.entry(node_of(&r)).or_default().push(r);
+        }
+        // Per node: ranks above the lower threshold, and whether one is above the upper one.
+        let mut by_node: BTreeMap<String, (Vec<i32>, bool)> = BTreeMap::new();
+        for (r, s, late) in &shares {
+            if low(*r, *s) {
+                let e = by_node.entry(node_of(r)).or_default();
+                e.0.push(*r);
+                e.1 |= high(*s, *late) && !taken.contains(r);
+            }
+        }
+        for (node, (lows, any_high)) in by_node {
+            let on_node = node_members.get(&node).map_or(0, Vec::len);
+            // A slow node is slow against other nodes: a job on one node has ranks only.
+            let is_node = !node.is_empty()
+                && node_members.len() >= 2
+                && lows.len() >= 2
+                && 2 * lows.len() >= on_node;
+            if !is_node {
+                for r in lows {
+                    let (s, late) = shares
+                        .iter()
+                        .find(|x| x.0 == r)
+                        .map_or((0.0, 0.0), |x| (x.1, x.2));
+                    if !taken.contains(&r) && high(s, late) {
+                        open.push(SlowOpen {
+                            ranks: vec![r],
+                            id_ranks: vec![r],
+                            node: None,
+                            opened_s: now,
+                            peak_share: 0.0,
+                            peak_step: None,
+                        });
+                    }
+                }
+                continue;
+            }
+            // Half the node or more is slow: one finding for the node. Three quarters or more:
+            // the whole node (the rest are slow too, only less visibly: their waits fall on the
+            // others' instances); fewer: only the ranks near the slowest.
+            let mut lows = if 4 * lows.len() >= 3 * on_node {
+                node_members.get(&node).cloned().unwrap_or(lows)
+            } else {
+                let share = |r: &i32| share_of.get(r).copied().unwrap_or(0.0);
+                let top = lows.iter().map(share).fold(0.0, f64::max);
+                lows.into_iter().filter(|r| share(r) >= top / 2.0).collect()
+            };
+            lows.sort_unstable();
+            merge_node(&mut open, node, lows, any_high, now, &node_of);
+        }
+        for o in &mut open {
+            let share = o
+                .ranks
+                .iter()
+                .map(|r| share_of.get(r).copied().unwrap_or(0.0))
+                .fold(0.0, f64::max);
+            if share >= o.peak_share {
+                o.peak_share = share;
+                o.peak_step = cx.step.clone();
+            }
+        }
+        for o in &open {
+            out.push(self.finding(o, cx, &share_of));
+        }
+        self.open = open;
+    }
+
+    fn finding(&self, o: &SlowOpen, cx: &Context, share_of: &HashMap<i32, f64>) -> Finding {
+        let now = cx.now_s;
+        let tau = cx.tuning.tau_s;
+        let share = o.peak_share;
+        let share_now = o
+            .ranks
+            .iter()
+            .map(|r| share_of.get(r).copied().unwrap_or(0.0))
+            .fold(0.0, f64::max);
+        let nodes: Vec<String> = o
+            .ranks
+            .iter()
+            .filter_map(|r| cx.nodes.get(r).filter(|n| !n.is_empty()).cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let sts = || o.ranks.iter().filter_map(|r| self.ranks.get(r));
+        let late = sts().map(|st| st.late_now(now, tau)).fold(0.0, f64::max);
+        let total_blame = sts().map(|st| st.total_blame_s).fold(0.0, f64::max);
+        let total_late = sts().map(|st| st.total_late).max().unwrap_or(0);
+        // Persistent: late in at least half of its instances on some communicator.
+        let persistent = sts().any(|st| st.repeated(0.5));
+        let job_median = {
+            let mut all: Vec<f64> = share_of.values().copied().collect();
+            median(&mut all)
+        };
+        let step = o.peak_step.as_ref();
+        let impact = match step {
+            Some((p, _)) => format!(
+                "the others wait {} per step for it ({:.0} % of the {} step)",
+                fmt_dur(share * p),
+                share * 100.0,
+                fmt_dur(*p)
+            ),
+            None => format!("the others wait for it {:.0} % of the time", share * 100.0),
+        };
+        let who = match &o.node {
+            Some(n) => format!("{n} ({})", ranks_phrase(&o.ranks)),
+            None => format!(
+                "{} on {}",
+                ranks_phrase(&o.ranks),
+                nodes.first().map_or("an unknown node", String::as_str)
+            ),
+        };
+        let what_next = match &o.node {
+            Some(_) => {
+                "every rank of the node computes slowly: check the node's CPU/GPU clocks, thermal throttling and noisy neighbours, or drain it"
+            }
+            None => {
+                "it computes longer than its peers before each collective: check that rank's data shard, GPU health and CPU contention (top/nvidia-smi on that node)"
+            }
+        };
+        Finding {
+            id: finding_id(Kind::SlowRank, cx.job, None, &o.id_ranks, None),
+            kind: Kind::SlowRank,
+            class: Class::NonCommunicationSlow,
+            state: State::Open,
+            job: cx.job.to_owned(),
+            comm: None,
+            seq: None,
+            ranks: o.ranks.clone(),
+            nodes,
+            link: None,
+            opened_at: (o.opened_s * 1e9) as u64,
+            resolved_at: None,
+            confidence: if persistent { 0.9 } else { 0.7 },
+            summary: format!(
+                "{who} arrives last at collectives ({}): {impact} — {what_next}",
+                if persistent {
+                    "persistently"
+                } else {
+                    "in bursts"
+                }
+            ),
+            evidence: json!({
+                "share_of_time": share,
+                "share_now": share_now,
+                "persistence": if persistent { "persistent" } else { "transient" },
+                "late_instances_decayed": late,
+                "late_instances_total": total_late,
+                "blame_total_s": total_blame,
+                "step_s": step.map(|s| s.0),
+                "step_from": step.map(|s| s.1.clone()),
+                "job_median_share": job_median,
+                "at_ns": (now * 1e9) as u64,
+            }),
+        }
+    }
+}
+
+/// A slow node: one finding. It takes over open findings of ranks on the node (keeping the
+/// earliest one's id and opening time) once a rank crosses the upper threshold.
+fn merge_node(
+    open: &mut Vec<SlowOpen>,
+    node: String,
+    lows: Vec<i32>,
+    any_high: bool,
+    now: f64,
+    node_of: &dyn Fn(&i32) -> String,
+) {
+    let on_node = |o: &SlowOpen| o.ranks.iter().any(|r| node_of(r) == node);
+    let (mine, rest): (Vec<SlowOpen>, Vec<SlowOpen>) =
+        std::mem::take(open).into_iter().partition(on_node);
+    *open = rest;
+    let Some(first) = mine.iter().min_by(|a, b| a.opened_s.total_cmp(&b.opened_s)) else {
+        if any_high {
+            open.push(SlowOpen {
+                ranks: lows.clone(),
+                id_ranks: lows,
+                node: Some(node),
+                opened_s: now,
+                peak_share: 0.0,
+                peak_step: None,
+            });
+        }
+        return;
+    };
+    let mut merged: BTreeSet<i32> = lows.into_iter().collect();
+    merged.extend(mine.iter().flat_map(|o| o.ranks.iter().copied()));
+    let best = mine
+        .iter()
+        .max_by(|a, b| a.peak_share.total_cmp(&b.peak_share))
+        .expect("one at least");
+    open.push(SlowOpen {
+        ranks: merged.into_iter().collect(),
+        id_ranks: first.id_ranks.clone(),
+        node: Some(node),
+        opened_s: first.opened_s,
+        peak_share: best.peak_share,
+        peak_step: best.peak_step.clone(),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const WORLD: u64 = 0x100;
+
+    /// A job of `n` ranks, `per_node` per node, stepping one world all-reduce at a time: each
+    /// rank computes `base` plus its extra, then every member leaves together.
+    struct Job {
+        det: SlowRanks,
+        nodes: HashMap<i32, String>,
+        /// Per rank: its clock (ns) after its last call.
+        t: Vec<u64>,
+        now_ns: u64,
+        tuning: Tuning,
+    }
+
+    impl Job {
+        fn new(n: i32, per_node: i32) -> Job {
+            Job {
+                det: SlowRanks::default(),
+                nodes: (0..n).map(|r| (r, format!("n{}", r / per_node))).collect(),
+                t: vec![0; n as usize],
+                now_ns: 0,
+                tuning: Tuning::default(),
+            }
+        }
+
+        /// One step: rank r computes `base_ms + extra(r)` ms; the all-reduce ends when the
+        /// last one arrives, plus 1 ms of transfer.
+        fn step(&mut self, base_ms: f64, extra: impl Fn(i32) -> f64) {
+            let n = self.t.len() as i32;
+            let arrive: Vec<u64> = (0..n)
+                .map(|r| self.now_ns + ((base_ms + extra(r)) * MS as f64) as u64)
+                .collect();
+            let end = arrive.iter().max().copied().unwrap_or(0) + MS;
+            let members: Vec<Member> = (0..n)
+                .map(|r| {
+                    self.det.call(&CallTimes {
+                        rank: r,
+                        comm: WORLD,
+                        start_ns: arrive[r as usize],
+                        end_ns: end,
+                        blocking: true,
+                        sampled: false,
+                        agent_compute_ns: None,
+                    })
+                })
+                .collect();
+            self.now_ns = end;
+            self.t.iter_mut().for_each(|t| *t = end);
+            self.det
+                .judge(WORLD, &members, 1, end as f64 / 1e9, &self.tuning);
+        }
+
+        fn steps(&mut self, k: usize, base_ms: f64, extra: impl Fn(i32) -> f64) {
+            for _ in 0..k {
+                self.step(base_ms, &extra);
+            }
+        }
+
+        fn findings(&mut self) -> Vec<Finding> {
+            let cx = Context {
+                job: "j",
+                now_s: self.now_ns as f64 / 1e9,
+                tuning: &self.tuning,
+                nodes: &self.nodes,
+                step: None,
+            };
+            let mut out = vec![];
+            self.det.findings(&cx, &mut out);
+            out
+        }
+
+        /// Steps for `secs` seconds of job time, evaluating once a second; the findings of the
+        /// last evaluation.
+        fn run(&mut self, secs: f64, base_ms: f64, extra: impl Fn(i32) -> f64) -> Vec<Finding> {
+            let until = self.now_ns + (secs * 1e9) as u64;
+            let mut next = self.now_ns + 1_000 * MS;
+            let mut last = vec![];
+            while self.now_ns < until {
+                self.step(base_ms, &extra);
+                if self.now_ns >= next {
+                    last = self.findings();
+                    next += 1_000 * MS;
+                }
+            }
+            last
+        }
+    }
+
+    fn ranks(f: &[Finding]) -> Vec<Vec<i32>> {
+        f.iter().map(|f| f.ranks.clone()).collect()
+    }
+
+    /// A little deterministic noise per (rank, step): ±`ms`.
+    fn jitter(r: i32, k: u64, ms: f64) -> f64 {
+        let mut x = (r as u64) << 32 ^ k;
+        x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 29;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^= x >> 32;
+        let x = x % 1000;
+        (x as f64 / 500.0 - 1.0) * ms
+    }
+
+    #[test]
+    fn a_healthy_job_is_no_finding() {
+        let mut j = Job::new(16, 8);
+        let k = std::cell::Cell::new(0u64);
+        let f = j.run(20.0, 50.0, |r| {
+            k.set(k.get() + 1);
+            jitter(r, k.get(), 2.0).abs()
+        });
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_rank_that_computes_longer_is_named() {
+        let mut j = Job::new(16, 8);
+        let f = j.run(10.0, 50.0, |r| if r == 5 { 25.0 } else { 0.0 });
+        assert_eq!(ranks(&f), vec![vec![5]]);
+        assert_eq!(f[0].nodes, vec!["n0".to_owned()]);
+        assert!(
+            f[0].summary.starts_with("rank 5 on n0 arrives last"),
+            "{}",
+            f[0].summary
+        );
+    }
+
+    #[test]
+    fn a_single_hiccup_is_not_a_slow_rank() {
+        let mut j = Job::new(16, 8);
+        j.steps(40, 50.0, |_| 0.0);
+        j.step(50.0, |r| if r == 3 { 2_000.0 } else { 0.0 });
+        let f = j.run(10.0, 50.0, |_| 0.0);
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_noisy_job_is_no_finding() {
+        // Every rank's compute varies by up to 20 % from step to step: whoever is last changes
+        // every step, and nobody stands out against the rest.
+        let mut j = Job::new(16, 8);
+        let k = std::cell::Cell::new(0u64);
+        let f = j.run(30.0, 50.0, |r| {
+            k.set(k.get() + 1);
+            jitter(r, k.get(), 10.0).abs()
+        });
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn ranks_that_take_turns_being_last_are_no_finding() {
+        // Each step one of four ranks, drawn anew, is 30 ms late: each makes the others wait
+        // about 9 % of the time, but none more than the rest.
+        let mut j = Job::new(4, 4);
+        let k = std::cell::Cell::new(0u64);
+        let f = j.run(30.0, 50.0, |r| {
+            k.set(k.get() + 1);
+            let step = (k.get() - 1) / 4;
+            let last = (jitter(0, step, 500.0) + 500.0) as i32 % 4;
+            if r == last { 30.0 } else { 0.0 }
+        });
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_mild_skew_shared_by_all_is_no_finding() {
+        // Every rank a little slower than some others, persistently: nobody dominates.
+        let mut j = Job::new(16, 8);
+        let f = j.run(20.0, 50.0, |r| (r % 4) as f64 * 0.5);
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn an_intermittent_straggler_below_the_threshold_is_no_finding() {
+        // Late by 1 ms once in ten steps of 50 ms: 0.2 % of the time.
+        let mut j = Job::new(16, 8);
+        let k = std::cell::Cell::new(0u64);
+        let f = j.run(20.0, 50.0, |r| {
+            k.set(k.get() + 1);
+            if r == 9 && (k.get() / 16).is_multiple_of(10) {
+                1.0
+            } else {
+                0.0
+            }
+        });
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_slow_node_in_a_two_node_job_is_one_finding_for_the_node() {
+        let mut j = Job::new(16, 8);
+        let f = j.run(10.0, 50.0, |r| if r >= 8 { 20.0 } else { 0.0 });
+        assert_eq!(ranks(&f), vec![(8..16).collect::<Vec<_>>()]);
+        assert!(f[0].summary.starts_with("n1 (ranks 8,"), "{}", f[0].summary);
+    }
+
+    #[test]
+    fn half_a_node_names_only_the_slow_ranks() {
+        let mut j = Job::new(32, 8);
+        let f = j.run(
+            10.0,
+            50.0,
+            |r| if (8..12).contains(&r) { 20.0 } else { 0.0 },
+        );
+        assert_eq!(ranks(&f), vec![vec![8, 9, 10, 11]]);
+    }
+
+    #[test]
+    fn a_job_on_one_node_names_ranks_not_the_node() {
+        let mut j = Job::new(8, 8);
+        let f = j.run(10.0, 50.0, |r| if r == 2 || r == 6 { 20.0 } else { 0.0 });
+        let mut named: Vec<i32> = f.iter().flat_map(|f| f.ranks.clone()).collect();
+        named.sort_unstable();
+        assert_eq!(named, vec![2, 6], "{f:#?}");
+        assert!(f.iter().all(|f| f.ranks.len() == 1), "{f:#?}");
+    }
+
+    #[test]
+    fn it_resolves_within_ten_seconds_after_it_stops() {
+        // Very slow (a share far above the threshold, the slowest to decay): still resolved
+        // within 10 s of it ending.
+        let mut j = Job::new(16, 8);
+        let f = j.run(10.0, 20.0, |r| if r == 4 { 80.0 } else { 0.0 });
+        assert_eq!(ranks(&f), vec![vec![4]]);
+        let stopped = j.now_ns;
+        let mut resolved_after = None;
+        let mut next = j.now_ns + 1_000 * MS;
+        while j.now_ns < stopped + 20_000 * MS {
+            j.step(20.0, |_| 0.0);
+            if j.now_ns >= next {
+                next += 1_000 * MS;
+                if j.findings().is_empty() {
+                    resolved_after = Some((j.now_ns - stopped) as f64 / 1e9);
+                    break;
+                }
+            }
+        }
+        let after = resolved_after.expect("resolved");
+        assert!(after <= 10.0, "resolved {after:.1} s after it stopped");
+        // And it stays resolved.
+        let f = j.run(10.0, 20.0, |_| 0.0);
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn its_summary_keeps_the_share_at_its_peak() {
+        let mut j = Job::new(16, 8);
+        j.run(10.0, 50.0, |r| if r == 5 { 50.0 } else { 0.0 });
+        let peak = j.findings()[0].evidence["share_of_time"]
+            .as_f64()
+            .expect("share");
+        // It recovers: the share decays, the summary's figure does not.
+        for _ in 0..8 {
+            j.step(50.0, |_| 0.0);
+        }
+        let f = j.findings();
+        assert_eq!(ranks(&f), vec![vec![5]]);
+        let now = f[0].evidence["share_now"].as_f64().expect("share now");
+        assert!(now < peak, "now {now} peak {peak}");
+        assert_eq!(f[0].evidence["share_of_time"].as_f64(), Some(peak));
+        let pct = format!("{:.0} %", peak * 100.0);
+        assert!(f[0].summary.contains(&pct), "{} lacks {pct}", f[0].summary);
+    }
+
+    #[test]
+    fn a_victim_that_waits_elsewhere_is_not_blamed() {
+        // Rank 1 arrives late at the world all-reduce because it waited inside another call
+        // (a pipeline receive): time inside calls is not its own compute.
+        let mut j = Job::new(8, 8);
+        let mut last = vec![];
+        for k in 0..300 {
+            let n = 8;
+            let start = j.now_ns;
+            let mut members = Vec::new();
+            for r in 0..n {
+                let wait_elsewhere = if r == 1 { 20 * MS } else { 0 };
+                if r == 1 {
+                    // The receive: 1 ms compute, then 20 ms inside a call on another comm.
+                    j.det.call(&CallTimes {
+                        rank: 1,
+                        comm: 0x200,
+                        start_ns: start + MS,
+                        end_ns: start + MS + wait_elsewhere,
+                        blocking: true,
+                        sampled: false,
+                        agent_compute_ns: None,
+                    });
+                }
+                members.push((r, start + 50 * MS + wait_elsewhere));
+            }
+            let end = start + 71 * MS;
+            let members: Vec<Member> = members
+                .into_iter()
+                .map(|(r, arrive)| {
+                    j.det.call(&CallTimes {
+                        rank: r,
+                        comm: WORLD,
+                        start_ns: arrive,
+                        end_ns: end,
+                        blocking: true,
+                        sampled: false,
+                        agent_compute_ns: None,
+                    })
+                })
+                .collect();
+            j.now_ns = end;
+            j.det.judge(WORLD, &members, 1, end as f64 / 1e9, &j.tuning);
+            if k % 14 == 13 {
+                last = j.findings();
+                assert!(last.is_empty(), "step {k}: {last:#?}");
+            }
+        }
+        assert!(last.is_empty());
+    }
+}
