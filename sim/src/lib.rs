@@ -394,19 +394,6 @@ impl Expected {
                     && ranks.iter().all(|r| self.ranks.contains(r))))
     }
 
-    /// Whether findings meet it: one naming exactly its ranks, or its parts covering them.
-    pub fn met_by(&self, found: &[(Kind, Vec<i32>)]) -> bool {
-        let parts: Vec<&(Kind, Vec<i32>)> =
-            found.iter().filter(|(k, r)| self.matches(*k, r)).collect();
-        if parts.iter().any(|(_, r)| *r == self.ranks) {
-            return true;
-        }
-        let mut covered: Vec<i32> = parts.iter().flat_map(|(_, r)| r.clone()).collect();
-        covered.sort_unstable();
-        covered.dedup();
-        self.split_ok && covered == self.ranks
-    }
-
     /// "hang or dead-rank".
     pub fn kinds_phrase(&self) -> String {
         self.kinds
@@ -484,16 +471,43 @@ impl Verdict {
     }
 }
 
-/// Judges findings `(kind, ranks)` against expectations.
+/// Judges findings `(kind, ranks)` against expectations. Each finding explains at most one
+/// expectation. An expectation takes the finding that names exactly its ranks; when it may be
+/// split and none does, it takes findings naming disjoint parts of it. Whatever is left over is
+/// extra: a finding naming a hung pair alongside findings naming each of the two ("both forms at
+/// once"), or the same finding twice, is an error.
 pub fn judge(want: &[Expected], found: &[(Kind, Vec<i32>)]) -> Verdict {
+    let mut used = vec![false; found.len()];
+    let mut missing = Vec::new();
+    for (i, e) in want.iter().enumerate() {
+        let whole = (0..found.len())
+            .find(|j| !used[*j] && e.kinds.contains(&found[*j].0) && found[*j].1 == e.ranks);
+        if let Some(j) = whole {
+            used[j] = true;
+            continue;
+        }
+        let mut covered: Vec<i32> = Vec::new();
+        if e.split_ok {
+            for j in 0..found.len() {
+                let (k, r) = &found[j];
+                if !used[j] && e.matches(*k, r) && !r.iter().any(|x| covered.contains(x)) {
+                    used[j] = true;
+                    covered.extend(r);
+                }
+            }
+        }
+        covered.sort_unstable();
+        if covered != e.ranks {
+            missing.push(i);
+        }
+    }
     Verdict {
-        missing: (0..want.len())
-            .filter(|i| !want[*i].met_by(found))
-            .collect(),
+        missing,
         extra: found
             .iter()
-            .filter(|(k, r)| !want.iter().any(|e| e.matches(*k, r)))
-            .cloned()
+            .zip(&used)
+            .filter(|(_, u)| !**u)
+            .map(|(f, _)| f.clone())
             .collect(),
     }
 }
@@ -1407,6 +1421,81 @@ fn at_phase_or_world(f: &Fault, at_phase: bool, phase: Phase) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hang_of(ranks: &[i32], split_ok: bool) -> Expected {
+        Expected {
+            kinds: vec![Kind::Hang],
+            ranks: ranks.to_vec(),
+            split_ok,
+        }
+    }
+
+    #[test]
+    fn judge_counts_an_unexpected_finding_as_extra() {
+        let want = [hang_of(&[3], false)];
+        let v = judge(&want, &[(Kind::Hang, vec![3]), (Kind::SlowRank, vec![4])]);
+        assert!(v.missing.is_empty());
+        assert_eq!(v.extra, vec![(Kind::SlowRank, vec![4])]);
+        assert!(!v.exact());
+        // A partner named as well is extra too, not "close enough".
+        let v = judge(&want, &[(Kind::Hang, vec![3, 4])]);
+        assert_eq!(v.missing, vec![0]);
+        assert_eq!(v.extra, vec![(Kind::Hang, vec![3, 4])]);
+    }
+
+    #[test]
+    fn judge_takes_one_form_of_two_hung_ranks_never_both() {
+        let want = [hang_of(&[2, 9], true)];
+        assert!(judge(&want, &[(Kind::Hang, vec![2, 9])]).exact());
+        assert!(judge(&want, &[(Kind::Hang, vec![9]), (Kind::Hang, vec![2])]).exact());
+        // Both forms at once: the pair and one part.
+        let v = judge(&want, &[(Kind::Hang, vec![2]), (Kind::Hang, vec![2, 9])]);
+        assert!(v.missing.is_empty());
+        assert_eq!(v.extra, vec![(Kind::Hang, vec![2])]);
+        // The same finding twice.
+        let v = judge(
+            &want,
+            &[
+                (Kind::Hang, vec![2]),
+                (Kind::Hang, vec![2]),
+                (Kind::Hang, vec![9]),
+            ],
+        );
+        assert_eq!(v.extra, vec![(Kind::Hang, vec![2])]);
+        // One part alone misses the other.
+        let v = judge(&want, &[(Kind::Hang, vec![2])]);
+        assert_eq!(v.missing, vec![0]);
+        assert!(v.extra.is_empty());
+    }
+
+    #[test]
+    fn judge_lets_one_finding_explain_one_fault_only() {
+        // Two faults of the same kind and rank set cannot share one finding.
+        let want = [
+            Expected {
+                kinds: vec![Kind::DeadRank],
+                ranks: vec![1],
+                split_ok: false,
+            },
+            Expected {
+                kinds: vec![Kind::Hang, Kind::DeadRank],
+                ranks: vec![1],
+                split_ok: false,
+            },
+        ];
+        let v = judge(&want, &[(Kind::DeadRank, vec![1])]);
+        assert_eq!(v.missing, vec![1]);
+        // Kind matters: a hang where a mismatch was expected is a miss and an extra.
+        let v = judge(
+            &[Expected {
+                kinds: vec![Kind::Mismatch],
+                ranks: vec![5],
+                split_ok: false,
+            }],
+            &[(Kind::Hang, vec![5])],
+        );
+        assert_eq!((v.missing.len(), v.extra.len()), (1, 1));
+    }
 
     #[test]
     fn tokens_parse_and_print_back() {
