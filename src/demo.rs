@@ -337,23 +337,29 @@ fn diagnose_mpi(a: &DemoArgs, mpi: &Mpi) -> Result<ExitCode> {
     let job = std::thread::spawn(move || run::run(&job_spec));
     let shared = collector.shared.clone();
     let start = Instant::now();
-    let mut seen: std::collections::BTreeMap<String, bool> = Default::default();
+    // Per finding: open or not, and the summary last printed.
+    let mut seen: std::collections::BTreeMap<String, (bool, String)> = Default::default();
     let mut hang_seen: Option<Instant> = None;
     let mut killed = false;
     let deadline = Duration::from_secs(120);
     loop {
         for f in job_findings(&shared, &spec.job_id) {
             let open = f.state == State::Open;
-            if seen.get(&f.id) == Some(&open) {
+            if seen.get(&f.id).is_some_and(|s| s.0 == open) {
                 continue;
             }
-            seen.insert(f.id.clone(), open);
+            let printed = seen
+                .insert(f.id.clone(), (open, f.summary.clone()))
+                .map(|s| s.1);
             let t = start.elapsed().as_secs_f64();
             if open {
                 println!("[{t:5.1} s] OPEN      {}: {}", f.kind.name(), f.summary);
                 if f.kind == commscope_analyzer::Kind::Hang {
                     hang_seen.get_or_insert_with(Instant::now);
                 }
+            } else if printed.as_ref() != Some(&f.summary) {
+                // Its figures at its peak, which the trace's analysis reports too.
+                println!("[{t:5.1} s] RESOLVED  {}: {}", f.kind.name(), f.summary);
             } else {
                 println!(
                     "[{t:5.1} s] RESOLVED  {} of {}",
