@@ -537,3 +537,192 @@ fn a_pair_that_disagrees_names_the_rank_that_diverged() {
         );
     }
 }
+
+/// A network namespace of its own with only a loopback, removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Netns {
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        for args in [
+            vec!["netns", "add", &name],
+            vec!["-n", &name, "link", "set", "lo", "up"],
+        ] {
+            let o = Command::new("ip").args(&args).output().expect("run ip");
+            assert!(
+                o.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Netns(name)
+    }
+
+    /// Runs `tc ARGS…` inside it.
+    fn tc(&self, args: &[&str]) {
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.0, "tc"])
+            .args(args)
+            .output()
+            .expect("run tc");
+        assert!(
+            o.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+#[test]
+fn a_transport_that_stops_delivering_is_a_stall_with_no_rank() {
+    // Eight ranks talking over TCP on the loopback of a network namespace of their own. Once
+    // the job runs, a queue of length zero on that loopback drops every packet: every rank is
+    // inside a collective, alive and polling, and nothing completes. No rank is at fault; the
+    // finding names the communicator and the instance, with no rank.
+    for flavour in [Flavour::OpenMpi, Flavour::Mpich] {
+        stall(flavour);
+    }
+}
+
+fn stall(flavour: Flavour) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let node = "node-stall";
+    let svc = Services::start(node, &[], &[]);
+    let ns = Netns::new(format!("csstall{}", std::process::id()));
+    let prog = build(flavour, "faults");
+    let job = format!("diag-stall-{}", flavour.name());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cst_dir = tmp.path().join("cst");
+    // TCP only (no shared memory between the ranks), on the namespace's loopback.
+    let mut cmd = launch(
+        flavour,
+        8,
+        &prog,
+        &["healthy", "0", "1000000", "1000000", "400000"],
+    );
+    let mut env: Vec<(&str, &str)> = vec![];
+    match flavour {
+        Flavour::OpenMpi => {
+            for a in cmd.iter_mut() {
+                if a == "self,vader,tcp" {
+                    *a = "self,tcp".into();
+                }
+            }
+            let extra = [
+                "--mca",
+                "btl_tcp_if_include",
+                "lo",
+                "--mca",
+                "oob_tcp_if_include",
+                "lo",
+            ];
+            for (i, a) in extra.iter().enumerate() {
+                cmd.insert(1 + i, (*a).into());
+            }
+        }
+        // MPICH over UCX: no shared-memory path between local ranks, UCX's TCP on lo.
+        Flavour::Mpich => {
+            env = vec![
+                ("MPIR_CVAR_NOLOCAL", "1"),
+                ("UCX_TLS", "tcp"),
+                ("UCX_NET_DEVICES", "lo"),
+            ];
+        }
+    }
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &ns.0])
+        .arg(commscope_tests::commscope_bin())
+        .arg("run")
+        .arg("--agent-socket")
+        .arg(&svc.socket)
+        .arg("--job-id")
+        .arg(&job)
+        .arg("--")
+        .args(&cmd)
+        .env("COMMSCOPE_TRACE_DIR", &cst_dir)
+        .envs(env);
+    let runner = std::thread::spawn(move || c.output().expect("run commscope in the namespace"));
+    // Healthy for a few seconds first: the live view learns how long a call takes.
+    wait("the job's first records", Duration::from_secs(60), || {
+        svc.job(&job)
+            .filter(|j| j["ranks"].as_u64() == Some(8))
+            .map(|_| ())
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        findings(&svc, &job, "open").is_empty(),
+        "a finding before the stall: {:#?}",
+        findings(&svc, &job, "open")
+    );
+    ns.tc(&["qdisc", "add", "dev", "lo", "root", "pfifo", "limit", "0"]);
+    let began = Instant::now();
+    let f = wait("a live stall finding", Duration::from_secs(60), || {
+        findings(&svc, &job, "open")
+            .into_iter()
+            .find(|f| f["kind"] == "hang")
+    });
+    eprintln!(
+        "stall ({}): live hang named {:.1} s after the transport stopped: {}",
+        flavour.name(),
+        began.elapsed().as_secs_f64(),
+        f["summary"]
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let live_open = findings(&svc, &job, "open");
+    let _ = Command::new("pkill")
+        .args(["-9", "-f", prog.to_str().expect("utf-8")])
+        .status();
+    let _ = runner.join().expect("runner");
+    drop(ns);
+    svc.wait_job_ended(&job, Duration::from_secs(60));
+    let all_live: Vec<serde_json::Value> = findings(&svc, &job, "open")
+        .into_iter()
+        .chain(findings(&svc, &job, "resolved"))
+        .collect();
+    svc.wait_segments(&job, Duration::from_secs(60));
+    let batch = analyze(&svc.trace_dir().join(&job));
+    let from_cst = analyze(&cst_dir.join(&job));
+    let show = |v: &[serde_json::Value]| {
+        v.iter()
+            .map(|f| {
+                format!(
+                    "{} {} {} {}",
+                    f["kind"], f["class"], f["ranks"], f["summary"]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(live_open.len(), 1, "live:\n{}", show(&live_open));
+    assert_eq!(
+        all_live.len(),
+        1,
+        "live, open or resolved:\n{}",
+        show(&all_live)
+    );
+    let stall = |f: &serde_json::Value| {
+        f["kind"] == "hang"
+            && f["class"] == "communication-hang"
+            && f["ranks"] == serde_json::json!([])
+            && f["comm"].is_string()
+            && f["seq"].is_u64()
+    };
+    assert!(stall(&f), "live: {f:#}");
+    for (what, found) in [("collector's trace", &batch), (".cst files", &from_cst)] {
+        assert_eq!(found.len(), 1, "analyze {what}:\n{}", show(found));
+        let g = &found[0];
+        assert!(stall(g), "analyze {what}: {g:#}");
+        // Live and trace name the same instance.
+        assert_eq!(
+            (&g["comm"], &g["seq"]),
+            (&f["comm"], &f["seq"]),
+            "analyze {what}: {g:#}\nlive: {f:#}"
+        );
+    }
+}
