@@ -497,7 +497,8 @@ pub fn judge(want: &[Expected], found: &[(Kind, Vec<i32>)]) -> Verdict {
             }
         }
         covered.sort_unstable();
-        if covered != e.ranks {
+        // Parts meet it only when there are some (an expectation of no rank needs its finding).
+        if covered.is_empty() || covered != e.ranks {
             missing.push(i);
         }
     }
@@ -1466,6 +1467,21 @@ mod tests {
         let v = judge(&want, &[(Kind::Hang, vec![2])]);
         assert_eq!(v.missing, vec![0]);
         assert!(v.extra.is_empty());
+    }
+
+    #[test]
+    fn judge_misses_a_finding_of_no_rank_that_never_came() {
+        // A stall or a degraded collective names no rank: nothing found is a miss.
+        let want = [Expected {
+            kinds: vec![Kind::DegradedCollective],
+            ranks: vec![],
+            split_ok: false,
+        }];
+        assert_eq!(judge(&want, &[]).missing, vec![0]);
+        assert_eq!(judge(&[hang_of(&[], true)], &[]).missing, vec![0]);
+        assert!(judge(&want, &[(Kind::DegradedCollective, vec![])]).exact());
+        let v = judge(&want, &[(Kind::Hang, vec![])]);
+        assert_eq!((v.missing.len(), v.extra.len()), (1, 1));
     }
 
     #[test]
