@@ -20,6 +20,8 @@ pub struct Thresholds {
 
 /// How often the instance detectors are evaluated over a trace (data time).
 const EVAL_EVERY_NS: u64 = 1_000_000_000;
+/// After the last record, evaluations go on every second for this long (then once at the end).
+const TAIL_EVALS_NS: u64 = 60_000_000_000;
 
 /// A record's host time on the common (real-time) base.
 pub(crate) fn real_time(p: &ProcessTrace, t: u64, clock: Clock) -> u64 {
@@ -118,6 +120,17 @@ fn instance_findings(
             *n += EVAL_EVERY_NS;
         }
     });
+    // After the last record (a hung job's trace goes on with heartbeats only), evaluate every
+    // second as the live collector does, for up to a minute: what was open when the job
+    // stopped is seen before it decays.
+    if let Some(mut n) = next {
+        let until = end_ns.min(n.saturating_add(TAIL_EVALS_NS));
+        while n < until {
+            det.advance(n);
+            tracker.update(det.findings(), n);
+            n += EVAL_EVERY_NS;
+        }
+    }
     det.advance(end_ns.max(next.map_or(0, |n| n.saturating_sub(EVAL_EVERY_NS))));
     det.in_flight_shapes(unfinished);
     tracker.update(det.findings(), end_ns);

@@ -183,6 +183,17 @@ impl Fault {
     }
 
     /// The world seq (step) at which it starts, given the job's onset step.
+    /// A straggler, slow node, flaky rank or degradation: it makes things slow, not stuck.
+    pub fn is_slow(&self) -> bool {
+        matches!(
+            self,
+            Fault::Straggler { .. }
+                | Fault::SlowNode { .. }
+                | Fault::Flaky { .. }
+                | Fault::Degraded { .. }
+        )
+    }
+
     pub fn start(&self, onset: u64) -> u64 {
         match self {
             Fault::Hang { seq, .. }
@@ -382,6 +393,9 @@ pub struct Expected {
     /// Independent culprits: one finding naming them all, or one finding each (hung ranks
     /// that block the same instance are one cause, ranks that block different ones are not).
     pub split_ok: bool,
+    /// It may or may not be found (a slow fault that acted only briefly before the job
+    /// stopped): never missing, and a finding that meets it is not extra.
+    pub optional: bool,
 }
 
 impl Expected {
@@ -422,6 +436,7 @@ pub fn expected(fault: &Fault, topo: &Topology) -> Result<Expected, String> {
             kinds: vec![kind],
             ranks: check(r)?,
             split_ok: false,
+            optional: false,
         })
     };
     match fault {
@@ -432,6 +447,7 @@ pub fn expected(fault: &Fault, topo: &Topology) -> Result<Expected, String> {
                 kinds: vec![Kind::SlowRank],
                 ranks: topo.node_ranks(n).map(|r| r as i32).collect(),
                 split_ok: false,
+                optional: false,
             })
         }
         Fault::Hang { rank, .. } => one(Kind::Hang, *rank),
@@ -441,16 +457,19 @@ pub fn expected(fault: &Fault, topo: &Topology) -> Result<Expected, String> {
             kinds: vec![Kind::Hang, Kind::DeadRank],
             ranks: check(*rank)?,
             split_ok: false,
+            optional: false,
         }),
         Fault::Degraded { .. } => Ok(Expected {
             kinds: vec![Kind::DegradedCollective],
             ranks: vec![],
             split_ok: false,
+            optional: false,
         }),
         Fault::Stall { .. } => Ok(Expected {
             kinds: vec![Kind::Hang],
             ranks: vec![],
             split_ok: false,
+            optional: false,
         }),
     }
 }
@@ -479,7 +498,11 @@ impl Verdict {
 pub fn judge(want: &[Expected], found: &[(Kind, Vec<i32>)]) -> Verdict {
     let mut used = vec![false; found.len()];
     let mut missing = Vec::new();
-    for (i, e) in want.iter().enumerate() {
+    // What must be found takes its findings first; what may be found, what is left.
+    let mut order: Vec<usize> = (0..want.len()).collect();
+    order.sort_by_key(|i| want[*i].optional);
+    for i in order {
+        let e = &want[i];
         let whole = (0..found.len())
             .find(|j| !used[*j] && e.kinds.contains(&found[*j].0) && found[*j].1 == e.ranks);
         if let Some(j) = whole {
@@ -498,10 +521,11 @@ pub fn judge(want: &[Expected], found: &[(Kind, Vec<i32>)]) -> Verdict {
         }
         covered.sort_unstable();
         // Parts meet it only when there are some (an expectation of no rank needs its finding).
-        if covered.is_empty() || covered != e.ranks {
+        if !e.optional && (covered.is_empty() || covered != e.ranks) {
             missing.push(i);
         }
     }
+    missing.sort_unstable();
     Verdict {
         missing,
         extra: found
@@ -539,6 +563,7 @@ pub fn expected_all(faults: &[Fault], topo: &Topology) -> Result<Vec<Expected>, 
         out.push(Expected {
             kinds: vec![Kind::SlowRank],
             split_ok: true,
+            optional: false,
             ranks: slow,
         });
     }
@@ -547,6 +572,7 @@ pub fn expected_all(faults: &[Fault], topo: &Topology) -> Result<Vec<Expected>, 
         out.push(Expected {
             kinds: vec![Kind::Hang],
             split_ok: hung.len() > 1,
+            optional: false,
             ranks: hung,
         });
     }
@@ -1250,12 +1276,43 @@ impl Sim {
         self.state.iter().all(|s| *s == RankState::Running)
     }
 
-    /// The faults that took effect (those that did not are hidden behind another).
+    /// Steps a slow fault acted in: from its start to the last step every rank completed;
+    /// `None` for other faults.
+    fn slow_steps(&self, f: &Fault) -> Option<u64> {
+        if !f.is_slow() {
+            return None;
+        }
+        // Stopped during a step (a hang, a death): that step never completed.
+        let done = if self.stuck() || self.teardown_at.is_some() {
+            self.step.saturating_sub(1)
+        } else {
+            self.step
+        };
+        Some(done.saturating_sub(f.start(self.spec.onset_step)))
+    }
+
+    /// Slow faults that acted in [`MIN_SLOW_STEPS`] steps but fewer than [`SURE_SLOW_STEPS`]:
+    /// they may or may not be told from noise.
+    pub fn borderline_faults(&self) -> Vec<Fault> {
+        self.spec
+            .faults
+            .iter()
+            .filter(|f| {
+                self.slow_steps(f)
+                    .is_some_and(|n| (MIN_SLOW_STEPS..SURE_SLOW_STEPS).contains(&n))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The faults that took effect (those that did not are hidden behind another, or acted
+    /// too briefly to be seen); borderline ones are not among them.
     pub fn effective_faults(&self) -> Vec<Fault> {
         self.spec
             .faults
             .iter()
             .zip(&self.struck)
+            .filter(|(f, _)| self.slow_steps(f).is_none_or(|n| n >= SURE_SLOW_STEPS))
             .filter(|(f, s)| match f {
                 // A stopped rank nobody came to wait for hangs nothing.
                 Fault::Hang { rank, .. } => **s && self.waited_on[*rank as usize],
@@ -1384,8 +1441,39 @@ pub fn run_virtual(spec: Spec) -> Result<Vec<ProcessTrace>, String> {
     Ok(simulate(spec)?.0)
 }
 
-/// Runs the whole job in virtual time: each process's trace, and the faults that took effect.
-pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Vec<Fault>), String> {
+/// A slow fault that acted in fewer steps than this before the job stopped (or ended) was
+/// not there long enough to be seen: it is not expected.
+pub const MIN_SLOW_STEPS: u64 = 4;
+/// From this many steps on it is expected; in between it may or may not be found.
+pub const SURE_SLOW_STEPS: u64 = 5;
+
+/// What a simulated job's faults did: those that took effect, and those that may or may not
+/// be seen (a slow fault that acted only briefly).
+#[derive(Clone, Debug, Default)]
+pub struct Effect {
+    pub effective: Vec<Fault>,
+    pub borderline: Vec<Fault>,
+}
+
+impl Effect {
+    /// What findings the job should give.
+    pub fn expected(&self, topo: &Topology) -> Result<Vec<Expected>, String> {
+        let mut want = expected_all(&self.effective, topo)?;
+        for mut e in expected_all(&self.borderline, topo)? {
+            e.optional = true;
+            want.push(e);
+        }
+        Ok(want)
+    }
+
+    /// Whether fault `f` was left unseen: neither effective nor borderline.
+    pub fn hidden(&self, f: &Fault) -> bool {
+        !self.effective.contains(f) && !self.borderline.contains(f)
+    }
+}
+
+/// Runs the whole job in virtual time: each process's trace, and what its faults did.
+pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Effect), String> {
     let mut sim = Sim::new(spec, 1_800_000_000_000_000_000)?;
     while sim.step < sim.spec.steps && sim.step() {}
     let tail = (sim.spec.tail_s * 1e9) as u64;
@@ -1400,7 +1488,10 @@ pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Vec<Fault>), String> {
         (None, None) => sim.now(),
     };
     sim.finish(end);
-    let faults = sim.effective_faults();
+    let faults = Effect {
+        effective: sim.effective_faults(),
+        borderline: sim.borderline_faults(),
+    };
     let traces = (0..sim.topo.ranks())
         .map(|r| ProcessTrace {
             header: sim.header(r),
@@ -1428,6 +1519,7 @@ mod tests {
             kinds: vec![Kind::Hang],
             ranks: ranks.to_vec(),
             split_ok,
+            optional: false,
         }
     }
 
@@ -1476,12 +1568,30 @@ mod tests {
             kinds: vec![Kind::DegradedCollective],
             ranks: vec![],
             split_ok: false,
+            optional: false,
         }];
         assert_eq!(judge(&want, &[]).missing, vec![0]);
         assert_eq!(judge(&[hang_of(&[], true)], &[]).missing, vec![0]);
         assert!(judge(&want, &[(Kind::DegradedCollective, vec![])]).exact());
         let v = judge(&want, &[(Kind::Hang, vec![])]);
         assert_eq!((v.missing.len(), v.extra.len()), (1, 1));
+    }
+
+    #[test]
+    fn judge_takes_an_optional_finding_either_way_but_only_it() {
+        let maybe = Expected {
+            kinds: vec![Kind::SlowRank],
+            ranks: vec![5],
+            split_ok: true,
+            optional: true,
+        };
+        let want = [hang_of(&[3], false), maybe];
+        assert!(judge(&want, &[(Kind::Hang, vec![3])]).exact());
+        assert!(judge(&want, &[(Kind::Hang, vec![3]), (Kind::SlowRank, vec![5])]).exact());
+        // Another rank is still extra, and the required one still missing.
+        let v = judge(&want, &[(Kind::SlowRank, vec![6])]);
+        assert_eq!(v.missing, vec![0]);
+        assert_eq!(v.extra, vec![(Kind::SlowRank, vec![6])]);
     }
 
     #[test]
@@ -1492,11 +1602,13 @@ mod tests {
                 kinds: vec![Kind::DeadRank],
                 ranks: vec![1],
                 split_ok: false,
+                optional: false,
             },
             Expected {
                 kinds: vec![Kind::Hang, Kind::DeadRank],
                 ranks: vec![1],
                 split_ok: false,
+                optional: false,
             },
         ];
         let v = judge(&want, &[(Kind::DeadRank, vec![1])]);
@@ -1507,6 +1619,7 @@ mod tests {
                 kinds: vec![Kind::Mismatch],
                 ranks: vec![5],
                 split_ok: false,
+                optional: false,
             }],
             &[(Kind::Hang, vec![5])],
         );

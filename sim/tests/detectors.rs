@@ -25,7 +25,7 @@ fn exact_as_struck(tokens: &[&str], spec: Spec) -> usize {
     let spec = Spec { faults, ..spec };
     let topo = Topology::new(spec.ranks, spec.per_node, spec.tp, spec.pp).expect("shape");
     let (traces, effective) = simulate(spec.clone()).expect("simulate");
-    let want = expected_all(&effective, &topo).expect("expected");
+    let want = effective.expected(&topo).expect("expected");
     let got = commscope_analyzer::analyze("t", &traces, &Default::default());
     let found: Vec<_> = got.iter().map(|f| (f.kind, f.ranks.clone())).collect();
     let v = judge(&want, &found);
@@ -34,7 +34,7 @@ fn exact_as_struck(tokens: &[&str], spec: Spec) -> usize {
         .map(|f| format!("{} {:?}: {}", f.kind.name(), f.ranks, f.summary))
         .collect();
     assert!(v.exact(), "{tokens:?}: {v:?}\n{shown:#?}");
-    effective.len()
+    effective.effective.len()
 }
 
 fn job(ranks: usize, tp: usize, pp: usize, seed: u64) -> Spec {
@@ -143,6 +143,18 @@ fn two_faults_give_one_finding_each() {
             both >= 2,
             "{pair:?}: both faults struck in {both} of 6 jobs"
         );
+    }
+}
+
+#[test]
+fn a_straggler_cut_short_by_a_hang_is_judged_by_how_long_it_acted() {
+    // The hang comes 0 to 8 steps after the straggler began: too soon to see it (not
+    // expected), borderline (either way), or long enough (expected) — never a wrong finding.
+    for (ranks, tp) in [(16, 8), (24, 8), (64, 8), (40, 2)] {
+        for after in 0..=8u64 {
+            let hang = format!("hang:3:{}", 10 + after);
+            exact_as_struck(&["straggler:5", &hang], job(ranks, tp, 0, 7 + after));
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use commscope_sim::{Fault, Rng, Spec, Topology, expected_all, judge, run_virtual, simulate};
+use commscope_sim::{Fault, Rng, Spec, Topology, judge, run_virtual, simulate};
 
 /// The classes of scenario, drawn in turn.
 const CLASSES: [&str; 16] = [
@@ -247,7 +247,7 @@ fn run(s: &Scenario) -> Outcome {
         Err(e) => return fail(e),
     };
     // A fault hidden behind another (its rank blocked before it struck) is not expected.
-    let want = match expected_all(&effective, &topo) {
+    let want = match effective.expected(&topo) {
         Ok(w) => w,
         Err(e) => return fail(e),
     };
