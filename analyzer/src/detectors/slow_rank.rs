@@ -446,9 +446,20 @@ impl SlowRanks {
         let reference = lower_quartile(&mut all);
         // A rank far below the slowest one (under a third of its share) is the noise around
         // it, not a cause of its own.
+        // The same over recent shares: while the slowest rank's share is still building up
+        // (its 5 s average lags), the noise around it is already told apart.
         let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
-        let high = |s: f64, late: f64| {
-            s >= t.min_share && s >= t.dominance * reference && late >= t.min_late && 3.0 * s >= top
+        let recent_of: HashMap<i32, f64> = recent
+            .iter()
+            .filter_map(|(r, x)| Some((*r, (*x)?)))
+            .collect();
+        let top_recent = recent_of.values().copied().fold(0.0, f64::max);
+        let high = |r: i32, s: f64, late: f64| {
+            s >= t.min_share
+                && s >= t.dominance * reference
+                && late >= t.min_late
+                && 3.0 * s >= top
+                && recent_of.get(&r).is_none_or(|x| 3.0 * x >= top_recent)
         };
         let low = |r: i32, s: f64| {
             !quiet.contains(&r) && s >= t.min_share / 2.0 && s >= t.dominance * reference / 2.0
@@ -484,7 +495,7 @@ impl SlowRanks {
             if low(*r, *s) {
                 let e = by_node.entry(node_of(r)).or_default();
                 e.0.push(*r);
-                e.1 |= high(*s, *late) && !taken.contains(r);
+                e.1 |= high(*r, *s, *late) && !taken.contains(r);
             }
         }
         for (node, (lows, any_high)) in by_node {
@@ -500,7 +511,7 @@ impl SlowRanks {
                         .iter()
                         .find(|x| x.0 == r)
                         .map_or((0.0, 0.0), |x| (x.1, x.2));
-                    if !taken.contains(&r) && high(s, late) {
+                    if !taken.contains(&r) && high(r, s, late) {
                         open.push(SlowOpen {
                             ranks: vec![r],
                             id_ranks: vec![r],
