@@ -71,7 +71,9 @@ fn feed_in_time_order(
             let t = match r {
                 Record::Call(c) => real_time(p, c.span().1, c.clock()),
                 Record::Skip(k) => real_time(p, k.t_last, Clock::HostMono),
-                Record::Process(x) if x.event == ProcessEvent::Step => {
+                Record::Process(x)
+                    if matches!(x.event, ProcessEvent::Step | ProcessEvent::Network) =>
+                {
                     real_time(p, x.t_mono, Clock::HostMono)
                 }
                 Record::Comm(c) if matches!(c.event, CommEvent::Failed | CommEvent::Created) => {
@@ -89,6 +91,7 @@ fn feed_in_time_order(
         match &processes[pi as usize].records[ri as usize] {
             Record::Call(c) => det.call(c, t),
             Record::Skip(k) => det.skip(k, t),
+            Record::Process(x) if x.event == ProcessEvent::Network => det.network(x.rank, x.step),
             Record::Process(x) => det.step_marker(x.rank, x.step, t),
             Record::Comm(c) if c.event == CommEvent::Created => {
                 det.comm_created(c.comm_id, c.parent, c.size)

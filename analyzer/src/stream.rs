@@ -23,7 +23,7 @@ use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Skip};
 
 use crate::detectors::comm_error::CommErrors;
-use crate::detectors::degraded::{Degraded, Explained};
+use crate::detectors::degraded::{Degraded, Explained, Nodes};
 use crate::detectors::mismatch::{self, Mismatch};
 use crate::detectors::slow_rank::{CallTimes, Context as SlowContext, Member, SlowRanks};
 use crate::finding::Finding;
@@ -154,6 +154,8 @@ pub struct Detectors {
     pub tuning: Tuning,
     /// Rank → node.
     nodes: HashMap<i32, String>,
+    /// Node → the summed line rate of its network ports (Mbit/s), where its ranks said.
+    network: HashMap<String, u64>,
     slow: SlowRanks,
     pending: HashMap<(u64, u64), Pending>,
     pending_order: VecDeque<(u64, u64)>,
@@ -205,6 +207,7 @@ impl Detectors {
             job: job.to_owned(),
             tuning,
             nodes: HashMap::new(),
+            network: HashMap::new(),
             slow: SlowRanks::default(),
             pending: HashMap::new(),
             pending_order: VecDeque::new(),
@@ -227,6 +230,15 @@ impl Detectors {
     pub fn rank_node(&mut self, rank: i32, node: &str) {
         if self.nodes.get(&rank).is_none_or(|n| n != node) {
             self.nodes.insert(rank, node.to_owned());
+        }
+    }
+
+    /// `rank`'s node offers `mbps` of network line rate (its `network` process record).
+    pub fn network(&mut self, rank: i32, mbps: u64) {
+        if let Some(node) = self.nodes.get(&rank).filter(|n| !n.is_empty())
+            && mbps > 0
+        {
+            self.network.insert(node.clone(), mbps);
         }
     }
 
@@ -492,6 +504,19 @@ impl Detectors {
         // A communicator with a slow link is that finding's (one finding per root cause).
         let slow_links = self.links.slow_comms();
         let ranks = &self.nodes;
+        // Each rank's share of its node's line rate (bytes/s): the node's ports are shared by
+        // the job's ranks on it.
+        let mut on_node: HashMap<&str, usize> = HashMap::new();
+        for n in ranks.values() {
+            *on_node.entry(n.as_str()).or_default() += 1;
+        }
+        let network = &self.network;
+        let line_share = |r: i32| -> Option<(f64, u64, usize)> {
+            let node = ranks.get(&r)?;
+            let mbps = *network.get(node)?;
+            let n = on_node.get(node.as_str()).copied().unwrap_or(1).max(1);
+            Some((mbps as f64 * 1e6 / 8.0 / n as f64, mbps, n))
+        };
         self.degraded.findings(
             &self.job,
             &self.tuning,
@@ -500,7 +525,10 @@ impl Detectors {
                 slow_ranks: &slow,
                 slow_link_comms: &slow_links,
             },
-            |r| node_of(ranks, r),
+            &Nodes {
+                node_of: &|r| node_of(ranks, r),
+                line_share: &line_share,
+            },
             out,
         );
     }

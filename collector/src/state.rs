@@ -707,6 +707,9 @@ impl State {
                         }
                     }
                 }
+                Record::Process(p) if p.event == ProcessEvent::Network => {
+                    job.detectors.network(header.rank, p.step);
+                }
                 Record::Process(p) if p.event == ProcessEvent::Step => {
                     job.reorder
                         .step_marker(header.rank, p.step, at(p.t_mono), &mut job.detectors);

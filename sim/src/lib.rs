@@ -874,6 +874,22 @@ impl Sim {
     fn prologue(&mut self) {
         let sizes = self.sizes();
         for r in 0..self.topo.ranks() {
+            // What the shim reads from sysfs: one 400 Gbit/s port per rank of the node.
+            let rec = Record::Process(Process {
+                rec_seq: 0,
+                event: ProcessEvent::Network,
+                flags: 0,
+                t_mono: self.mono(r, 0),
+                t_real: self.epoch,
+                pid: self.pid(r),
+                exit_status: EXIT_STATUS_UNKNOWN,
+                start_time: 100 + r as u64,
+                rank: r as i32,
+                world_size: self.topo.ranks() as i32,
+                signal: 0,
+                step: PORT_MBPS * self.topo.per_node as u64,
+            });
+            self.push_raw(r, rec);
             for k in [WORLD, TP, DP, PP] {
                 if sizes[k] < 2 && k != WORLD {
                     continue;
@@ -1340,10 +1356,12 @@ impl Sim {
         self.strike(Phase::Start);
         let topo = self.topo;
         let f = self.spec.compute_ms;
+        // Tensor parallelism inside a node runs over NVLink; across nodes, over the network
+        // (never faster than the network's ports).
         let tp_x = self.xfer_ns(
             TP_BYTES,
             topo.tp,
-            150e9,
+            if topo.tp_spans_nodes() { 40e9 } else { 150e9 },
             topo.tp_spans_nodes() || topo.replicas < 2,
         );
         let dp_x = self.xfer_ns(DP_BYTES, topo.replicas, 40e9, true);
@@ -1440,6 +1458,9 @@ impl Sim {
 pub fn run_virtual(spec: Spec) -> Result<Vec<ProcessTrace>, String> {
     Ok(simulate(spec)?.0)
 }
+
+/// Each simulated node has one network port of this rate (Mbit/s) per rank.
+pub const PORT_MBPS: u64 = 400_000;
 
 /// A slow fault that acted in fewer steps than this before the job stopped (or ended) was
 /// not there long enough to be seen: it is not expected.

@@ -159,6 +159,15 @@ fn a_straggler_cut_short_by_a_hang_is_judged_by_how_long_it_acted() {
 }
 
 #[test]
+fn a_transport_slow_everywhere_from_the_first_step_is_found() {
+    // Every cross-node transfer 4x slower from step 0: no healthy start, no healthy peer; the
+    // nodes' line rate is the reference. Also tensor parallelism across nodes only.
+    for (ranks, tp, pp) in [(64, 0, 0), (16, 16, 1), (40, 2, 1), (256, 8, 4)] {
+        exact_as_struck(&["degraded:0"], job(ranks, tp, pp, 3));
+    }
+}
+
+#[test]
 fn healthy_jobs_give_no_finding() {
     for seed in 1..=5 {
         let got = findings(vec![], seed);

@@ -19,6 +19,7 @@ pub mod crc;
 pub mod cst;
 pub mod hash;
 pub mod nccl_hash;
+pub mod netinfo;
 pub mod op;
 pub mod record;
 pub mod registration;

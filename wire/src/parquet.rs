@@ -379,6 +379,7 @@ impl Columns {
                 ProcessEvent::Start => "start",
                 ProcessEvent::Exit => "exit",
                 ProcessEvent::Step => "step",
+                ProcessEvent::Network => "network",
             })),
         );
         self.parent.append_option(comm.map(|c| c.parent));
@@ -408,8 +409,10 @@ impl Columns {
         );
         self.signal
             .append_option(pr.filter(|p| p.signal != 0).map(|p| p.signal));
-        self.step
-            .append_option(pr.filter(|p| p.event == ProcessEvent::Step).map(|p| p.step));
+        self.step.append_option(
+            pr.filter(|p| matches!(p.event, ProcessEvent::Step | ProcessEvent::Network))
+                .map(|p| p.step),
+        );
         self.sample_modulus.append_option(
             call.filter(|_| matches!(r, Record::Call(_)))
                 .map(|c| c.sample_modulus() as u32)
@@ -903,6 +906,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                     event: match opt_str(event, i) {
                         "exit" => ProcessEvent::Exit,
                         "step" => ProcessEvent::Step,
+                        "network" => ProcessEvent::Network,
                         _ => ProcessEvent::Start,
                     },
                     t_mono: opt_u64(t, i),
@@ -1126,6 +1130,20 @@ mod tests {
                 c.device = 1;
                 c.set_name(b"unhandled system error");
                 c
+            }),
+            Record::Process(Process {
+                rec_seq: 14,
+                event: ProcessEvent::Network,
+                flags: 0,
+                t_mono: 960,
+                t_real: 1060,
+                pid: 7,
+                exit_status: crate::record::EXIT_STATUS_UNKNOWN,
+                start_time: 99,
+                rank: 2,
+                world_size: 4,
+                signal: 0,
+                step: 1_600_000,
             }),
         ];
         let clock = Some(ClockAlignment {

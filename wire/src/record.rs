@@ -49,6 +49,9 @@ pub enum ProcessEvent {
     Exit = 2,
     /// The application marked the start of a training step (`commscope_step(n)`); `step` is n.
     Step = 3,
+    /// The network the process's node offers, written once at start when known: `step` is the
+    /// summed line rate of the node's active network ports (Ethernet and InfiniBand), Mbit/s.
+    Network = 4,
 }
 
 /// Exit status value meaning "not known".
@@ -317,7 +320,8 @@ pub struct Process {
     pub world_size: i32,
     /// The signal that ended the process, 0 when none or unknown.
     pub signal: i32,
-    /// `step` events: the application's step number; 0 otherwise.
+    /// `step` events: the application's step number; `network` events: the node's line rate,
+    /// Mbit/s; 0 otherwise.
     pub step: u64,
 }
 
@@ -631,6 +635,7 @@ impl Record {
                     1 => ProcessEvent::Start,
                     2 => ProcessEvent::Exit,
                     3 => ProcessEvent::Step,
+                    4 => ProcessEvent::Network,
                     _ => return Err(DecodeError::BadField("process event")),
                 };
                 Ok(Record::Process(Process {
@@ -1028,6 +1033,25 @@ mod tests {
         assert_eq!(c.name(), "é".repeat(32));
         c.set_name(b"ok\xff\xfe");
         assert_eq!(c.name(), "ok");
+    }
+
+    #[test]
+    fn a_network_record_round_trips() {
+        let r = Record::Process(Process {
+            rec_seq: 3,
+            event: ProcessEvent::Network,
+            flags: 0,
+            t_mono: 10,
+            t_real: 20,
+            pid: 42,
+            exit_status: EXIT_STATUS_UNKNOWN,
+            start_time: 7,
+            rank: 5,
+            world_size: 8,
+            signal: 0,
+            step: 400_000,
+        });
+        assert_eq!(Record::decode(&r.encode()), Ok(r));
     }
 
     #[test]

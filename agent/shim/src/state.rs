@@ -635,6 +635,16 @@ impl Shim {
     /// The first records: process start and the predefined communicators.
     fn announce(&self) {
         self.push(&self.process_record(ProcessEvent::Start, now_mono(), EXIT_STATUS_UNKNOWN, 0));
+        // What the node's network offers: a reference for bus bandwidth that does not depend
+        // on a healthy start. Read once here, never on a call's path.
+        if let Some(mbps) = commscope_wire::netinfo::line_rate_mbps(std::path::Path::new("/sys")) {
+            self.push(&self.process_record(
+                ProcessEvent::Network,
+                now_mono(),
+                EXIT_STATUS_UNKNOWN,
+                mbps,
+            ));
+        }
         for (h, name) in [
             (self.abi.comm_world, "MPI_COMM_WORLD"),
             (self.abi.comm_self, "MPI_COMM_SELF"),

@@ -4,11 +4,13 @@
 //! `degraded_min_bytes`, the bus bandwidth of each instance from its last arriver's duration
 //! (the transfer itself, which stragglers do not inflate), as the median of the last `window`
 //! instances. Fires when that is below `degraded_ratio` of a reference — the communicator's own
-//! best so far, or the best current bandwidth of communicators of the same shape (same op, size
+//! best so far; the best current bandwidth of communicators of the same shape (same op, size
 //! class, member count and number of nodes), so a collective degraded from its first step is
-//! found while its peers are not — and no member is a slow rank and no link of it is slow (those
-//! findings explain it). It recovers above `recover_ratio`. All degraded collectives of a job
-//! are one finding (one slow transport).
+//! found while its peers are not; or, for a collective across nodes, half of its members' share
+//! of their nodes' network line rate ([`LINE_HEALTHY`]), so a transport degraded everywhere from
+//! the first step is found too (below a quarter of that share) — and no member is a slow rank
+//! and no link of it is slow (those findings explain it). It recovers above `recover_ratio`.
+//! All degraded collectives of a job are one finding (one slow transport).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
@@ -42,6 +44,34 @@ struct Perf {
 #[derive(Debug, Default)]
 pub struct Degraded {
     perf: HashMap<(u64, u8, u32), Perf>,
+}
+
+/// A healthy collective across nodes reaches at least this fraction of its members' share of
+/// their nodes' line rate (the share: the node's summed port rate over the job's ranks on it,
+/// as if every rank used the network at once). Conservative: MPI over TCP reaches more, NCCL
+/// over InfiniBand nearly all of it.
+pub const LINE_HEALTHY: f64 = 0.5;
+
+/// Where a collective's reference came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RefFrom {
+    OwnBest,
+    SameShape,
+    /// Its members' share of the line rate: (the node's rate, Mbit/s; ranks sharing it).
+    LineRate(u64, usize),
+}
+
+/// What the detector knows of nodes: a rank's node, and its share of the node's line rate
+/// (bytes/s, with the node's rate in Mbit/s and the ranks sharing it).
+pub struct Nodes<'a> {
+    pub node_of: &'a dyn Fn(i32) -> Option<String>,
+    pub line_share: &'a dyn Fn(i32) -> Option<(f64, u64, usize)>,
+}
+
+impl std::fmt::Debug for Nodes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Nodes")
+    }
 }
 
 /// What else explains slow transfers: ranks that are slow, communicators with a slow link.
@@ -86,8 +116,9 @@ impl Degraded {
         }
     }
 
-    /// The reference of each collective: its own best, or its shape's best current bandwidth.
-    fn references(&self) -> HashMap<(u64, u8, u32), f64> {
+    /// The reference of each collective: its own best, its shape's best current bandwidth, or
+    /// (across nodes) its share of the line rate — the highest.
+    fn references(&self, nodes: &Nodes) -> HashMap<(u64, u8, u32), (f64, RefFrom)> {
         let mut shape_best: HashMap<(u8, u32, usize, usize), f64> = HashMap::new();
         for (k, p) in &self.perf {
             if p.base.is_some() {
@@ -99,8 +130,23 @@ impl Degraded {
             .iter()
             .filter_map(|(k, p)| {
                 let own = p.base?;
-                let peers = shape_best.get(&(p.op, k.2, p.size, p.nodes)).copied();
-                Some((*k, own.max(peers.unwrap_or(0.0))))
+                let mut best = (own, RefFrom::OwnBest);
+                if let Some(peers) = shape_best.get(&(p.op, k.2, p.size, p.nodes))
+                    && *peers > best.0 * 1.0001
+                {
+                    best = (*peers, RefFrom::SameShape);
+                }
+                if p.nodes >= 2
+                    && let Some((share, mbps, n)) = p
+                        .members
+                        .iter()
+                        .filter_map(|m| (nodes.line_share)(*m))
+                        .min_by(|a, b| a.0.total_cmp(&b.0))
+                    && LINE_HEALTHY * share > best.0
+                {
+                    best = (LINE_HEALTHY * share, RefFrom::LineRate(mbps, n));
+                }
+                Some((*k, best))
             })
             .collect()
     }
@@ -113,13 +159,14 @@ impl Degraded {
         t: &Tuning,
         now_s: f64,
         why_else: &Explained,
-        node_of: impl Fn(i32) -> Option<String>,
+        nodes: &Nodes,
         out: &mut Vec<Finding>,
     ) {
-        let refs = self.references();
-        let mut degraded: Vec<(&Perf, f64)> = Vec::new();
+        let node_of = nodes.node_of;
+        let refs = self.references(nodes);
+        let mut degraded: Vec<(&Perf, f64, RefFrom)> = Vec::new();
         for (k, perf) in self.perf.iter_mut() {
-            let Some(&reference) = refs.get(k) else {
+            let Some(&(reference, from)) = refs.get(k) else {
                 continue;
             };
             let cur = perf.current;
@@ -135,7 +182,7 @@ impl Degraded {
                 _ => {}
             }
             if perf.degraded_since.is_some() {
-                degraded.push((perf, reference));
+                degraded.push((perf, reference, from));
             }
         }
         if degraded.is_empty() {
@@ -143,8 +190,7 @@ impl Degraded {
         }
         // The worst one leads the sentence; all are in the evidence.
         degraded.sort_by(|a, b| (a.0.current / a.1).total_cmp(&(b.0.current / b.1)));
-        let (worst, reference) = degraded[0];
-        let own_best = worst.base.unwrap_or(0.0);
+        let (worst, reference, from) = degraded[0];
         let comms: BTreeSet<u64> = degraded.iter().map(|p| p.0.comm).collect();
         let nodes: Vec<String> = degraded
             .iter()
@@ -175,13 +221,17 @@ impl Degraded {
                 format_comm_id(worst.comm)
             )
         };
-        let against = if reference > own_best * 1.0001 {
-            format!(
+        let against = match from {
+            RefFrom::SameShape => format!(
                 "of the {} that communicators of the same shape reach",
                 fmt_bw(reference)
-            )
-        } else {
-            format!("of its own best {}", fmt_bw(reference))
+            ),
+            RefFrom::OwnBest => format!("of its own best {}", fmt_bw(reference)),
+            RefFrom::LineRate(mbps, n) => format!(
+                "of the {} a healthy transport reaches at least (half of each rank's share of its node's {} Gbit/s of network ports, shared by {n} ranks)",
+                fmt_bw(reference),
+                mbps as f64 / 1000.0
+            ),
         };
         out.push(Finding {
             // One finding per job: its id stays when more communicators join it.
@@ -206,7 +256,7 @@ impl Degraded {
                 100.0 * worst.current / reference,
             ),
             evidence: json!({
-                "collectives": degraded.iter().map(|(p, r)| json!({
+                "collectives": degraded.iter().map(|(p, r, from)| json!({
                     "comm": format_comm_id(p.comm),
                     "op": Op::from_code(p.op).name(),
                     "bytes": p.bytes,
@@ -214,6 +264,11 @@ impl Degraded {
                     "busbw_now_bytes_per_s": p.current,
                     "busbw_best_bytes_per_s": p.base,
                     "busbw_reference_bytes_per_s": r,
+                    "reference_from": match from {
+                        RefFrom::OwnBest => "own-best",
+                        RefFrom::SameShape => "same-shape",
+                        RefFrom::LineRate(..) => "line-rate",
+                    },
                     "ratio": p.current / r,
                 })).collect::<Vec<_>>(),
                 "at_ns": (now_s * 1e9) as u64,
@@ -237,21 +292,76 @@ mod tests {
     }
 
     fn run(d: &mut Degraded, slow: &[i32]) -> Vec<Finding> {
+        run_on(d, slow, None)
+    }
+
+    /// With nodes of 4 ranks whose ports sum to `mbps` (when known).
+    fn run_on(d: &mut Degraded, slow: &[i32], mbps: Option<u64>) -> Vec<Finding> {
         let slow: BTreeSet<i32> = slow.iter().copied().collect();
         let mut out = vec![];
         let e = Explained {
             slow_ranks: &slow,
             slow_link_comms: &[],
         };
+        let share = |_r: i32| mbps.map(|m| (m as f64 * 1e6 / 8.0 / 4.0, m, 4));
         d.findings(
             "j",
             &Tuning::default(),
             10.0,
             &e,
-            |r| Some(format!("n{}", r / 4)),
+            &Nodes {
+                node_of: &|r| Some(format!("n{}", r / 4)),
+                line_share: &share,
+            },
             &mut out,
         );
         out
+    }
+
+    #[test]
+    fn degraded_everywhere_from_the_first_step_is_found_against_the_line_rate() {
+        // Four 400 Gb/s ports per node of 4 ranks: 50 GB/s each. Every communicator runs at
+        // 10 GB/s from its first instance: no own best, no peer to compare with.
+        let mut d = Degraded::default();
+        for c in 1..=3 {
+            feed(&mut d, c, 10.0 * GB, 20);
+        }
+        assert!(
+            run(&mut d, &[]).is_empty(),
+            "no line rate known: no reference"
+        );
+        let f = run_on(&mut d, &[], Some(1_600_000));
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert!(f[0].ranks.is_empty());
+        assert!(
+            f[0].summary
+                .contains("40 % of the 25.0 GB/s a healthy transport reaches")
+                && f[0]
+                    .summary
+                    .contains("1600 Gbit/s of network ports, shared by 4 ranks"),
+            "{}",
+            f[0].summary
+        );
+        assert_eq!(
+            f[0].evidence["collectives"][0]["reference_from"],
+            "line-rate"
+        );
+    }
+
+    #[test]
+    fn a_collective_near_its_line_rate_share_or_on_one_node_is_no_finding() {
+        // 40 GB/s of a 50 GB/s share: healthy.
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 20);
+        assert!(run_on(&mut d, &[], Some(1_600_000)).is_empty());
+        // Slow, but inside one node: the network ports say nothing about it.
+        let mut d = Degraded::default();
+        for _ in 0..20 {
+            d.observe(7, Op::Allreduce, 64 << 20, 4, 5.0 * GB, 5, || {
+                ((0..4).collect(), 1)
+            });
+        }
+        assert!(run_on(&mut d, &[], Some(1_600_000)).is_empty());
     }
 
     #[test]

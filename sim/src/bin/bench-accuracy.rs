@@ -16,13 +16,14 @@ use std::time::Instant;
 use commscope_sim::{Fault, Rng, Spec, Topology, judge, run_virtual, simulate};
 
 /// The classes of scenario, drawn in turn.
-const CLASSES: [&str; 16] = [
+const CLASSES: [&str; 17] = [
     "straggler",
     "slow-node",
     "hang",
     "mismatch",
     "dead",
     "degraded",
+    "degraded-from-start",
     "stall",
     "teardown",
     "freeze",
@@ -147,6 +148,9 @@ fn scenarios(
                     seq: Some(seq),
                 },
                 "degraded" => Fault::Degraded { from: None },
+                // Every cross-node transfer slow from the first step: nothing healthy in the
+                // job to compare with.
+                "degraded-from-start" => Fault::Degraded { from: Some(0) },
                 "stall" => Fault::Stall { seq: Some(seq) },
                 "teardown" => Fault::Teardown {
                     rank: r,
@@ -210,7 +214,14 @@ fn scenarios(
             } else {
                 1.3 + 0.7 * rng.unit()
             },
-            degrade_factor: 2.5 + 2.5 * rng.unit(),
+            // From the first step only the line rate is a reference: what it can tell (below a
+            // quarter of a rank's share; the simulated transport reaches 80 % of it) is a
+            // slowdown beyond 3.2, here 4-8.
+            degrade_factor: if class == "degraded-from-start" {
+                4.0 + 4.0 * rng.unit()
+            } else {
+                2.5 + 2.5 * rng.unit()
+            },
             jitter: 0.01 + 0.03 * rng.unit(),
             skew: 0.01 * rng.unit(),
             exit_spread_ns: 5_000 + rng.below(55_000),
