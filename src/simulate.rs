@@ -454,7 +454,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         topo.nodes,
         topo.stages,
         topo.replicas,
-        topo.per_node,
+        topo.tp,
         if local.is_some() {
             "a collector in this process at "
         } else {

@@ -329,6 +329,14 @@ fn run_case(flavour: Flavour, c: Case) {
                     show(found)
                 );
                 assert_eq!(g["ranks"], serde_json::json!([c.rank]), "{what}: {g:#}");
+                // Live and trace name the same communicator and instance.
+                if g["kind"] == f["kind"] && (kind == "hang" || kind == "mismatch") {
+                    assert_eq!(
+                        (&g["comm"], &g["seq"]),
+                        (&f["comm"], &f["seq"]),
+                        "{what}: {g:#}\nlive: {f:#}"
+                    );
+                }
                 // The agent names the node; the shim's own files carry the host name.
                 if what == ".cst files" {
                     assert_eq!(g["nodes"].as_array().map(Vec::len), Some(1), "{g:#}");
