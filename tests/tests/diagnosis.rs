@@ -127,7 +127,7 @@ fn run_case(flavour: Flavour, c: Case) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let pidfile = tmp.path().join("pid");
     let throttle = (c.mode == "throttle").then(|| {
-        Throttle::new(&format!("commscope-test-{}", std::process::id()), 10)
+        Throttle::new(&format!("commscope-test-{}", std::process::id()), 5)
             .expect("a CPU cgroup (run the tests as root)")
     });
     let socket = svc.socket.clone();
