@@ -440,7 +440,9 @@ fn frozen_finding(view: &JobView, p: &RankView, victims: &[Victim]) -> Finding {
             _ => "take its stacks (py-spy dump, gdb) to see where it is stuck".into(),
         }
     );
-    let anchor_call = wait.or(call);
+    // What it is stopped inside names the finding (the same live and in a trace, whoever
+    // already waits long enough to count); else what waits on it.
+    let anchor_call = call.or(wait);
     Finding {
         id: finding_id(Kind::Hang, &view.job, None, &[p.rank], None),
         kind: Kind::Hang,

@@ -182,6 +182,54 @@ fn a_stopped_process_inside_the_collective_is_named_alone() {
 }
 
 #[test]
+fn a_stopped_process_is_named_by_the_call_it_stopped_in_whoever_waits_on_it() {
+    // Rank 1 stopped inside its pair's all-reduce #5; its partner waits there, the others in
+    // the world all-reduce #10. Live or from a trace, early or late: the pair's instance.
+    const PAIR: u64 = 0x200;
+    // (live, how long the others have waited, the job was then killed as a whole)
+    for (live, others_age, killed) in [
+        (true, S, false),
+        (true, 20 * S, false),
+        (false, 20 * S, false),
+        (false, 20 * S, true),
+    ] {
+        let mut v = job(4, 10, live);
+        if killed {
+            ended_at(&mut v, &[1000.0, 1000.0, 1000.0, 1000.0], 9);
+        }
+        comm(&mut v, PAIR, &[0, 1], 5);
+        inside(&mut v, 1, PAIR, 5, 20 * S);
+        inside(&mut v, 0, PAIR, 5, 19 * S);
+        for r in [2, 3] {
+            inside(&mut v, r, WORLD, 10, others_age);
+        }
+        let r1 = rank(&mut v, 1);
+        if let Some(p) = r1.process.as_mut() {
+            p.state = "T".into();
+        }
+        r1.last_heard_ns = NOW - 19 * S;
+        let f = run(&v);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].ranks, vec![1], "{f:#?}");
+        // From a trace, stopped heartbeats may read as a death.
+        assert!(
+            f[0].kind == Kind::Hang || (!live && f[0].kind == Kind::DeadRank),
+            "{f:#?}"
+        );
+        if f[0].kind == Kind::DeadRank {
+            // A death names what the others were blocked in.
+            continue;
+        }
+        assert_eq!(
+            (f[0].comm.as_deref(), f[0].seq),
+            (Some("0x200"), Some(5)),
+            "live {live}, others waiting {} s, killed {killed}: {f:#?}",
+            others_age / S
+        );
+    }
+}
+
+#[test]
 fn everyone_inside_and_alive_is_a_stall_with_no_rank() {
     let mut v = job(8, 10, true);
     for r in 0..8 {
