@@ -275,6 +275,24 @@ mod tests {
     }
 
     #[test]
+    fn an_enter_record_written_after_its_call_returned_is_not_in_flight() {
+        // The shim's heartbeat thread saw rank 1 in all-reduce #2 but, descheduled (a CPU
+        // quota), wrote that `enter` only after the call's own record.
+        let procs: Vec<ProcessTrace> = (0..4)
+            .map(|r| {
+                let mut recs: Vec<Record> = (0..6).map(|s| call(r, s, Op::Allreduce)).collect();
+                if r == 1 {
+                    recs.insert(3, enter(r, 2, 2 * S));
+                }
+                recs.push(beat(20 * S));
+                proc(r, recs)
+            })
+            .collect();
+        let f = analyze("j", &procs, &Thresholds::default());
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
     fn peers_waiting_for_a_silent_rank_give_one_dead_rank_finding() {
         let procs: Vec<ProcessTrace> = (0..4)
             .map(|r| {

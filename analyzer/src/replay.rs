@@ -3,7 +3,7 @@
 //! it ended, and when it was last heard from. "Now" is the last moment any process was heard
 //! from.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use commscope_wire::op::{Clock, flags};
 use commscope_wire::parquet::ProcessTrace;
@@ -57,6 +57,7 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         ..Default::default()
     };
     let mut enters: BTreeMap<(u64, u64, bool), (Call, bool)> = BTreeMap::new();
+    let mut completed: BTreeSet<(u64, u64, bool)> = BTreeSet::new();
     let mut exit: Option<Ending> = None;
     // The last own heartbeat: (time, calls in flight), and the last completed call's end.
     let mut last_beat = (0u64, 0u32);
@@ -112,6 +113,9 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                 if let Some(e) = enters.get_mut(&key) {
                     e.1 = true;
                 }
+                // Its `enter` may come after it: the shim's heartbeat thread can be descheduled
+                // between seeing the call in flight and writing that record.
+                completed.insert(key);
                 let cv = comms.entry(c.comm_id).or_default();
                 if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                     cv.longest_ns = cv.longest_ns.max(c.duration_ns());
@@ -135,15 +139,19 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         }
     }
     r.ended = exit.filter(|_| !r.finalized);
-    let unmatched = enters.values().any(|(_, done)| !done);
+    let unmatched = enters
+        .iter()
+        .any(|(k, (_, done))| !done && !completed.contains(k));
     r.busy_unseen = !unmatched && last_beat.1 > 0 && last_beat.0 > last_exit;
     let until = r
         .ended
         .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
-    for ((comm, seq, _), (c, done)) in enters {
-        if done {
+    for (key, (c, done)) in enters {
+        // Completed (whichever record came first), or the process finalized: not in flight.
+        if done || completed.contains(&key) || r.finalized {
             continue;
         }
+        let (comm, seq, _) = key;
         let entered = heard(c.t_enter, c.clock());
         // The peer's rank in the communicator, made global once every process is read.
         let peer = (c.peer >= 0).then_some(c.peer);
