@@ -56,7 +56,9 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         pid: p.header.pid,
         ..Default::default()
     };
-    let mut enters: BTreeMap<(u64, u64, bool), (Call, bool)> = BTreeMap::new();
+    let mut enters: BTreeMap<(u64, u64, bool), Call> = BTreeMap::new();
+    // Calls that completed; their `enter` may come before or after their own record (the
+    // shim's heartbeat thread can be descheduled between seeing a call and writing it).
     let mut completed: BTreeSet<(u64, u64, bool)> = BTreeSet::new();
     let mut exit: Option<Ending> = None;
     // The last own heartbeat: (time, calls in flight), and the last completed call's end.
@@ -98,7 +100,7 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             Record::Enter(c) => {
                 let p2p = c.op().is_p2p();
                 let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
-                enters.insert(key, (*c, false));
+                enters.insert(key, *c);
                 // Written once the call had been in flight that long: alive then.
                 r.last_heard_ns = r
                     .last_heard_ns
@@ -110,11 +112,6 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                 last_exit = last_exit.max(t);
                 let p2p = c.op().is_p2p();
                 let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
-                if let Some(e) = enters.get_mut(&key) {
-                    e.1 = true;
-                }
-                // Its `enter` may come after it: the shim's heartbeat thread can be descheduled
-                // between seeing the call in flight and writing that record.
                 completed.insert(key);
                 let cv = comms.entry(c.comm_id).or_default();
                 if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
@@ -139,19 +136,16 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         }
     }
     r.ended = exit.filter(|_| !r.finalized);
-    let unmatched = enters
-        .iter()
-        .any(|(k, (_, done))| !done && !completed.contains(k));
-    r.busy_unseen = !unmatched && last_beat.1 > 0 && last_beat.0 > last_exit;
+    // Still in flight: entered, never completed, and the process did not finalize.
+    enters.retain(|k, _| !completed.contains(k));
+    r.busy_unseen = enters.is_empty() && last_beat.1 > 0 && last_beat.0 > last_exit;
+    if r.finalized {
+        enters.clear();
+    }
     let until = r
         .ended
         .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
-    for (key, (c, done)) in enters {
-        // Completed (whichever record came first), or the process finalized: not in flight.
-        if done || completed.contains(&key) || r.finalized {
-            continue;
-        }
-        let (comm, seq, _) = key;
+    for ((comm, seq, _), c) in enters {
         let entered = heard(c.t_enter, c.clock());
         // The peer's rank in the communicator, made global once every process is read.
         let peer = (c.peer >= 0).then_some(c.peer);

@@ -292,17 +292,7 @@ impl Nodes {
             bridge: bridge.clone(),
             _dir: dir,
         };
-        let ip = |args: &str| {
-            let o = Command::new("ip")
-                .args(args.split_whitespace())
-                .output()
-                .expect("run ip");
-            assert!(
-                o.status.success(),
-                "ip {args}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        };
+        let ip = |args: &str| ip(&args.split_whitespace().collect::<Vec<_>>());
         ip(&format!("link add {bridge} type bridge"));
         ip(&format!("addr add 10.77.{net}.254/24 dev {bridge}"));
         ip(&format!("link set {bridge} up"));
@@ -412,6 +402,17 @@ impl Nodes {
 /// The pid tag of a node name (`cs<pid>-<i>`).
 fn tag_of(name: &str) -> Option<&str> {
     name.strip_prefix("cs").and_then(|r| r.split('-').next())
+}
+
+/// Runs `ip ARGS…` (as root) and asserts it succeeded.
+pub fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        o.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Removes the fixture's `/etc/hosts` lines whose host name `gone` selects.

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{Flavour, analyze_json, assert_ok, build, launch, summary_json};
+use commscope_tests::{Flavour, analyze_json, assert_ok, build, ip, launch, summary_json};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -45,6 +45,41 @@ fn analyze(dir: &Path) -> Vec<serde_json::Value> {
         );
     }
     found
+}
+
+/// Findings as lines for assertion messages.
+fn show(v: &[serde_json::Value]) -> String {
+    v.iter()
+        .map(|f| {
+            format!(
+                "{} {} {} {}",
+                f["kind"], f["class"], f["ranks"], f["summary"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Once the job has ended: what the live engine had for it (open or resolved), and what
+/// `analyze` says of the collector's stored trace and of the shim's `.cst` files.
+struct Verdicts {
+    live: Vec<serde_json::Value>,
+    collector_trace: Vec<serde_json::Value>,
+    cst: Vec<serde_json::Value>,
+}
+
+fn verdicts_after_the_end(svc: &Services, job: &str, cst_dir: &Path) -> Verdicts {
+    svc.wait_job_ended(job, Duration::from_secs(60));
+    let live = findings(svc, job, "open")
+        .into_iter()
+        .chain(findings(svc, job, "resolved"))
+        .collect();
+    svc.wait_segments(job, Duration::from_secs(60));
+    Verdicts {
+        live,
+        collector_trace: analyze(&svc.trace_dir().join(job)),
+        cst: analyze(&cst_dir.join(job)),
+    }
 }
 
 /// A cgroup with a CPU limit (v2 `cpu.max` or v1 `cpu.cfs_quota_us`), removed on drop.
@@ -224,15 +259,11 @@ fn run_case(flavour: Flavour, c: Case) {
         assert_ok(&out, "healthy job");
     }
     drop(throttle);
-    svc.wait_job_ended(&job, Duration::from_secs(60));
-    // Findings the live engine had for this job, open or resolved.
-    let all_live: Vec<serde_json::Value> = findings(&svc, &job, "open")
-        .into_iter()
-        .chain(findings(&svc, &job, "resolved"))
-        .collect();
-    svc.wait_segments(&job, Duration::from_secs(60));
-    let batch = analyze(&svc.trace_dir().join(&job));
-    let from_cst = analyze(&cst_dir.join(&job));
+    let Verdicts {
+        live: all_live,
+        collector_trace: batch,
+        cst: from_cst,
+    } = verdicts_after_the_end(&svc, &job, &cst_dir);
     if let Some(k) = c.sample {
         // Calls were left out and every one is accounted for: kept records plus skips make
         // exactly the calls the program made (300 world all-reduces, 75 on `half`, per rank).
@@ -260,12 +291,6 @@ fn run_case(flavour: Flavour, c: Case) {
             c.mode
         );
     }
-    let show = |v: &[serde_json::Value]| {
-        v.iter()
-            .map(|f| format!("{} {} {}", f["kind"], f["ranks"], f["summary"]))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     match c.expect {
         None => {
             assert!(all_live.is_empty(), "healthy, live:\n{}", show(&all_live));
@@ -552,32 +577,14 @@ struct Netns(String);
 impl Netns {
     fn new(name: String) -> Netns {
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        for args in [
-            vec!["netns", "add", &name],
-            vec!["-n", &name, "link", "set", "lo", "up"],
-        ] {
-            let o = Command::new("ip").args(&args).output().expect("run ip");
-            assert!(
-                o.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
         Netns(name)
     }
 
     /// Runs `tc ARGS…` inside it.
     fn tc(&self, args: &[&str]) {
-        let o = Command::new("ip")
-            .args(["netns", "exec", &self.0, "tc"])
-            .args(args)
-            .output()
-            .expect("run tc");
-        assert!(
-            o.status.success(),
-            "tc {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        ip(&[&["netns", "exec", &self.0, "tc"], args].concat());
     }
 }
 
@@ -688,25 +695,11 @@ fn stall(flavour: Flavour) {
         .status();
     let _ = runner.join().expect("runner");
     drop(ns);
-    svc.wait_job_ended(&job, Duration::from_secs(60));
-    let all_live: Vec<serde_json::Value> = findings(&svc, &job, "open")
-        .into_iter()
-        .chain(findings(&svc, &job, "resolved"))
-        .collect();
-    svc.wait_segments(&job, Duration::from_secs(60));
-    let batch = analyze(&svc.trace_dir().join(&job));
-    let from_cst = analyze(&cst_dir.join(&job));
-    let show = |v: &[serde_json::Value]| {
-        v.iter()
-            .map(|f| {
-                format!(
-                    "{} {} {} {}",
-                    f["kind"], f["class"], f["ranks"], f["summary"]
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let Verdicts {
+        live: all_live,
+        collector_trace: batch,
+        cst: from_cst,
+    } = verdicts_after_the_end(&svc, &job, &cst_dir);
     assert_eq!(live_open.len(), 1, "live:\n{}", show(&live_open));
     assert_eq!(
         all_live.len(),

@@ -410,19 +410,18 @@ impl SlowRanks {
         let now = cx.now_s;
         // Quiet: recently below the lower threshold (against the job's recent shares), while
         // still calling collectives.
-        let recent: Vec<(i32, Option<f64>)> = self
+        // Recent shares, of the ranks judged in enough recent instances to tell.
+        let recent_of: HashMap<i32, f64> = self
             .ranks
             .iter()
-            .map(|(r, st)| (*r, st.recent_share(now)))
+            .filter_map(|(r, st)| Some((*r, st.recent_share(now)?)))
             .collect();
         let recent_reference =
-            lower_quartile(&mut recent.iter().filter_map(|x| x.1).collect::<Vec<f64>>());
-        let quiet: BTreeSet<i32> = recent
+            lower_quartile(&mut recent_of.values().copied().collect::<Vec<f64>>());
+        let quiet: BTreeSet<i32> = recent_of
             .iter()
-            .filter(|(_, s)| {
-                s.is_some_and(|s| s < t.min_share / 2.0 || s < t.dominance * recent_reference / 2.0)
-            })
-            .map(|x| x.0)
+            .filter(|(_, s)| **s < t.min_share / 2.0 || **s < t.dominance * recent_reference / 2.0)
+            .map(|(r, _)| *r)
             .collect();
         // (rank, share, decayed late count — zero unless it is late repeatedly on some
         // communicator and still late lately)
@@ -449,10 +448,6 @@ impl SlowRanks {
         // The same over recent shares: while the slowest rank's share is still building up
         // (its 5 s average lags), the noise around it is already told apart.
         let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
-        let recent_of: HashMap<i32, f64> = recent
-            .iter()
-            .filter_map(|(r, x)| Some((*r, (*x)?)))
-            .collect();
         let top_recent = recent_of.values().copied().fold(0.0, f64::max);
         let high = |r: i32, s: f64, late: f64| {
             s >= t.min_share
@@ -922,20 +917,7 @@ mod tests {
         let mut j = Job::new(16, 8);
         let f = j.run(10.0, 20.0, |r| if r == 4 { 80.0 } else { 0.0 });
         assert_eq!(ranks(&f), vec![vec![4]]);
-        let stopped = j.now_ns;
-        let mut resolved_after = None;
-        let mut next = j.now_ns + 1_000 * MS;
-        while j.now_ns < stopped + 20_000 * MS {
-            j.step(20.0, |_| 0.0);
-            if j.now_ns >= next {
-                next += 1_000 * MS;
-                if j.findings().is_empty() {
-                    resolved_after = Some((j.now_ns - stopped) as f64 / 1e9);
-                    break;
-                }
-            }
-        }
-        let after = resolved_after.expect("resolved");
+        let after = seconds_to_resolve(&mut j, 20.0, 20.0, |_| 0.0).expect("resolved");
         assert!(after <= 10.0, "resolved {after:.1} s after it stopped");
         // And it stays resolved.
         let f = j.run(10.0, 20.0, |_| 0.0);
