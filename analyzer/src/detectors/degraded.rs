@@ -34,6 +34,9 @@ struct Perf {
     /// Median of `recent`.
     current: f64,
     degraded_since: Option<f64>,
+    /// An instance completed since the last evaluation: a finding opens on fresh evidence
+    /// only (a hung job's last window, once what explained it resolved, is not).
+    fresh: bool,
     /// Members' ranks (for "no member is slow").
     members: Vec<i32>,
     /// Nodes the members run on (its shape, with op, size class and size).
@@ -104,6 +107,7 @@ impl Degraded {
             perf.size = size;
         }
         perf.bytes = bytes;
+        perf.fresh = true;
         perf.recent.push_back(busbw);
         if perf.recent.len() > window {
             perf.recent.pop_front();
@@ -173,7 +177,7 @@ impl Degraded {
             let explained = perf.members.iter().any(|m| why_else.slow_ranks.contains(m))
                 || why_else.slow_link_comms.binary_search(&perf.comm).is_ok();
             match perf.degraded_since {
-                None if cur < t.degraded_ratio * reference && !explained => {
+                None if cur < t.degraded_ratio * reference && !explained && perf.fresh => {
                     perf.degraded_since = Some(now_s);
                 }
                 Some(_) if cur >= t.recover_ratio * reference || explained => {
@@ -181,6 +185,7 @@ impl Degraded {
                 }
                 _ => {}
             }
+            perf.fresh = false;
             if perf.degraded_since.is_some() {
                 degraded.push((perf, reference, from));
             }
@@ -330,6 +335,10 @@ mod tests {
             run(&mut d, &[]).is_empty(),
             "no line rate known: no reference"
         );
+        // The ports become known; the next instances are judged against them.
+        for c in 1..=3 {
+            feed(&mut d, c, 10.0 * GB, 1);
+        }
         let f = run_on(&mut d, &[], Some(1_600_000));
         assert_eq!(f.len(), 1, "{f:#?}");
         assert!(f[0].ranks.is_empty());
@@ -362,6 +371,20 @@ mod tests {
             });
         }
         assert!(run_on(&mut d, &[], Some(1_600_000)).is_empty());
+    }
+
+    #[test]
+    fn a_slow_window_left_behind_by_a_hung_job_opens_nothing() {
+        // Slow instances while a slow rank explained them; then the job hung (nothing
+        // completes) and the slow rank resolved: the last window is old news.
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 10);
+        feed(&mut d, 1, 10.0 * GB, 10);
+        assert!(run(&mut d, &[9]).is_empty());
+        assert!(run(&mut d, &[]).is_empty());
+        // A new slow instance is fresh evidence.
+        feed(&mut d, 1, 10.0 * GB, 1);
+        assert_eq!(run(&mut d, &[]).len(), 1);
     }
 
     #[test]
