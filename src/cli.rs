@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 
+use commscope_telemetry::logging::{self, LogFormat};
+
 use crate::{daemons, demo, run, simulate, summary, traces};
 
 /// commscope — a communication profiler and fault-diagnosis tool for MPI and NCCL jobs.
@@ -18,6 +20,11 @@ use crate::{daemons, demo, run, simulate, summary, traces};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Cmd,
+    /// How log lines on standard error are written; their filter is COMMSCOPE_LOG (RUST_LOG
+    /// syntax, e.g. `debug` or `commscope_collector=debug,warn`) [default filter: info for
+    /// collector, agent and up; warn for the others].
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "COMMSCOPE_LOG_FORMAT")]
+    pub log_format: LogFormat,
 }
 
 /// Output formats.
@@ -283,6 +290,8 @@ pub struct DemoArgs {
 
 /// Runs the command line; the process exit code.
 pub fn main_with(cli: Cli) -> ExitCode {
+    let daemon = matches!(cli.command, Cmd::Agent(_) | Cmd::Collector(_) | Cmd::Up(_));
+    logging::init(cli.log_format, if daemon { "info" } else { "warn" });
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

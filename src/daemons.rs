@@ -144,8 +144,9 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
         let collector = commscope_collector::start(cc).await?;
         ac.collector = Some(format!("http://{}", collector.listen));
         let agent = commscope_agent::start(ac).await?;
-        eprintln!(
-            "commscope up: collector on {} (HTTP http://{}), agent on {} (metrics http://{}/metrics); traces in {}. Ctrl-C stops.",
+        tracing::info!(
+            target: "commscope_up",
+            "collector on {} (HTTP http://{}), agent on {} (metrics http://{}/metrics); traces in {}. Ctrl-C stops.",
             collector.listen,
             collector.http,
             agent.socket.display(),

@@ -276,14 +276,12 @@ impl Local {
         let mut cc = commscope_collector::Config::new(trace_dir);
         cc.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         cc.http = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        cc.log = false;
         let collector = rt.block_on(commscope_collector::start(cc))?;
         let mut ac = commscope_agent::Config::new(crate::config::default_node());
         ac.collector = Some(format!("http://{}", collector.listen));
         ac.socket = work.join("agent.sock");
         ac.spool_dir = work.join("spool");
         ac.http = None;
-        ac.log = false;
         let agent = rt.block_on(commscope_agent::start(ac.clone()))?;
         Ok(Local {
             rt,

@@ -290,12 +290,12 @@ async fn connect(
                 }
                 Ok(Some(a)) => {
                     if counts.refused.fetch_add(1, Ordering::Relaxed) < 5 {
-                        eprintln!("commscope simulate: {node}: batch refused: {}", a.error);
+                        tracing::warn!(target: "commscope_simulate", "{node}: batch refused: {}", a.error);
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    eprintln!("commscope simulate: {node}: stream ended: {}", e.message());
+                    tracing::warn!(target: "commscope_simulate", "{node}: stream ended: {}", e.message());
                     break;
                 }
             }
@@ -426,7 +426,6 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             let mut c = commscope_collector::Config::new(&dir);
             c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
             c.http = SocketAddr::from(([127, 0, 0, 1], 0));
-            c.log = false;
             c.max_agent_rate = 1_000_000_000;
             if let Some(b) = a.sample_budget {
                 c.sample_budget = b.max(1);

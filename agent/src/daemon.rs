@@ -65,8 +65,6 @@ pub struct Config {
     pub spool_after: Duration,
     /// Batches sent and not yet acknowledged, at most.
     pub max_unacked: usize,
-    /// One line per notable event on stderr.
-    pub log: bool,
     /// Take a hang culprit's stacks (gdb, py-spy) when the collector asks.
     pub stacks: bool,
 }
@@ -87,7 +85,6 @@ impl Config {
             snapshot_every: Duration::from_millis(250),
             spool_after: Duration::from_secs(2),
             max_unacked: 64,
-            log: true,
             stacks: true,
         }
     }
@@ -158,12 +155,6 @@ impl Running {
     }
 }
 
-fn log(cfg: &Config, msg: std::fmt::Arguments<'_>) {
-    if cfg.log {
-        eprintln!("commscope agent: {msg}");
-    }
-}
-
 /// Starts the agent; returns once the socket is listening.
 pub async fn start(mut cfg: Config) -> Result<Running> {
     let mut local = None;
@@ -174,7 +165,6 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         let mut c = commscope_collector::Config::new(dir);
         c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         c.http = SocketAddr::from(([127, 0, 0, 1], 0));
-        c.log = false;
         c.segment_age = Duration::from_secs(30);
         let running = commscope_collector::start(c).await?;
         cfg.collector = Some(format!("http://{}", running.listen));
@@ -202,21 +192,18 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
     let (spool, warnings) = Spool::open(&cfg.spool_dir, cfg.spool_max_bytes)
         .with_context(|| format!("cannot open the spool {}", cfg.spool_dir.display()))?;
     for w in warnings {
-        log(&cfg, format_args!("{w}"));
+        tracing::warn!("{w}");
     }
     if !spool.is_empty() {
-        log(
-            &cfg,
-            format_args!(
-                "{} spooled batches ({} bytes) from an earlier run will be sent",
-                spool.len(),
-                spool.bytes()
-            ),
+        tracing::info!(
+            "{} spooled batches ({} bytes) from an earlier run will be sent",
+            spool.len(),
+            spool.bytes()
         );
     }
     let (exits, warn) = ExitWatcher::start();
     if let Some(w) = warn {
-        log(&cfg, format_args!("{w}"));
+        tracing::warn!("{w}");
     }
     let stats = Arc::new(Stats::default());
     let (stop, stop_rx) = watch::channel(false);
@@ -227,7 +214,6 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
     {
         let ev = ev_tx.clone();
         let mut stop_rx = stop_rx.clone();
-        let cfg2 = cfg.clone();
         let stats = stats.clone();
         tasks.push(tokio::spawn(async move {
             loop {
@@ -237,7 +223,6 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                 };
                 let Ok((stream, _)) = conn else { continue };
                 let ev = ev.clone();
-                let cfg = cfg2.clone();
                 let stats = stats.clone();
                 tokio::task::spawn_blocking(move || {
                     let std_stream = match stream.into_std() {
@@ -252,7 +237,7 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                         }
                         Err(e) => {
                             stats.registrations_refused.fetch_add(1, Ordering::Relaxed);
-                            log(&cfg, format_args!("refused a registration: {e}"));
+                            tracing::warn!("refused a registration: {e}");
                         }
                     }
                 });
@@ -276,7 +261,8 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
             .await
             .with_context(|| format!("cannot listen for HTTP on {addr}"))?;
         http = Some(l.local_addr()?);
-        let app = crate::metrics::router(stats.clone(), cfg.node.clone());
+        let registry = crate::metrics::registry(stats.clone(), cfg.node.clone())?;
+        let app = crate::metrics::router(registry);
         let mut stop_rx = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(l, app)
@@ -308,19 +294,16 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         rates: HashMap::new(),
     };
     tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
-    log(
-        &cfg,
-        format_args!(
-            "node {}: registrations on {}, records to {}, metrics on {}{}",
-            cfg.node,
-            cfg.socket.display(),
-            cfg.collector.as_deref().unwrap_or("-"),
-            http.map_or_else(|| "-".to_owned(), |a| a.to_string()),
-            match (&local, &cfg.trace_dir) {
-                (Some(_), Some(d)) => format!(" (local collector writing {})", d.display()),
-                _ => String::new(),
-            }
-        ),
+    tracing::info!(
+        "node {}: registrations on {}, records to {}, metrics on {}{}",
+        cfg.node,
+        cfg.socket.display(),
+        cfg.collector.as_deref().unwrap_or("-"),
+        http.map_or_else(|| "-".to_owned(), |a| a.to_string()),
+        match (&local, &cfg.trace_dir) {
+            (Some(_), Some(d)) => format!(" (local collector writing {})", d.display()),
+            _ => String::new(),
+        }
     );
     Ok(Running {
         stats,
@@ -564,12 +547,9 @@ impl Pump {
             Event::Registered(r) => self.register(*r),
             Event::Connected(tx) => {
                 if let Some(since) = self.disconnected_since.take() {
-                    log(
-                        &self.cfg,
-                        format_args!(
-                            "connected to the collector (after {:.1} s without)",
-                            since.elapsed().as_secs_f64()
-                        ),
+                    tracing::info!(
+                        "connected to the collector (after {:.1} s without)",
+                        since.elapsed().as_secs_f64()
                     );
                 }
                 self.stats.connected.store(true, Ordering::Relaxed);
@@ -579,7 +559,7 @@ impl Pump {
             }
             Event::Disconnected(why) => {
                 if self.link.take().is_some() || self.disconnected_since.is_none() {
-                    log(&self.cfg, format_args!("{why}; retrying"));
+                    tracing::warn!("{why}; retrying");
                 }
                 self.stats.connected.store(false, Ordering::Relaxed);
                 self.disconnected_since.get_or_insert_with(Instant::now);
@@ -670,17 +650,16 @@ impl Pump {
                     let _ = ev.send(Event::Exited(id, ending, seen)).await;
                 });
             }
-            Err(e) => log(
-                &self.cfg,
-                format_args!("cannot watch pid {} for its exit: {e}", req.pid),
-            ),
+            Err(e) => tracing::warn!("cannot watch pid {} for its exit: {e}", req.pid),
         }
-        log(
-            &self.cfg,
-            format_args!(
-                "registered rank {} of job {} (pid {}, {} ranks, {}), reading from record {}",
-                req.rank, req.job, req.pid, req.world_size, req.flavour, read_pos
-            ),
+        tracing::info!(
+            "registered rank {} of job {} (pid {}, {} ranks, {}), reading from record {}",
+            req.rank,
+            req.job,
+            req.pid,
+            req.world_size,
+            req.flavour,
+            read_pos
         );
         self.sources.insert(
             id,
@@ -860,11 +839,8 @@ impl Pump {
             Err(e) => {
                 self.stats.spool_errors.fetch_add(1, Ordering::Relaxed);
                 if self.spool_blocked_until.is_none() {
-                    log(
-                        &self.cfg,
-                        format_args!(
-                            "{e}; rings are not drained until the collector is back or the spool has room (the processes count what their rings cannot hold)"
-                        ),
+                    tracing::warn!(
+                        "{e}; rings are not drained until the collector is back or the spool has room (the processes count what their rings cannot hold)"
                     );
                 }
                 self.spool_blocked_until = Some(Instant::now() + Duration::from_secs(1));
@@ -978,10 +954,7 @@ impl Pump {
                         });
                     }
                     Err(e) => {
-                        log(
-                            &self.cfg,
-                            format_args!("spooled batch {seq} unreadable ({e}); removed"),
-                        );
+                        tracing::warn!("spooled batch {seq} unreadable ({e}); removed");
                         self.spool.remove(seq);
                     }
                 }
@@ -1048,12 +1021,10 @@ impl Pump {
                 Some(Instant::now() + Duration::from_millis(u64::from(ack.retry_after_ms)));
             self.requeue(out);
         } else {
-            log(
-                &self.cfg,
-                format_args!(
-                    "the collector refused a batch of {} records: {}; they are counted as dropped",
-                    out.records, ack.error
-                ),
+            tracing::warn!(
+                "the collector refused a batch of {} records: {}; they are counted as dropped",
+                out.records,
+                ack.error
             );
             self.stats
                 .records_refused
@@ -1093,12 +1064,9 @@ impl Pump {
             }
         }
         self.rates.retain(|_, t| !t.is_empty());
-        log(
-            &self.cfg,
-            format_args!(
-                "consistent sampling: {sampled} communicator{} sampled now",
-                if sampled == 1 { "" } else { "s" }
-            ),
+        tracing::info!(
+            "consistent sampling: {sampled} communicator{} sampled now",
+            if sampled == 1 { "" } else { "s" }
         );
     }
 
@@ -1197,15 +1165,12 @@ impl Pump {
         let finalized = shm.state() == commscope_wire::shm::state::FINALIZED;
         if !s.exit_logged {
             s.exit_logged = true;
-            log(
-                &self.cfg,
-                format_args!(
-                    "rank {} of job {} (pid {}) {how}{}",
-                    s.process.rank,
-                    s.process.job,
-                    s.process.pid,
-                    if finalized { " after finalizing" } else { "" }
-                ),
+            tracing::info!(
+                "rank {} of job {} (pid {}) {how}{}",
+                s.process.rank,
+                s.process.job,
+                s.process.pid,
+                if finalized { " after finalizing" } else { "" }
             );
         }
         // Left-out calls still held by sampling go first.
@@ -1254,15 +1219,12 @@ impl Pump {
             let process = s.process.clone();
             let enabled = self.cfg.stacks;
             let link = link.clone();
-            log(
-                &self.cfg,
-                format_args!(
-                    "the collector asks for the stacks of rank {} of job {} (pid {}){}",
-                    process.rank,
-                    process.job,
-                    process.pid,
-                    if enabled { "" } else { ": off (--no-stacks)" }
-                ),
+            tracing::info!(
+                "the collector asks for the stacks of rank {} of job {} (pid {}){}",
+                process.rank,
+                process.job,
+                process.pid,
+                if enabled { "" } else { ": off (--no-stacks)" }
             );
             tokio::task::spawn_blocking(move || {
                 let (native, python, error) = if enabled {

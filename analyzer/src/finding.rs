@@ -21,6 +21,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 8] = [
+        Kind::SlowRank,
+        Kind::Hang,
+        Kind::Mismatch,
+        Kind::DeadRank,
+        Kind::CommError,
+        Kind::DegradedCollective,
+        Kind::SlowLink,
+        Kind::LinkError,
+    ];
+
     /// The contract name.
     pub fn name(self) -> &'static str {
         match self {

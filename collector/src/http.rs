@@ -41,7 +41,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            commscope_telemetry::metrics::CONTENT_TYPE,
         )],
         crate::metrics::render(&s),
     )

@@ -183,12 +183,12 @@ impl Ingest for IngestService {
                     Ok(None) => break,
                     Err(status) => {
                         shared.metrics.bad_messages.fetch_add(1, Ordering::Relaxed);
-                        shared.log(format_args!(
+                        tracing::warn!(
                             "agent stream from {} ({}) ended with an error: {}",
                             peer.addr,
                             peer.node.as_deref().unwrap_or("no hello"),
                             status.message()
-                        ));
+                        );
                         break;
                     }
                 };
@@ -284,10 +284,13 @@ fn handle(
         Payload::Hello(h) => {
             if h.layout_version != LAYOUT_VERSION {
                 m.refused("layout-version");
-                shared.log(format_args!(
+                tracing::warn!(
                     "refused agent {} at {}: record layout version {}, this collector reads {}",
-                    h.node, peer.addr, h.layout_version, LAYOUT_VERSION
-                ));
+                    h.node,
+                    peer.addr,
+                    h.layout_version,
+                    LAYOUT_VERSION
+                );
                 return Err(Status::failed_precondition(format!(
                     "record layout version {} is not supported (this collector reads version {LAYOUT_VERSION}); run matching commscope versions",
                     h.layout_version
@@ -297,10 +300,12 @@ fn handle(
                 m.refused("hello");
                 return Err(Status::invalid_argument("hello without a node name"));
             }
-            shared.log(format_args!(
+            tracing::info!(
                 "agent {} connected from {} (commscope {})",
-                h.node, peer.addr, h.agent_version
-            ));
+                h.node,
+                peer.addr,
+                h.agent_version
+            );
             peer.node = Some(h.node);
             Ok(ready(ack(id, recv_ns)))
         }

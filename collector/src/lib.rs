@@ -53,8 +53,6 @@ pub struct Config {
     pub max_agent_rate: u64,
     /// Live-state bounds.
     pub limits: Limits,
-    /// Print one line per notable event on stderr.
-    pub log: bool,
     /// A collective in flight this long while members have not entered it is a hang.
     pub hang_floor: Duration,
     /// Consistent sampling: calls per second (all jobs) the collector takes in full; above it,
@@ -78,7 +76,6 @@ impl Config {
             max_message_bytes: 16 << 20,
             max_agent_rate: 2_000_000,
             limits: Limits::default(),
-            log: true,
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
             sample_modulus: None,
@@ -124,6 +121,8 @@ pub struct Shared {
     /// Per node: the latest clock alignment its agent reported.
     pub clocks: Mutex<HashMap<String, ClockAlignment>>,
     pub ready: AtomicBool,
+    /// The process's metric registry (`/metrics`), set once at start.
+    pub registry: std::sync::OnceLock<prometheus::Registry>,
     pub started: std::time::Instant,
     /// Open and recently resolved findings.
     pub findings: Mutex<findings::Engine>,
@@ -165,10 +164,11 @@ impl Shared {
                 probed.clear();
             }
             if probed.insert((req.job.clone(), req.pid, req.start_time)) {
-                self.log(format_args!(
+                tracing::info!(
                     "asking the agent of {node} for the stacks of pid {} (job {})",
-                    req.pid, req.job
-                ));
+                    req.pid,
+                    req.job
+                );
                 probes.entry(node).or_default().push(req);
             }
         }
@@ -183,13 +183,6 @@ impl Shared {
     /// The live state.
     pub fn lock_state(&self) -> MutexGuard<'_, state::State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// One log line.
-    pub fn log(&self, msg: std::fmt::Arguments<'_>) {
-        if self.config.log {
-            eprintln!("commscope collector: {msg}");
-        }
     }
 
     fn set_node_clock(&self, node: &str, c: ClockAlignment) {
@@ -207,9 +200,9 @@ impl Shared {
             .get(job)
             .map(|j| (j.rank_count(), j.records))
             .unwrap_or_default();
-        self.log(format_args!(
+        tracing::info!(
             "job {job} ended: {ranks} ranks, {records} records; writing its trace segment"
-        ));
+        );
         self.store.roll(job).await;
     }
 }
@@ -262,17 +255,20 @@ pub async fn start(config: Config) -> Result<Running> {
         probed: Mutex::new(std::collections::HashSet::new()),
         sampling: Mutex::new(sampling::Policy::default()),
         rates: tokio::sync::watch::channel(Arc::default()).0,
+        registry: std::sync::OnceLock::new(),
     });
+    let registry = metrics::registry(Arc::downgrade(&shared))?;
+    let _ = shared.registry.set(registry);
     for w in &recovered.warnings {
-        shared.log(format_args!("recovery: {w}"));
+        tracing::warn!("recovery: {w}");
     }
-    shared.log(format_args!(
+    tracing::info!(
         "traces under {}: {} segments, {} processes' marks, {} pending log entries recovered",
         config.trace_dir.display(),
         recovered.segments,
         recovered.high_water.len(),
         recovered.pending.len()
-    ));
+    );
 
     let (shutdown, rx) = tokio::sync::watch::channel(false);
     let grpc = tokio::net::TcpListener::bind(config.listen)
@@ -328,7 +324,7 @@ pub async fn start(config: Config) -> Result<Running> {
             }
             let gone = sh.lock_state().release_ended();
             for g in gone {
-                sh.log(format_args!("job {g} released from memory"));
+                tracing::info!("job {g} released from memory");
             }
         }
     }));
@@ -360,9 +356,7 @@ pub async fn start(config: Config) -> Result<Running> {
         }
     }));
     shared.ready.store(true, Ordering::Release);
-    shared.log(format_args!(
-        "listening: gRPC on {listen}, HTTP on {http_addr}"
-    ));
+    tracing::info!("listening: gRPC on {listen}, HTTP on {http_addr}");
     Ok(Running {
         shared,
         listen,
@@ -387,21 +381,21 @@ fn findings_tick(sh: &Shared) {
                 if f.kind == commscope_analyzer::Kind::Hang {
                     sh.ask_for_stacks(&f.job, &f.ranks);
                 }
-                sh.log(format_args!(
+                tracing::info!(
                     "finding {} opened: {} {}: {}",
                     f.id,
                     f.job,
                     f.kind.name(),
                     f.summary
-                ))
+                )
             }
-            findings::Change::Resolved(f) => sh.log(format_args!(
+            findings::Change::Resolved(f) => tracing::info!(
                 "finding {} resolved: {} {} of {}",
                 f.id,
                 f.job,
                 f.kind.name(),
                 ranks_list(&f.ranks)
-            )),
+            ),
         }
     }
 }
@@ -422,10 +416,10 @@ fn sampling_tick(sh: &Shared) {
             let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
             (p.factor, p.offered)
         };
-        sh.log(format_args!(
+        tracing::info!(
             "consistent sampling: {offered:.0} calls/s offered (budget {}); busy communicators keep 1 instance in {g}",
             sh.config.sample_budget
-        ));
+        );
         sh.rates.send_replace(rates);
     }
 }
@@ -442,9 +436,7 @@ pub async fn run(config: Config) -> Result<()> {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    running.shared.log(format_args!(
-        "shutting down: writing open logs out as segments"
-    ));
+    tracing::info!("shutting down: writing open logs out as segments");
     running.stop().await;
     Ok(())
 }

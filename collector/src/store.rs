@@ -680,9 +680,7 @@ fn segment_thread(cfg: Config, rx: mpsc::Receiver<SegmentJob>, stats: Arc<Mutex<
                 }
                 Err(e) => {
                     s.segment_errors += 1;
-                    eprintln!(
-                        "commscope collector: {e}; the log stays and is retried at the next start"
-                    );
+                    tracing::error!("{e}; the log stays and is retried at the next start");
                 }
             }
         }

@@ -169,3 +169,49 @@ fn up_serves_a_collector_and_an_agent_until_terminated() {
     let trace = load_job(&dir.path().join("traces").join("up-job"));
     assert_eq!(trace.processes.len(), 2);
 }
+
+/// `--log-format json` writes one JSON object per line, and `COMMSCOPE_LOG` filters by target
+/// and level: the collector's lines at info, the agent's only from warn up.
+#[test]
+fn logs_are_json_lines_filtered_by_commscope_log() {
+    use commscope_tests::services::Service;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = commscope_tests::commscope();
+    cmd.env("COMMSCOPE_LOG", "warn,commscope_collector=info")
+        .args(["--log-format", "json", "up", "--dir"])
+        .arg(dir.path())
+        .arg("--socket")
+        .arg(dir.path().join("agent.sock"))
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--agent-http", "127.0.0.1:0"]);
+    let mut up = Service::spawn(cmd, "up");
+    up.wait_log("connected from", Duration::from_secs(30));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(up.child.id() as i32, libc::SIGTERM) };
+    assert!(up.child.wait().expect("wait").success());
+    let log = up.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let targets: Vec<&str> = lines
+        .iter()
+        .map(|l| l["target"].as_str().expect("target"))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "INFO"
+            && l["target"] == "commscope_collector"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("listening: gRPC on 127.0.0.1:"))),
+        "{log}"
+    );
+    assert!(
+        !targets.iter().any(|t| t.starts_with("commscope_agent")),
+        "the agent's info lines are filtered out: {log}"
+    );
+    assert!(
+        lines.iter().all(|l| l["timestamp"].as_str().is_some()),
+        "{log}"
+    );
+}
