@@ -338,17 +338,10 @@ impl Findings {
 
 /// Findings of one job in a collector running in this process: open ones and resolved ones.
 pub fn job_findings(shared: &commscope_collector::Shared, job: &str) -> Vec<Finding> {
-    let e = shared.findings.lock().unwrap_or_else(|p| p.into_inner());
-    e.tracker
-        .open
-        .values()
-        .chain(e.tracker.resolved.iter())
-        .filter(|f| f.job == job)
-        .cloned()
-        .collect()
+    commscope_collector::http::all_findings(shared, Some(job))
 }
 
-/// `GET /api/v1/findings?job=` on a collector's HTTP address, as (id, kind, ranks, state, summary).
+/// `GET /api/v1/findings?job=` on a collector's HTTP address.
 fn http_findings(addr: SocketAddr, job: &str) -> Result<Vec<Finding>> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -360,50 +353,7 @@ fn http_findings(addr: SocketAddr, job: &str) -> Result<Vec<Finding>> {
     s.read_to_string(&mut body)?;
     let json = body.split_once("\r\n\r\n").map_or("", |x| x.1);
     let v: serde_json::Value = serde_json::from_str(json).context("findings JSON")?;
-    Ok(v["findings"]
-        .as_array()
-        .map(|a| a.iter().filter_map(finding_of_json).collect())
-        .unwrap_or_default())
-}
-
-fn finding_of_json(v: &serde_json::Value) -> Option<Finding> {
-    let kind = [
-        Kind::SlowRank,
-        Kind::Hang,
-        Kind::Mismatch,
-        Kind::DeadRank,
-        Kind::CommError,
-        Kind::DegradedCollective,
-        Kind::SlowLink,
-        Kind::LinkError,
-    ]
-    .into_iter()
-    .find(|k| v["kind"] == k.name())?;
-    Some(Finding {
-        id: v["id"].as_str()?.to_owned(),
-        kind,
-        class: commscope_analyzer::finding::Class::CommunicationHang,
-        state: if v["state"] == "open" {
-            commscope_analyzer::finding::State::Open
-        } else {
-            commscope_analyzer::finding::State::Resolved
-        },
-        job: v["job"].as_str()?.to_owned(),
-        comm: v["comm"].as_str().map(str::to_owned),
-        seq: v["seq"].as_u64(),
-        ranks: v["ranks"]
-            .as_array()?
-            .iter()
-            .filter_map(|r| r.as_i64().map(|r| r as i32))
-            .collect(),
-        nodes: vec![],
-        link: None,
-        opened_at: v["opened_at"].as_u64().unwrap_or(0),
-        resolved_at: v["resolved_at"].as_u64(),
-        confidence: v["confidence"].as_f64().unwrap_or(0.0),
-        summary: v["summary"].as_str().unwrap_or_default().to_owned(),
-        evidence: serde_json::Value::Null,
-    })
+    serde_json::from_value(v["findings"].clone()).context("findings in the contract's shape")
 }
 
 async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {

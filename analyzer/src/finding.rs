@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use commscope_wire::hash::{Hasher, format_comm_id};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What was found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     SlowRank,
@@ -49,7 +49,7 @@ impl Kind {
 }
 
 /// The taxonomy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Class {
     CommunicationHang,
@@ -59,7 +59,7 @@ pub enum Class {
 }
 
 /// Open or resolved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
     Open,
@@ -67,14 +67,14 @@ pub enum State {
 }
 
 /// A link between two nodes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub src: String,
     pub dst: String,
 }
 
 /// One finding (the contract's object).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     pub id: String,
     pub kind: Kind,

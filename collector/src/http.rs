@@ -14,6 +14,8 @@ use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::Op;
 use serde::Serialize;
 
+use commscope_analyzer::Finding;
+
 use crate::Shared;
 use crate::state::{InFlightCall, JobState};
 
@@ -49,10 +51,11 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// A job in the list.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct JobLine {
     pub job: String,
-    pub state: &'static str,
+    /// `running` or `ended`.
+    pub state: String,
     pub flavour: String,
     pub ranks: usize,
     pub world_size: i32,
@@ -68,7 +71,7 @@ pub struct JobLine {
 pub fn job_line(j: &JobState) -> JobLine {
     JobLine {
         job: j.job.clone(),
-        state: j.state_name(),
+        state: j.state_name().into(),
         flavour: j.flavour.clone(),
         ranks: j.rank_count(),
         world_size: j.world_size,
@@ -87,15 +90,45 @@ struct JobsQuery {
 }
 
 async fn jobs(State(s): State<Arc<Shared>>, Query(q): Query<JobsQuery>) -> Response {
-    let st = s.lock_state();
-    let mut v: Vec<JobLine> = st
-        .jobs
-        .values()
-        .filter(|j| q.state.as_deref().is_none_or(|want| want == j.state_name()))
-        .map(job_line)
-        .collect();
-    v.sort_by(|a, b| a.job.cmp(&b.job));
+    let mut v = all_jobs(&s);
+    v.retain(|j| q.state.as_deref().is_none_or(|want| want == j.state));
     axum::Json(serde_json::json!({ "jobs": v })).into_response()
+}
+
+/// Every job: those in memory, and those on disk (ended, or from before a restart), by name.
+pub fn all_jobs(s: &Shared) -> Vec<JobLine> {
+    let mut v: Vec<JobLine> = {
+        let st = s.lock_state();
+        st.jobs.values().map(job_line).collect()
+    };
+    let live: std::collections::HashSet<String> = v.iter().map(|j| j.job.clone()).collect();
+    v.extend(s.history.jobs(&|j| live.contains(j)));
+    v.sort_by(|a, b| a.job.cmp(&b.job));
+    v
+}
+
+/// Every finding: the live engine's, and those stored for jobs no longer in memory.
+pub fn all_findings(s: &Shared, job: Option<&str>) -> Vec<Finding> {
+    let (live_jobs, mut v): (std::collections::HashSet<String>, Vec<Finding>) = {
+        let st = s.lock_state();
+        let e = s.findings.lock().unwrap_or_else(|p| p.into_inner());
+        let v = e
+            .tracker
+            .all()
+            .into_iter()
+            .filter(|f| job.is_none_or(|j| j == f.job))
+            .collect();
+        (st.jobs.keys().cloned().collect(), v)
+    };
+    let known: std::collections::HashSet<String> = v.iter().map(|f| f.id.clone()).collect();
+    v.extend(
+        s.history
+            .findings(job, &|j| live_jobs.contains(j))
+            .into_iter()
+            .filter(|f| !known.contains(&f.id)),
+    );
+    v.sort_by(|a, b| (a.opened_at, &a.id).cmp(&(b.opened_at, &b.id)));
+    v
 }
 
 /// One communicator in a job's detail.
@@ -223,13 +256,35 @@ pub fn job_detail(j: &JobState) -> JobDetail {
 }
 
 async fn job(State(s): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
-    let st = s.lock_state();
-    match st.jobs.get(&name) {
-        Some(j) => axum::Json(job_detail(j)).into_response(),
+    let live = {
+        let st = s.lock_state();
+        st.jobs.get(&name).map(job_detail)
+    };
+    let findings = all_findings(&s, Some(&name));
+    if let Some(d) = live {
+        let mut v = serde_json::to_value(d).unwrap_or_default();
+        v["findings"] = serde_json::to_value(findings).unwrap_or_default();
+        return axum::Json(v).into_response();
+    }
+    match s.history.job(&name) {
+        // Released from memory, or from before a restart: its summary and findings, and where
+        // its trace is (`commscope analyze` reads it).
+        Some(line) => {
+            let mut v = serde_json::to_value(line).unwrap_or_default();
+            v["findings"] = serde_json::to_value(findings).unwrap_or_default();
+            v["trace"] = serde_json::Value::String(
+                s.config
+                    .trace_dir
+                    .join(commscope_wire::cst::sanitize(&name))
+                    .display()
+                    .to_string(),
+            );
+            axum::Json(v).into_response()
+        }
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(serde_json::json!({
-                "error": format!("no job {name:?} is known to this collector (it may have ended and been released)")
+                "error": format!("no job {name:?} is known to this collector, in memory or on disk")
             })),
         )
             .into_response(),
@@ -244,15 +299,12 @@ struct FindingsQuery {
 
 /// `GET /api/v1/findings[?job=&state=open|resolved]`.
 async fn findings(State(s): State<Arc<Shared>>, Query(q): Query<FindingsQuery>) -> Response {
-    let e = s.findings.lock().unwrap_or_else(|p| p.into_inner());
-    let want = |state: &str| q.state.as_deref().is_none_or(|w| w == state);
-    let mut v: Vec<&commscope_analyzer::Finding> = Vec::new();
-    if want("open") {
-        v.extend(e.tracker.open.values());
-    }
-    if want("resolved") {
-        v.extend(e.tracker.resolved.iter());
-    }
-    v.retain(|f| q.job.as_deref().is_none_or(|j| j == f.job));
+    let mut v = all_findings(&s, q.job.as_deref());
+    v.retain(|f| {
+        q.state.as_deref().is_none_or(|w| match f.state {
+            commscope_analyzer::finding::State::Open => w == "open",
+            commscope_analyzer::finding::State::Resolved => w == "resolved",
+        })
+    });
     axum::Json(serde_json::json!({ "findings": v })).into_response()
 }

@@ -10,6 +10,7 @@
 //! - [`findings`]: the live findings engine.
 
 pub mod findings;
+pub mod history;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
@@ -121,6 +122,8 @@ pub struct Shared {
     /// Per node: the latest clock alignment its agent reported.
     pub clocks: Mutex<HashMap<String, ClockAlignment>>,
     pub ready: AtomicBool,
+    /// Every job on disk and its findings, across restarts and releases.
+    pub history: history::History,
     /// The process's metric registry (`/metrics`), set once at start.
     pub registry: std::sync::OnceLock<prometheus::Registry>,
     pub started: std::time::Instant,
@@ -204,6 +207,42 @@ impl Shared {
             "job {job} ended: {ranks} ranks, {records} records; writing its trace segment"
         );
         self.store.roll(job).await;
+        let line = self.lock_state().jobs.get(job).map(http::job_line);
+        if let Some(line) = line
+            && let Err(e) = self.history.record_job(&line)
+        {
+            tracing::warn!("{e}; the job is listed until this collector stops");
+        }
+    }
+
+    /// Writes the summary of every job that changed state, or took records more than 5 s
+    /// after its last write, to its `job.json`.
+    fn persist_jobs(&self, persisted: &mut HashMap<String, (&'static str, std::time::Instant)>) {
+        let now = std::time::Instant::now();
+        let due: Vec<(http::JobLine, &'static str)> = {
+            let st = self.lock_state();
+            persisted.retain(|j, _| st.jobs.contains_key(j));
+            st.jobs
+                .values()
+                .filter(|j| match persisted.get(&j.job) {
+                    None => true,
+                    Some((state, at)) => {
+                        *state != j.state_name()
+                            || (j.last_touch > *at
+                                && now.duration_since(*at) >= Duration::from_secs(5))
+                    }
+                })
+                .map(|j| (http::job_line(j), j.state_name()))
+                .collect()
+        };
+        for (line, state) in due {
+            match self.history.record_job(&line) {
+                Ok(()) => {
+                    persisted.insert(line.job.clone(), (state, now));
+                }
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
     }
 }
 
@@ -238,6 +277,7 @@ pub async fn start(config: Config) -> Result<Running> {
     scfg.retention = config.retention;
     scfg.retention_bytes = config.retention_bytes;
     let (store, recovered) = store::Store::open(scfg).map_err(anyhow::Error::msg)?;
+    let (history, history_warnings) = history::History::open(&config.trace_dir);
     let mut st = state::State::new(config.limits.clone());
     for (h, recs) in &recovered.pending {
         st.apply(h, None, recs);
@@ -256,10 +296,11 @@ pub async fn start(config: Config) -> Result<Running> {
         sampling: Mutex::new(sampling::Policy::default()),
         rates: tokio::sync::watch::channel(Arc::default()).0,
         registry: std::sync::OnceLock::new(),
+        history,
     });
     let registry = metrics::registry(Arc::downgrade(&shared))?;
     let _ = shared.registry.set(registry);
-    for w in &recovered.warnings {
+    for w in recovered.warnings.iter().chain(&history_warnings) {
         tracing::warn!("recovery: {w}");
     }
     tracing::info!(
@@ -313,6 +354,7 @@ pub async fn start(config: Config) -> Result<Running> {
     let sh = shared.clone();
     let mut r3 = rx.clone();
     tasks.push(tokio::spawn(async move {
+        let mut persisted = HashMap::new();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -322,6 +364,7 @@ pub async fn start(config: Config) -> Result<Running> {
             for j in quiet {
                 sh.job_ended(&j).await;
             }
+            sh.persist_jobs(&mut persisted);
             let gone = sh.lock_state().release_ended();
             for g in gone {
                 tracing::info!("job {g} released from memory");
@@ -375,6 +418,9 @@ fn findings_tick(sh: &Shared) {
             .unwrap_or_else(|p| p.into_inner())
             .tick(&mut st)
     };
+    if let Err(e) = sh.history.record_findings(&changes) {
+        tracing::warn!("{e}; these findings are kept in memory only");
+    }
     for c in changes {
         match c {
             findings::Change::Opened(f) => {

@@ -37,6 +37,23 @@ fn summary(j: &JobState) -> JobSummary {
     }
 }
 
+/// The summary of a job known from disk only.
+fn stored_summary(l: &crate::http::JobLine) -> JobSummary {
+    JobSummary {
+        job: l.job.clone(),
+        state: l.state.clone(),
+        ranks: l.ranks as u32,
+        world_size: l.world_size.max(0) as u32,
+        nodes: l.nodes.clone(),
+        records: l.records,
+        first_seen_ns: l.first_seen_ns,
+        last_seen_ns: l.last_seen_ns,
+        in_flight: l.in_flight as u32,
+        dropped: l.dropped,
+        flavour: l.flavour.clone(),
+    }
+}
+
 /// The proto detail of a job.
 pub fn detail(j: &JobState) -> JobDetail {
     let mut ranks: Vec<RankState> = j
@@ -100,12 +117,20 @@ impl Query for QueryService {
         request: Request<ListJobsRequest>,
     ) -> Result<Response<JobList>, Status> {
         let all = request.into_inner().include_ended;
-        let st = self.shared.lock_state();
-        let mut jobs: Vec<JobSummary> = st
-            .jobs
-            .values()
-            .filter(|j| all || j.ended.is_none())
-            .map(summary)
+        let live: std::collections::HashMap<String, JobSummary> = {
+            let st = self.shared.lock_state();
+            st.jobs
+                .values()
+                .map(|j| (j.job.clone(), summary(j)))
+                .collect()
+        };
+        let mut jobs: Vec<JobSummary> = crate::http::all_jobs(&self.shared)
+            .into_iter()
+            .map(|l| match live.get(&l.job) {
+                Some(s) => s.clone(),
+                None => stored_summary(&l),
+            })
+            .filter(|s| all || s.state == "running")
             .collect();
         jobs.sort_by(|a, b| a.job.cmp(&b.job));
         Ok(Response::new(JobList { jobs }))
@@ -116,11 +141,19 @@ impl Query for QueryService {
         request: Request<GetJobRequest>,
     ) -> Result<Response<JobDetail>, Status> {
         let name = request.into_inner().job;
-        let st = self.shared.lock_state();
-        match st.jobs.get(&name) {
-            Some(j) => Ok(Response::new(detail(j))),
+        let live = {
+            let st = self.shared.lock_state();
+            st.jobs.get(&name).map(detail)
+        };
+        match live.or_else(|| {
+            self.shared.history.job(&name).map(|l| JobDetail {
+                summary: Some(stored_summary(&l)),
+                ..Default::default()
+            })
+        }) {
+            Some(d) => Ok(Response::new(d)),
             None => Err(Status::not_found(format!(
-                "no job {name:?} is known to this collector"
+                "no job {name:?} is known to this collector, in memory or on disk"
             ))),
         }
     }

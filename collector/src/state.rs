@@ -239,7 +239,7 @@ pub struct JobState {
     pub first_seen_ns: u64,
     pub last_seen_ns: u64,
     pub ended: Option<Instant>,
-    last_touch: Instant,
+    pub(crate) last_touch: Instant,
     /// The instance detectors (slow-rank, degraded-collective, mismatch, comm-error), fed in
     /// time order through `reorder`.
     pub detectors: Detectors,

@@ -632,6 +632,9 @@ fn apply_retention(cfg: &Config, stats: &Mutex<Stats>) {
             }
         }
     }
+    if deleted > 0 {
+        crate::history::forget_emptied(&cfg.dir);
+    }
     let bytes: u64 = list_segments(&cfg.dir).iter().map(|s| s.2).sum();
     let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
     s.segments_deleted += deleted;
