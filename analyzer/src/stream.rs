@@ -25,7 +25,7 @@ use commscope_wire::record::{Call, Skip};
 use crate::detectors::comm_error::CommErrors;
 use crate::detectors::degraded::{Degraded, Explained, Nodes};
 use crate::detectors::mismatch::{self, Mismatch};
-use crate::detectors::slow_rank::{CallTimes, Context as SlowContext, Member, SlowRanks};
+use crate::detectors::slow_rank::{CallTimes, Context as SlowContext, Member, RankHealth, SlowRanks};
 use crate::finding::Finding;
 
 /// The detectors' thresholds (documented in docs/diagnosis.md).
@@ -423,6 +423,16 @@ impl Detectors {
                 self.step_intervals.pop_front();
             }
         }
+    }
+
+    /// Per rank: its health ([`RankHealth`]) now.
+    pub fn health(&self) -> Vec<RankHealth> {
+        self.slow.health(self.now_s, self.tuning.tau_s)
+    }
+
+    /// The step period and where it came from, when known.
+    pub fn step(&self) -> Option<(f64, String)> {
+        self.step_period()
     }
 
     /// The step period: from the application's `commscope_step` markers when it calls it, else

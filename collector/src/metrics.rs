@@ -14,7 +14,7 @@
 //!   last seen — for at most [`MAX_RANK_SERIES`] ranks per job (the lowest ranks);
 //! - per node: clock offset and error.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -503,28 +503,7 @@ fn links(j: &JobState, o: &mut Sink) {
     if j.links.is_empty() {
         return;
     }
-    let node_of: HashMap<i32, &str> = j
-        .ranks
-        .values()
-        .map(|r| (r.rank, r.node.as_str()))
-        .collect();
-    let name = |r: Option<i32>| {
-        r.and_then(|r| node_of.get(&r).copied())
-            .filter(|n| !n.is_empty())
-            .unwrap_or("unknown")
-            .to_owned()
-    };
-    let mut pairs: BTreeMap<(String, String), LinkTotals> = Default::default();
-    for (&(comm, src, peer), t) in &j.links {
-        let dst = j.detectors.links.global_rank(comm, peer);
-        let e = pairs.entry((name(Some(src)), name(dst))).or_default();
-        e.bytes += t.bytes;
-        e.net_ns += t.net_ns;
-        e.gpu_wait_ns += t.gpu_wait_ns;
-        e.peer_wait_ns += t.peer_wait_ns;
-    }
-    let mut pairs: Vec<_> = pairs.into_iter().collect();
-    pairs.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
+    let pairs = j.link_pairs();
     let mut emit = |src: &str, dst: &str, t: &LinkTotals| {
         let l = [j.job.as_str(), src, dst];
         o.value(&LINK_BYTES, &l, t.bytes as f64);

@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use commscope_wire::grpc::query_server::Query;
+use commscope_analyzer::detectors::slow_rank::RankHealth;
 use commscope_wire::grpc::{
-    CommState, GetJobRequest, InFlightCall, JobDetail, JobList, JobSummary, ListJobsRequest,
-    RankState, WatchRequest,
+    self as pb, CommState, GetJobRequest, GetRankRequest, InFlightCall, JobDetail, JobList,
+    JobSummary, ListJobsRequest, RankDetail, RankState, RecentCall, WatchRequest,
 };
+use commscope_wire::op::Op;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -34,6 +36,7 @@ fn summary(j: &JobState) -> JobSummary {
         in_flight: j.in_flight().len() as u32,
         dropped: j.dropped(),
         flavour: j.flavour.clone(),
+        open_findings: 0,
     }
 }
 
@@ -51,29 +54,75 @@ fn stored_summary(l: &crate::http::JobLine) -> JobSummary {
         in_flight: l.in_flight as u32,
         dropped: l.dropped,
         flavour: l.flavour.clone(),
+        open_findings: 0,
     }
 }
 
-/// The proto detail of a job.
+fn rank_state(r: &crate::state::RankInfo) -> RankState {
+    RankState {
+        rank: r.rank,
+        node: r.node.clone(),
+        pid: r.pid,
+        state: r.status.name().into(),
+        exit_status: r.exit_status,
+        signal: r.signal,
+        records: r.records,
+        calls: r.calls,
+        last_seen_ns: r.last_seen_ns,
+        dropped: r.dropped(),
+        clock_offset_ns: r.clock.map(|c| c.offset_ns),
+        clock_error_ns: r.clock.map(|c| c.error_ns).unwrap_or(0),
+    }
+}
+
+fn in_flight_call(c: &crate::state::InFlightCall) -> InFlightCall {
+    InFlightCall {
+        rank: c.rank,
+        comm_id: c.comm_id,
+        seq: c.seq,
+        op: c.op.clone(),
+        age_ns: (c.for_s * 1e9) as u64,
+        bytes: c.bytes,
+        peer: c.peer,
+    }
+}
+
+fn health(h: &RankHealth) -> pb::RankHealth {
+    pb::RankHealth {
+        rank: h.rank,
+        share: h.share,
+        recent_share: h.recent_share,
+        late_ratio: h.late_ratio,
+        slow: h.slow,
+    }
+}
+
+/// A finding in its proto shape.
+pub fn finding(f: &commscope_analyzer::Finding) -> pb::Finding {
+    let name = |v: serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    pb::Finding {
+        id: f.id.clone(),
+        kind: f.kind.name().into(),
+        class: name(serde_json::to_value(f.class).unwrap_or_default()),
+        state: name(serde_json::to_value(f.state).unwrap_or_default()),
+        job: f.job.clone(),
+        comm: f.comm.clone(),
+        seq: f.seq,
+        ranks: f.ranks.clone(),
+        nodes: f.nodes.clone(),
+        link_src: f.link.as_ref().map(|l| l.src.clone()).unwrap_or_default(),
+        link_dst: f.link.as_ref().map(|l| l.dst.clone()).unwrap_or_default(),
+        opened_at: f.opened_at,
+        resolved_at: f.resolved_at,
+        confidence: f.confidence,
+        summary: f.summary.clone(),
+        evidence_json: f.evidence.to_string(),
+    }
+}
+
+/// The proto detail of a job (its findings are the caller's to add).
 pub fn detail(j: &JobState) -> JobDetail {
-    let mut ranks: Vec<RankState> = j
-        .ranks
-        .values()
-        .map(|r| RankState {
-            rank: r.rank,
-            node: r.node.clone(),
-            pid: r.pid,
-            state: r.status.name().into(),
-            exit_status: r.exit_status,
-            signal: r.signal,
-            records: r.records,
-            calls: r.calls,
-            last_seen_ns: r.last_seen_ns,
-            dropped: r.dropped(),
-            clock_offset_ns: r.clock.map(|c| c.offset_ns),
-            clock_error_ns: r.clock.map(|c| c.error_ns).unwrap_or(0),
-        })
-        .collect();
+    let mut ranks: Vec<RankState> = j.ranks.values().map(rank_state).collect();
     ranks.sort_by_key(|r| (r.rank, r.pid));
     let mut comms: Vec<CommState> = j
         .comms
@@ -89,24 +138,29 @@ pub fn detail(j: &JobState) -> JobDetail {
         })
         .collect();
     comms.sort_by_key(|c| (std::cmp::Reverse(c.size), c.comm_id));
-    let in_flight = j
-        .in_flight()
+    let in_flight = j.in_flight().iter().map(in_flight_call).collect();
+    let links = j
+        .link_pairs()
         .into_iter()
-        .map(|c| InFlightCall {
-            rank: c.rank,
-            comm_id: c.comm_id,
-            seq: c.seq,
-            op: c.op,
-            age_ns: (c.for_s * 1e9) as u64,
-            bytes: c.bytes,
-            peer: c.peer,
+        .map(|((src, dst), t)| pb::LinkRate {
+            src,
+            dst,
+            bytes: t.bytes,
+            network_s: t.net_ns as f64 / 1e9,
+            gpu_wait_s: t.gpu_wait_ns as f64 / 1e9,
         })
         .collect();
+    let step = j.detectors.step();
     JobDetail {
         summary: Some(summary(j)),
         ranks,
         comms,
         in_flight,
+        findings: Vec::new(),
+        health: j.detectors.health().iter().map(health).collect(),
+        links,
+        step_s: step.as_ref().map(|s| s.0),
+        step_from: step.map(|s| s.1).unwrap_or_default(),
     }
 }
 
@@ -132,6 +186,17 @@ impl Query for QueryService {
             })
             .filter(|s| all || s.state == "running")
             .collect();
+        let open: std::collections::HashMap<String, u32> = {
+            let e = self.shared.findings.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = std::collections::HashMap::new();
+            for f in e.tracker.open.values() {
+                *m.entry(f.job.clone()).or_insert(0) += 1;
+            }
+            m
+        };
+        for j in &mut jobs {
+            j.open_findings = open.get(&j.job).copied().unwrap_or(0);
+        }
         jobs.sort_by(|a, b| a.job.cmp(&b.job));
         Ok(Response::new(JobList { jobs }))
     }
@@ -151,11 +216,71 @@ impl Query for QueryService {
                 ..Default::default()
             })
         }) {
-            Some(d) => Ok(Response::new(d)),
+            Some(mut d) => {
+                d.findings = crate::http::all_findings(&self.shared, Some(&name))
+                    .iter()
+                    .map(finding)
+                    .collect();
+                if let Some(s) = d.summary.as_mut() {
+                    s.open_findings = d.findings.iter().filter(|f| f.state == "open").count() as u32;
+                }
+                Ok(Response::new(d))
+            }
             None => Err(Status::not_found(format!(
                 "no job {name:?} is known to this collector, in memory or on disk"
             ))),
         }
+    }
+
+    async fn get_rank(
+        &self,
+        request: Request<GetRankRequest>,
+    ) -> Result<Response<RankDetail>, Status> {
+        let req = request.into_inner();
+        let st = self.shared.lock_state();
+        let Some(j) = st.jobs.get(&req.job) else {
+            return Err(Status::not_found(format!(
+                "no job {:?} is in this collector's memory",
+                req.job
+            )));
+        };
+        // Several processes of one rank (a restart): the latest.
+        let Some(r) = j
+            .ranks
+            .values()
+            .filter(|r| r.rank == req.rank)
+            .max_by_key(|r| r.last_seen_ns)
+        else {
+            return Err(Status::not_found(format!(
+                "job {:?} has no rank {}",
+                req.job, req.rank
+            )));
+        };
+        let recent = r
+            .recent
+            .iter()
+            .map(|c| RecentCall {
+                comm_id: c.comm_id,
+                seq: c.seq,
+                op: Op::from_code(c.op).name().into(),
+                bytes: c.bytes,
+                duration_ns: c.duration_ns,
+                end_ns: c.end_ns,
+                peer: c.peer,
+            })
+            .collect();
+        let health = j
+            .detectors
+            .health()
+            .iter()
+            .find(|h| h.rank == req.rank)
+            .map(health);
+        Ok(Response::new(RankDetail {
+            state: Some(rank_state(r)),
+            recent,
+            in_flight: r.live_in_flight().iter().map(in_flight_call).collect(),
+            health,
+        }))
     }
 
     type WatchStream = ReceiverStream<Result<JobDetail, Status>>;

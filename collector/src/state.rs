@@ -130,6 +130,24 @@ pub struct RankInfo {
     pub snapshot_mono: u64,
     /// When the latest snapshot arrived (ages grow from there).
     pub snapshot_at: Option<Instant>,
+    /// Its latest completed calls (at most [`RECENT_CALLS`]), oldest first.
+    pub recent: std::collections::VecDeque<RecentCall>,
+}
+
+/// Completed calls each rank keeps for the operator's rank view.
+pub const RECENT_CALLS: usize = 48;
+
+/// A completed call, as the rank view shows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecentCall {
+    pub comm_id: u64,
+    pub seq: u64,
+    pub op: u8,
+    pub bytes: u64,
+    pub duration_ns: u64,
+    /// Collector time of its end (ns since the epoch).
+    pub end_ns: u64,
+    pub peer: i32,
 }
 
 impl RankInfo {
@@ -345,6 +363,34 @@ impl JobState {
     }
 
     /// "running" or "ended".
+    /// NCCL proxy sends summed per (sending node, receiving node), most bytes first; a node
+    /// is `unknown` until the receiver's own link records arrived.
+    pub fn link_pairs(&self) -> Vec<((String, String), LinkTotals)> {
+        let node_of: HashMap<i32, &str> = self
+            .ranks
+            .values()
+            .map(|r| (r.rank, r.node.as_str()))
+            .collect();
+        let name = |r: Option<i32>| {
+            r.and_then(|r| node_of.get(&r).copied())
+                .filter(|n| !n.is_empty())
+                .unwrap_or("unknown")
+                .to_owned()
+        };
+        let mut pairs: BTreeMap<(String, String), LinkTotals> = BTreeMap::new();
+        for (&(comm, src, peer), t) in &self.links {
+            let dst = self.detectors.links.global_rank(comm, peer);
+            let e = pairs.entry((name(Some(src)), name(dst))).or_default();
+            e.bytes += t.bytes;
+            e.net_ns += t.net_ns;
+            e.gpu_wait_ns += t.gpu_wait_ns;
+            e.peer_wait_ns += t.peer_wait_ns;
+        }
+        let mut pairs: Vec<_> = pairs.into_iter().collect();
+        pairs.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
+        pairs
+    }
+
     pub fn state_name(&self) -> &'static str {
         if self.ended.is_some() {
             "ended"
@@ -497,6 +543,7 @@ impl State {
             last_heard_ns: 0,
             snapshot_mono: 0,
             snapshot_at: None,
+            recent: std::collections::VecDeque::new(),
             proc: None,
             cpu_advanced_at: None,
             stacks: None,
@@ -533,6 +580,7 @@ impl State {
         let mut ended_at = None;
         let mut drops = None;
         let mut heard = 0u64;
+        let mut recent: Vec<RecentCall> = Vec::new();
         for r in records {
             match r {
                 Record::Call(c) => {
@@ -542,6 +590,15 @@ impl State {
                     } else {
                         now
                     };
+                    recent.push(RecentCall {
+                        comm_id: c.comm_id,
+                        seq: c.seq,
+                        op: c.op,
+                        bytes: c.bytes,
+                        duration_ns: c.span_ns(),
+                        end_ns: t,
+                        peer: c.peer,
+                    });
                     heard = heard.max(t);
                     job.lag_ns = now - t;
                     job.reorder.call(c, t, &mut job.detectors);
@@ -723,6 +780,11 @@ impl State {
             .get_mut(&ProcessKey::of(header))
             .expect("inserted above");
         rank.calls += calls;
+        let keep = recent.len().min(RECENT_CALLS);
+        rank.recent.extend(recent.drain(recent.len() - keep..));
+        while rank.recent.len() > RECENT_CALLS {
+            rank.recent.pop_front();
+        }
         rank.last_heard_ns = rank.last_heard_ns.max(heard);
         rank.status = status;
         rank.finalized = finalized;

@@ -184,6 +184,20 @@ impl RankSt {
     }
 }
 
+/// A rank as the operator views show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankHealth {
+    pub rank: i32,
+    /// The share of wall time the job waits for this rank's own compute (decayed, `tau`).
+    pub share: f64,
+    /// The same over the last seconds, once it was judged in enough recent instances.
+    pub recent_share: Option<f64>,
+    /// The share of its judged instances in which it arrived late (decayed alike).
+    pub late_ratio: f64,
+    /// A slow-rank finding names it now.
+    pub slow: bool,
+}
+
 /// A finding while it is open.
 #[derive(Debug, Clone)]
 struct SlowOpen {
@@ -375,6 +389,27 @@ impl SlowRanks {
         self.ranks
             .iter()
             .map(|(r, st)| (*r, st.share(now, tau)))
+            .collect()
+    }
+
+    /// Per rank, in rank order: what the operator views show ([`RankHealth`]), at `now`.
+    pub fn health(&self, now: f64, tau: f64) -> Vec<RankHealth> {
+        self.ranks
+            .iter()
+            .map(|(r, st)| {
+                let judged = st.judged * st.decay_factor(now, tau);
+                RankHealth {
+                    rank: *r,
+                    share: st.share(now, tau),
+                    recent_share: st.recent_share(now),
+                    late_ratio: if judged >= 1.0 {
+                        (st.late_now(now, tau) / judged).min(1.0)
+                    } else {
+                        0.0
+                    },
+                    slow: self.open.iter().any(|o| o.ranks.contains(r)),
+                }
+            })
             .collect()
     }
 

@@ -280,6 +280,9 @@ pub struct JobSummary {
     pub dropped: u64,
     #[prost(string, tag = "11")]
     pub flavour: ::prost::alloc::string::String,
+    /// Findings open now.
+    #[prost(uint32, tag = "12")]
+    pub open_findings: u32,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -364,6 +367,82 @@ pub struct InFlightCall {
     #[prost(int32, tag = "7")]
     pub peer: i32,
 }
+/// A finding in the contract's shape (ARCHITECTURE.md, "Findings").
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Finding {
+    #[prost(string, tag = "1")]
+    pub id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub kind: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub class: ::prost::alloc::string::String,
+    /// "open" or "resolved".
+    #[prost(string, tag = "4")]
+    pub state: ::prost::alloc::string::String,
+    #[prost(string, tag = "5")]
+    pub job: ::prost::alloc::string::String,
+    /// "0x…" when the finding is about one communicator.
+    #[prost(string, optional, tag = "6")]
+    pub comm: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint64, optional, tag = "7")]
+    pub seq: ::core::option::Option<u64>,
+    #[prost(int32, repeated, tag = "8")]
+    pub ranks: ::prost::alloc::vec::Vec<i32>,
+    #[prost(string, repeated, tag = "9")]
+    pub nodes: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Node names of a link finding (empty otherwise).
+    #[prost(string, tag = "10")]
+    pub link_src: ::prost::alloc::string::String,
+    #[prost(string, tag = "11")]
+    pub link_dst: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "12")]
+    pub opened_at: u64,
+    #[prost(uint64, optional, tag = "13")]
+    pub resolved_at: ::core::option::Option<u64>,
+    #[prost(double, tag = "14")]
+    pub confidence: f64,
+    #[prost(string, tag = "15")]
+    pub summary: ::prost::alloc::string::String,
+    /// The evidence object, as JSON text.
+    #[prost(string, tag = "16")]
+    pub evidence_json: ::prost::alloc::string::String,
+}
+/// What the slow-rank detector measures of a rank now.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct RankHealth {
+    #[prost(int32, tag = "1")]
+    pub rank: i32,
+    /// Share of wall time the job waits for this rank's own compute (decayed over ~30 s).
+    #[prost(double, tag = "2")]
+    pub share: f64,
+    /// The same over the last seconds, when enough recent instances tell.
+    #[prost(double, optional, tag = "3")]
+    pub recent_share: ::core::option::Option<f64>,
+    /// Share of its judged collectives in which it arrived late.
+    #[prost(double, tag = "4")]
+    pub late_ratio: f64,
+    /// A slow-rank finding names it now.
+    #[prost(bool, tag = "5")]
+    pub slow: bool,
+}
+/// Proxy sends from one node to another (NCCL's profiler plugin), summed over the job.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct LinkRate {
+    #[prost(string, tag = "1")]
+    pub src: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub dst: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "3")]
+    pub bytes: u64,
+    /// Channel-seconds on the network, and waiting for the GPU.
+    #[prost(double, tag = "4")]
+    pub network_s: f64,
+    #[prost(double, tag = "5")]
+    pub gpu_wait_s: f64,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct JobDetail {
@@ -375,6 +454,60 @@ pub struct JobDetail {
     pub comms: ::prost::alloc::vec::Vec<CommState>,
     #[prost(message, repeated, tag = "4")]
     pub in_flight: ::prost::alloc::vec::Vec<InFlightCall>,
+    /// Open findings, and those resolved that this collector still holds.
+    #[prost(message, repeated, tag = "5")]
+    pub findings: ::prost::alloc::vec::Vec<Finding>,
+    #[prost(message, repeated, tag = "6")]
+    pub health: ::prost::alloc::vec::Vec<RankHealth>,
+    #[prost(message, repeated, tag = "7")]
+    pub links: ::prost::alloc::vec::Vec<LinkRate>,
+    /// The step period (s) and where it came from ("commscope_step" or a recurring collective).
+    #[prost(double, optional, tag = "8")]
+    pub step_s: ::core::option::Option<f64>,
+    #[prost(string, tag = "9")]
+    pub step_from: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetRankRequest {
+    #[prost(string, tag = "1")]
+    pub job: ::prost::alloc::string::String,
+    #[prost(int32, tag = "2")]
+    pub rank: i32,
+}
+/// A call a rank completed.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RecentCall {
+    #[prost(uint64, tag = "1")]
+    pub comm_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub seq: u64,
+    #[prost(string, tag = "3")]
+    pub op: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "4")]
+    pub bytes: u64,
+    /// Duration (ns): the GPU interval where known, else the time inside the call.
+    #[prost(uint64, tag = "5")]
+    pub duration_ns: u64,
+    /// When it completed, collector time (ns since the epoch).
+    #[prost(uint64, tag = "6")]
+    pub end_ns: u64,
+    #[prost(int32, tag = "7")]
+    pub peer: i32,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct RankDetail {
+    #[prost(message, optional, tag = "1")]
+    pub state: ::core::option::Option<RankState>,
+    /// Its latest completed calls, oldest first.
+    #[prost(message, repeated, tag = "2")]
+    pub recent: ::prost::alloc::vec::Vec<RecentCall>,
+    #[prost(message, repeated, tag = "3")]
+    pub in_flight: ::prost::alloc::vec::Vec<InFlightCall>,
+    #[prost(message, optional, tag = "4")]
+    pub health: ::core::option::Option<RankHealth>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -823,6 +956,27 @@ pub mod query_client {
             req.extensions_mut().insert(GrpcMethod::new("commscope.v1.Query", "GetJob"));
             self.inner.unary(req, path, codec).await
         }
+        pub async fn get_rank(
+            &mut self,
+            request: impl tonic::IntoRequest<super::GetRankRequest>,
+        ) -> std::result::Result<tonic::Response<super::RankDetail>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/commscope.v1.Query/GetRank",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("commscope.v1.Query", "GetRank"));
+            self.inner.unary(req, path, codec).await
+        }
         /// A JobDetail per watched job at every interval while it changes, and once when it ends.
         pub async fn watch(
             &mut self,
@@ -868,6 +1022,10 @@ pub mod query_server {
             &self,
             request: tonic::Request<super::GetJobRequest>,
         ) -> std::result::Result<tonic::Response<super::JobDetail>, tonic::Status>;
+        async fn get_rank(
+            &self,
+            request: tonic::Request<super::GetRankRequest>,
+        ) -> std::result::Result<tonic::Response<super::RankDetail>, tonic::Status>;
         /// Server streaming response type for the Watch method.
         type WatchStream: tonic::codegen::tokio_stream::Stream<
                 Item = std::result::Result<super::JobDetail, tonic::Status>,
@@ -1027,6 +1185,49 @@ pub mod query_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = GetJobSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/commscope.v1.Query/GetRank" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetRankSvc<T: Query>(pub Arc<T>);
+                    impl<T: Query> tonic::server::UnaryService<super::GetRankRequest>
+                    for GetRankSvc<T> {
+                        type Response = super::RankDetail;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::GetRankRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Query>::get_rank(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetRankSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
