@@ -55,6 +55,19 @@ pub enum Cmd {
     Analyze(SummaryArgs),
     /// A synthetic data/tensor/pipeline-parallel job with injected faults, streamed to a collector as its nodes' agents would.
     Simulate(SimulateArgs),
+    /// The live terminal view: jobs, ranks, hangs and findings on a collector, or traces replayed with a time cursor.
+    Tui(TuiArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("what").args(["collector", "replay"]))]
+pub struct TuiArgs {
+    /// The collector's gRPC address (its --listen) [default: http://127.0.0.1:4650].
+    #[arg(long, value_name = "URL", env = "COMMSCOPE_COLLECTOR")]
+    pub collector: Option<String>,
+    /// Replay traces (files or directories) instead, with a time cursor ([ and ] step it).
+    #[arg(long, value_name = "PATH", num_args = 1..)]
+    pub replay: Vec<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -385,6 +398,24 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         Cmd::Collector(a) => daemons::collector(a),
         Cmd::Up(a) => daemons::up(a),
         Cmd::Simulate(a) => simulate::run(&a),
+        Cmd::Tui(a) => {
+            let source: Box<dyn commscope_tui::source::Source> = if a.replay.is_empty() {
+                let url = a.collector.unwrap_or_else(|| {
+                    format!(
+                        "http://127.0.0.1:{}",
+                        commscope_collector::DEFAULT_GRPC_PORT
+                    )
+                });
+                Box::new(commscope_tui::live::Live::connect(&url)?)
+            } else {
+                Box::new(crate::tui::Replay::load(&a.replay)?)
+            };
+            if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                bail!("commscope tui needs a terminal on standard output");
+            }
+            commscope_tui::run(source)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Analyze(a) => {
             let loaded = traces::load(&a.paths)?;
             for e in &loaded.errors {

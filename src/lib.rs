@@ -7,6 +7,7 @@
 //! - [`demo`]: `commscope demo`.
 //! - [`daemons`], [`config`]: `commscope agent`, `collector`, `up` and their settings.
 //! - [`simulate`]: `commscope simulate`, a synthetic job with injected faults.
+//! - [`tui`]: `commscope tui`, live on a collector or replaying traces.
 #![deny(unsafe_code)] // one exception: forwarding signals to the child in `run`
 
 pub mod cli;
@@ -17,3 +18,4 @@ pub mod run;
 pub mod simulate;
 pub mod summary;
 pub mod traces;
+pub mod tui;

@@ -6,8 +6,10 @@ use commscope_wire::parquet::ProcessTrace;
 use commscope_wire::record::{CommEvent, ProcessEvent, Record};
 
 use crate::detectors::Liveness;
+use crate::detectors::slow_rank::RankHealth;
 use crate::finding::{Finding, Kind, Tracker};
 use crate::stream::{Detectors, Shape, Tuning};
+use crate::view::JobView;
 
 /// Thresholds (documented in docs/diagnosis.md).
 #[derive(Clone, Debug, Default)]
@@ -105,13 +107,14 @@ fn feed_in_time_order(
 
 /// Feeds every completed call of the job to the instance detectors in time order, evaluating
 /// them every second of trace time; calls never completed join the mismatch check at the end.
+/// Returns the findings and the detectors as they stand at the end.
 fn instance_findings(
     job: &str,
     processes: &[ProcessTrace],
     unfinished: Vec<(i32, u64, u64, Shape)>,
     end_ns: u64,
     tuning: &Tuning,
-) -> Vec<Finding> {
+) -> (Vec<Finding>, Detectors) {
     let mut det = Detectors::new(job, tuning.clone());
     let mut tracker = Tracker::default();
     let mut next: Option<u64> = None;
@@ -137,12 +140,24 @@ fn instance_findings(
     det.advance(end_ns.max(next.map_or(0, |n| n.saturating_sub(EVAL_EVERY_NS))));
     det.in_flight_shapes(unfinished);
     tracker.update(det.findings(), end_ns);
-    tracker.all()
+    (tracker.all(), det)
+}
+
+/// A job's trace analyzed: its replayed view, every finding (open and resolved, as they stood
+/// at the trace's end), and the instance detectors' measures at the end.
+#[derive(Debug)]
+pub struct Analysis {
+    pub view: JobView,
+    pub findings: Vec<Finding>,
+    /// Each rank's health (slow-rank measures), in rank order.
+    pub health: Vec<RankHealth>,
+    /// The step period and where it came from.
+    pub step: Option<(f64, String)>,
 }
 
 /// Runs every detector over one job's trace: the liveness detectors over its replayed view,
 /// and the instance detectors fed in time order.
-pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Finding> {
+pub fn analysis(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Analysis {
     let view = crate::replay::view(job, processes);
     // Collectives never completed join the mismatch check at the end.
     let unfinished: Vec<(i32, u64, u64, Shape)> = view
@@ -160,10 +175,9 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
         })
         .collect();
     let end = view.now_ns;
+    let (instance, det) = instance_findings(job, processes, unfinished, end, &th.tuning);
     let (mut mismatches, mut findings): (Vec<Finding>, Vec<Finding>) =
-        instance_findings(job, processes, unfinished, end, &th.tuning)
-            .into_iter()
-            .partition(|f| f.kind == Kind::Mismatch);
+        instance.into_iter().partition(|f| f.kind == Kind::Mismatch);
     findings.extend(crate::detectors::liveness(
         &view,
         &th.liveness,
@@ -171,7 +185,17 @@ pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Fi
     ));
     findings.extend(mismatches);
     findings.sort_by(|a, b| (a.kind, &a.ranks, &a.comm).cmp(&(b.kind, &b.ranks, &b.comm)));
-    findings
+    Analysis {
+        view,
+        findings,
+        health: det.health(),
+        step: det.step(),
+    }
+}
+
+/// Every finding of one job's trace ([`analysis`]).
+pub fn analyze(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Vec<Finding> {
+    analysis(job, processes, th).findings
 }
 
 #[cfg(test)]

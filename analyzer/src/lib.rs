@@ -15,7 +15,7 @@ pub mod detectors;
 pub mod finding;
 pub mod links;
 
-pub use batch::{Thresholds, analyze};
+pub use batch::{Analysis, Thresholds, analysis, analyze};
 pub use finding::{Finding, Kind};
 pub mod reorder;
 pub mod replay;

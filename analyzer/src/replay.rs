@@ -47,6 +47,65 @@ pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
     v
 }
 
+/// The traces as they stood at `t_ns` (realtime, the processes' common base): records written
+/// later are left out, and a call entered by then but completed later becomes an `enter` record
+/// — in flight at `t_ns`. What a live collector would have held at that moment.
+pub fn until(processes: &[ProcessTrace], t_ns: u64) -> Vec<ProcessTrace> {
+    processes
+        .iter()
+        .map(|p| {
+            let at = |t: u64| real_time(p, t, Clock::HostMono);
+            let records = p
+                .records
+                .iter()
+                .filter_map(|r| {
+                    let t = match r {
+                        Record::Call(c) => {
+                            if at(c.t_exit) <= t_ns {
+                                return Some(*r);
+                            }
+                            return (at(c.t_enter) <= t_ns).then_some(Record::Enter(*c));
+                        }
+                        Record::Enter(c) => at(c.t_enter),
+                        Record::Heartbeat(h) => at(h.t_mono),
+                        Record::Process(x) if x.t_mono > 0 => at(x.t_mono),
+                        Record::Process(x) => real_time(p, x.t_real, Clock::HostReal),
+                        Record::Comm(c) => at(c.t),
+                        Record::Skip(k) => at(k.t_last),
+                        Record::Link(l) => at(l.t_end),
+                    };
+                    (t <= t_ns).then_some(*r)
+                })
+                .collect();
+            ProcessTrace {
+                header: p.header.clone(),
+                records,
+                clock: p.clock,
+            }
+        })
+        .collect()
+}
+
+/// The first and last realtime any record of the traces carries.
+pub fn time_span(processes: &[ProcessTrace]) -> Option<(u64, u64)> {
+    let mut span: Option<(u64, u64)> = None;
+    for p in processes {
+        for r in &p.records {
+            let t = match r {
+                Record::Call(c) => real_time(p, c.t_exit, Clock::HostMono),
+                Record::Heartbeat(h) => real_time(p, h.t_mono, Clock::HostMono),
+                Record::Enter(c) => real_time(p, c.t_enter, Clock::HostMono),
+                _ => continue,
+            };
+            if t == 0 {
+                continue;
+            }
+            span = Some(span.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+        }
+    }
+    span
+}
+
 /// One process's records: its rank's view, and what it adds to the communicators.
 fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankView {
     let rank = p.header.rank;

@@ -25,7 +25,9 @@ use commscope_wire::record::{Call, Skip};
 use crate::detectors::comm_error::CommErrors;
 use crate::detectors::degraded::{Degraded, Explained, Nodes};
 use crate::detectors::mismatch::{self, Mismatch};
-use crate::detectors::slow_rank::{CallTimes, Context as SlowContext, Member, RankHealth, SlowRanks};
+use crate::detectors::slow_rank::{
+    CallTimes, Context as SlowContext, Member, RankHealth, SlowRanks,
+};
 use crate::finding::Finding;
 
 /// The detectors' thresholds (documented in docs/diagnosis.md).

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use commscope_wire::grpc::query_server::Query;
 use commscope_analyzer::detectors::slow_rank::RankHealth;
+use commscope_wire::grpc::query_server::Query;
 use commscope_wire::grpc::{
     self as pb, CommState, GetJobRequest, GetRankRequest, InFlightCall, JobDetail, JobList,
     JobSummary, ListJobsRequest, RankDetail, RankState, RecentCall, WatchRequest,
@@ -87,7 +87,8 @@ fn in_flight_call(c: &crate::state::InFlightCall) -> InFlightCall {
     }
 }
 
-fn health(h: &RankHealth) -> pb::RankHealth {
+/// A rank's health in its proto shape.
+pub fn health(h: &RankHealth) -> pb::RankHealth {
     pb::RankHealth {
         rank: h.rank,
         share: h.share,
@@ -187,7 +188,11 @@ impl Query for QueryService {
             .filter(|s| all || s.state == "running")
             .collect();
         let open: std::collections::HashMap<String, u32> = {
-            let e = self.shared.findings.lock().unwrap_or_else(|p| p.into_inner());
+            let e = self
+                .shared
+                .findings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let mut m = std::collections::HashMap::new();
             for f in e.tracker.open.values() {
                 *m.entry(f.job.clone()).or_insert(0) += 1;
@@ -222,7 +227,8 @@ impl Query for QueryService {
                     .map(finding)
                     .collect();
                 if let Some(s) = d.summary.as_mut() {
-                    s.open_findings = d.findings.iter().filter(|f| f.state == "open").count() as u32;
+                    s.open_findings =
+                        d.findings.iter().filter(|f| f.state == "open").count() as u32;
                 }
                 Ok(Response::new(d))
             }
