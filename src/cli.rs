@@ -109,6 +109,10 @@ pub struct SimulateArgs {
     /// The job id [default: sim-SEED-…].
     #[arg(long)]
     pub job_id: Option<String>,
+    /// Also write the link records NCCL's profiler plugin would (ring sends between nodes): the
+    /// slow-link data and the fabric dashboard.
+    #[arg(long)]
+    pub links: bool,
     /// Step at which stragglers, slow nodes and degradation begin (and the default SEQ).
     #[arg(long, default_value_t = 10)]
     pub onset_step: u64,

@@ -140,6 +140,7 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
                 seed: 1,
                 job_id: Some(run::new_job_id()),
                 onset_step: 20,
+                links: false,
                 compute_ms: 10.0,
                 virtual_time: false,
                 steps: 0,

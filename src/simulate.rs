@@ -67,6 +67,7 @@ pub fn spec_of(a: &SimulateArgs) -> Result<Spec> {
         faults,
         onset_step: a.onset_step,
         compute_ms: a.compute_ms,
+        links: a.links,
         steps: u64::MAX,
         sample_modulus: if a.virtual_time {
             a.sample_modulus

@@ -14,7 +14,7 @@
 //!   last seen — for at most [`MAX_RANK_SERIES`] ranks per job (the lowest ranks);
 //! - per node: clock offset and error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -24,7 +24,7 @@ use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::Op;
 
 use crate::Shared;
-use crate::state::{BUCKETS, JobState, LinkTotals, OpStats, now_ns};
+use crate::state::{BUCKETS, JobState, LinkTotals, OpStats, SIZE_CLASSES, now_ns};
 
 /// Communicators with their own series per job.
 pub const MAX_COMM_SERIES: usize = 32;
@@ -219,6 +219,26 @@ static BUSBW: Def = Def::gauge(
     "Moving average of the calls' bus bandwidth (nccl-tests factors; 0 on one rank).",
     COP,
 );
+static SIZE_DURATION: Def = Def::histogram(
+    "commscope_collective_size_duration_seconds",
+    "Duration of completed collectives by op and message-size class, all communicators together (size: the class's upper bound).",
+    &["job_id", "op", "size"],
+);
+static SIZE_BUS_BYTES: Def = Def::counter(
+    "commscope_collective_size_bus_bytes_total",
+    "Bus bytes of completed collectives by op and message-size class; over the duration sum, the mean bus bandwidth of that size.",
+    &["job_id", "op", "size"],
+);
+static COMM_PROGRESS: Def = Def::gauge(
+    "commscope_comm_progress",
+    "Collectives completed in order on a communicator by its slowest and its fastest member (bound: slowest or fastest).",
+    &["job_id", "comm", "bound"],
+);
+static JOB_LAG: Def = Def::gauge(
+    "commscope_job_ingest_lag_seconds",
+    "How long after it completed the job's latest call reached the detectors (delivery and ingest delay).",
+    J,
+);
 static LINK_BYTES: Def = Def::counter(
     "commscope_link_bytes_total",
     "Bytes NCCL's proxy sent from one node to another (profiler plugin, proxy steps).",
@@ -247,6 +267,16 @@ static RANK_IN_FLIGHT: Def = Def::gauge(
 static RANK_IN_FLIGHT_AGE: Def = Def::gauge(
     "commscope_rank_in_flight_age_seconds",
     "Age of the rank's oldest call in flight (0 when none).",
+    RANK,
+);
+static RANK_SHARE: Def = Def::gauge(
+    "commscope_rank_blame_share",
+    "Share of wall time the job waits for this rank's own compute (the slow-rank detector's measure, decayed over about 30 s).",
+    RANK,
+);
+static RANK_LATE: Def = Def::gauge(
+    "commscope_rank_late_ratio",
+    "Share of the rank's judged collectives in which it arrived late.",
     RANK,
 );
 static RANK_LAST_SEEN: Def = Def::gauge(
@@ -294,6 +324,10 @@ pub static CATALOG: &[&Def] = &[
     &BUS_BYTES,
     &ALGBW,
     &BUSBW,
+    &SIZE_DURATION,
+    &SIZE_BUS_BYTES,
+    &COMM_PROGRESS,
+    &JOB_LAG,
     &LINK_BYTES,
     &LINK_NETWORK,
     &LINK_GPU_WAIT,
@@ -301,6 +335,8 @@ pub static CATALOG: &[&Def] = &[
     &RANK_IN_FLIGHT,
     &RANK_IN_FLIGHT_AGE,
     &RANK_LAST_SEEN,
+    &RANK_SHARE,
+    &RANK_LATE,
 ];
 
 /// The collector's registry: the process collector and [`CATALOG`], filled from `shared` while
@@ -426,6 +462,7 @@ fn job(j: &JobState, o: &mut Sink) {
         &l,
         (j.reorder.late + j.reorder.forced) as f64,
     );
+    o.value(&JOB_LAG, &l, j.lag_ns as f64 / 1e9);
     let mut d = [0u64; 4];
     for r in j.ranks.values() {
         d[0] += r.dropped_ring_full;
@@ -477,6 +514,31 @@ fn collectives(j: &JobState, o: &mut Sink) {
     for (op, s) in &other {
         op_series(&j.job, "other", *op, s, o);
     }
+    for ((op, size), s) in &j.by_size {
+        let l = [
+            j.job.as_str(),
+            Op::from_code(*op).name(),
+            SIZE_CLASSES[*size as usize].1,
+        ];
+        o.histogram(
+            &SIZE_DURATION,
+            &l,
+            &BUCKETS,
+            &s.buckets,
+            s.timed,
+            s.duration_sum_s,
+        );
+        o.value(&SIZE_BUS_BYTES, &l, s.bus_bytes.round());
+    }
+    for (id, _) in comms.iter().take(MAX_COMM_SERIES) {
+        let c = &j.comms[id];
+        let (Some(lo), Some(hi)) = (c.progress.values().min(), c.progress.values().max()) else {
+            continue;
+        };
+        let comm = format_comm_id(*id);
+        o.value(&COMM_PROGRESS, &[&j.job, &comm, "slowest"], *lo as f64);
+        o.value(&COMM_PROGRESS, &[&j.job, &comm, "fastest"], *hi as f64);
+    }
 }
 
 fn op_series(job: &str, comm: &str, op: u8, s: &OpStats, o: &mut Sink) {
@@ -526,6 +588,12 @@ fn links(j: &JobState, o: &mut Sink) {
 }
 
 fn ranks(j: &JobState, now: u64, o: &mut Sink) {
+    let health: HashMap<i32, (f64, f64)> = j
+        .detectors
+        .health()
+        .iter()
+        .map(|h| (h.rank, (h.share, h.late_ratio)))
+        .collect();
     for r in j.ranks.values().take(MAX_RANK_SERIES) {
         let rank = r.rank.to_string();
         let l = [j.job.as_str(), rank.as_str(), r.node.as_str()];
@@ -539,6 +607,10 @@ fn ranks(j: &JobState, now: u64, o: &mut Sink) {
             &l,
             now.saturating_sub(r.last_seen_ns) as f64 / 1e9,
         );
+        if let Some((share, late)) = health.get(&r.rank) {
+            o.value(&RANK_SHARE, &l, *share);
+            o.value(&RANK_LATE, &l, *late);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use commscope_wire::cst::Header;
 use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::{Op, flags};
 use commscope_wire::parquet::ClockAlignment;
-use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN, ProcessEvent, Record};
+use commscope_wire::record::{Call, CommEvent, EXIT_STATUS_UNKNOWN, ProcessEvent, Record};
 use serde::Serialize;
 
 use crate::store::ProcessKey;
@@ -61,6 +61,58 @@ pub struct OpStats {
     pub duration_sum_s: f64,
     /// Cumulative counts per bucket of [`BUCKETS`] (plus +Inf = `timed`).
     pub buckets: [u64; BUCKETS.len()],
+}
+
+impl OpStats {
+    /// Counts a completed call; returns its duration (s) when it is timed.
+    pub fn add(&mut self, c: &Call, op: Op) -> Option<f64> {
+        self.calls += 1;
+        self.bytes += c.bytes;
+        // A call captured into (or replayed by) a CUDA graph is counted, not timed.
+        if c.graph_captured() {
+            return None;
+        }
+        self.timed += 1;
+        let d = c.span_ns() as f64 / 1e9;
+        self.duration_sum_s += d;
+        if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size) {
+            self.bus_bytes += c.bytes as f64 * f;
+        }
+        if let (Some(a), Some(b)) = (c.algbw(), c.busbw()) {
+            const W: f64 = 0.05;
+            if self.algbw_avg == 0.0 {
+                (self.algbw_avg, self.busbw_avg) = (a, b);
+            } else {
+                self.algbw_avg += W * (a - self.algbw_avg);
+                self.busbw_avg += W * (b - self.busbw_avg);
+            }
+        }
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if d <= *b {
+                self.buckets[i] += 1;
+            }
+        }
+        Some(d)
+    }
+}
+
+/// Message-size classes of the per-size series: a call falls in the first class whose bound
+/// (bytes) it does not exceed; the last is unbounded.
+pub const SIZE_CLASSES: [(u64, &str); 6] = [
+    (1 << 10, "1KiB"),
+    (16 << 10, "16KiB"),
+    (256 << 10, "256KiB"),
+    (4 << 20, "4MiB"),
+    (64 << 20, "64MiB"),
+    (u64::MAX, "+Inf"),
+];
+
+/// The size class (index into [`SIZE_CLASSES`]) of a call of `bytes`.
+pub fn size_class(bytes: u64) -> u8 {
+    SIZE_CLASSES
+        .iter()
+        .position(|(b, _)| bytes <= *b)
+        .unwrap_or(5) as u8
 }
 
 /// How a rank's process stands.
@@ -271,6 +323,8 @@ pub struct JobState {
     /// How far the records' own time trailed arrival at the latest call (ns): the detectors run
     /// on record time, and a quiet job's clock moves on with arrival time less this.
     pub lag_ns: u64,
+    /// Per (op, size class): collectives' statistics, all communicators together.
+    pub by_size: BTreeMap<(u8, u8), OpStats>,
     /// Step-timed sends of NCCL's proxy per (comm, sender's global rank, receiver's comm rank).
     pub links: HashMap<(u64, i32, i32), LinkTotals>,
 }
@@ -308,6 +362,7 @@ impl JobState {
             sampled_comms: 0,
             links: HashMap::new(),
             lag_ns: 0,
+            by_size: BTreeMap::new(),
         }
     }
 
@@ -627,34 +682,16 @@ impl State {
                     if c.flags & flags::LOCAL_COMM_ID != 0 {
                         comm.local_id = true;
                     }
-                    let s = comm.ops.entry(c.op).or_default();
-                    s.calls += 1;
-                    s.bytes += c.bytes;
-                    // A call captured into (or replayed by) a CUDA graph is counted, not timed.
-                    if !c.graph_captured() {
-                        s.timed += 1;
-                        let d = c.span_ns() as f64 / 1e9;
-                        s.duration_sum_s += d;
-                        if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size) {
-                            s.bus_bytes += c.bytes as f64 * f;
-                        }
-                        if let (Some(a), Some(b)) = (c.algbw(), c.busbw()) {
-                            const W: f64 = 0.05;
-                            if s.algbw_avg == 0.0 {
-                                (s.algbw_avg, s.busbw_avg) = (a, b);
-                            } else {
-                                s.algbw_avg += W * (a - s.algbw_avg);
-                                s.busbw_avg += W * (b - s.busbw_avg);
-                            }
-                        }
-                        if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
-                            comm.max_duration_s = comm.max_duration_s.max(d);
-                        }
-                        for (i, b) in BUCKETS.iter().enumerate() {
-                            if d <= *b {
-                                s.buckets[i] += 1;
-                            }
-                        }
+                    if let Some(d) = comm.ops.entry(c.op).or_default().add(c, op)
+                        && c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0
+                    {
+                        comm.max_duration_s = comm.max_duration_s.max(d);
+                    }
+                    if !op.is_p2p() {
+                        job.by_size
+                            .entry((c.op, size_class(c.bytes)))
+                            .or_default()
+                            .add(c, op);
                     }
                 }
                 Record::Link(l) => {

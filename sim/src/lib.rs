@@ -19,8 +19,8 @@ use commscope_wire::hash::Hasher;
 use commscope_wire::op::{Clock, Op, dtype, flags};
 use commscope_wire::parquet::ProcessTrace;
 use commscope_wire::record::{
-    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE,
-    Record,
+    Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Link, Process, ProcessEvent,
+    RECORD_SIZE, Record,
 };
 use commscope_wire::sampling::{Rates, Sampler};
 
@@ -263,6 +263,8 @@ pub struct Spec {
     pub exit_spread_ns: u64,
     /// Relative standard deviation of each rank's own, persistent compute speed.
     pub skew: f64,
+    /// Also write the link records NCCL's profiler plugin would (ring sends between nodes).
+    pub links: bool,
 }
 
 impl Default for Spec {
@@ -288,6 +290,7 @@ impl Default for Spec {
             pp: 0,
             exit_spread_ns: 30_000,
             skew: 0.005,
+            links: false,
         }
     }
 }
@@ -1144,6 +1147,9 @@ impl Sim {
                 let c = self.call_record(m, k, o, bytes, peer, t_enter, t_exit, seq, seq);
                 self.push(m, Record::Call(c), t_exit);
                 self.t[m] = t_exit;
+                if self.spec.links {
+                    self.ring_links(members, pos, k, bytes, seq, (last_in, exit));
+                }
                 continue;
             }
             let t_enter = match inject {
@@ -1165,6 +1171,51 @@ impl Sim {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// The link records of member `pos`'s ring send to the next member when that one is on
+    /// another node, as NCCL's profiler plugin writes them (one channel, step-timed): a send
+    /// record at the sender, a receive record at the receiver.
+    fn ring_links(
+        &mut self,
+        members: &[usize],
+        pos: usize,
+        k: usize,
+        bytes: u64,
+        seq: u64,
+        (t0, t1): (u64, u64),
+    ) {
+        let n = members.len();
+        let (src, dst) = (members[pos], members[(pos + 1) % n]);
+        if n < 2 || self.topo.node_of(src) == self.topo.node_of(dst) || !self.running(dst) {
+            return;
+        }
+        let xfer = bytes * 2 * (n as u64 - 1) / n as u64;
+        let span = t1.saturating_sub(t0).max(1_000);
+        for (at, peer, send) in [(src, dst, true), (dst, src, false)] {
+            let l = Link {
+                op: Op::Allreduce as u8,
+                flags: if send { flags::LINK_SEND } else { 0 },
+                comm_id: self.comm_ids[at][k],
+                seq,
+                op_seq: seq,
+                bytes: xfer,
+                steps: 8,
+                channels: 1,
+                peer: self.comm_rank(peer, k),
+                t_start: self.mono(at, t0),
+                t_end: self.mono(at, t1),
+                rank: at as i32,
+                comm_rank: self.comm_rank(at, k),
+                net_ns: span * 4 / 5,
+                gpu_wait_ns: span / 20,
+                peer_wait_ns: 0,
+                xfer_bytes: xfer,
+                steps_done: 8,
+                ..Default::default()
+            };
+            self.push(at, Record::Link(l), t1);
         }
     }
 
