@@ -215,9 +215,17 @@ pub struct CollectorArgs {
     /// Jobs kept in memory at most [default: 256].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS")]
     pub max_jobs: Option<usize>,
-    /// How long an ended job stays in memory (API, metrics) [default: 5m].
+    /// How long an ended job stays in memory and in the metrics (the API serves it from disk
+    /// after that, until retention deletes its trace) [default: 5m].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_JOB_LINGER")]
     pub job_linger: Option<String>,
+    /// Export the metrics, a span per finding and spans of slow collective calls over OTLP
+    /// (gRPC) to this endpoint, e.g. http://otel-collector:4317.
+    #[arg(long, value_name = "URL", env = "COMMSCOPE_OTLP")]
+    pub otlp: Option<String>,
+    /// How often to export over OTLP [default: 10s].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_OTLP_INTERVAL")]
+    pub otlp_interval: Option<String>,
     /// Settings file (TOML, table [collector]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,

@@ -63,6 +63,8 @@ pub struct CollectorFile {
     pub sample_modulus: Option<u32>,
     pub max_jobs: Option<usize>,
     pub job_linger: Option<String>,
+    pub otlp: Option<String>,
+    pub otlp_interval: Option<String>,
 }
 
 /// Reads the file (a missing `--config` file is an error; no file given is an empty one).

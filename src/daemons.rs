@@ -102,6 +102,10 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     if let Some(s) = a.job_linger.clone().or(f.job_linger) {
         c.limits.linger = parse_duration(&s)?;
     }
+    c.otlp = a.otlp.clone().or(f.otlp).filter(|u| !u.trim().is_empty());
+    if let Some(s) = a.otlp_interval.clone().or(f.otlp_interval) {
+        c.otlp_interval = parse_duration(&s)?.max(std::time::Duration::from_millis(100));
+    }
     Ok(c)
 }
 

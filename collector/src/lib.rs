@@ -14,6 +14,7 @@ pub mod history;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+pub mod otlp;
 pub mod query;
 pub mod sampling;
 pub mod state;
@@ -61,6 +62,9 @@ pub struct Config {
     pub sample_budget: u64,
     /// Consistent sampling: this modulus on every communicator, whatever the load.
     pub sample_modulus: Option<u32>,
+    /// OTLP gRPC endpoint to export metrics and spans to, and how often.
+    pub otlp: Option<String>,
+    pub otlp_interval: Duration,
 }
 
 impl Config {
@@ -80,6 +84,8 @@ impl Config {
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
             sample_modulus: None,
+            otlp: None,
+            otlp_interval: Duration::from_secs(10),
         }
     }
 }
@@ -98,9 +104,23 @@ pub struct Metrics {
     pub bad_messages: AtomicU64,
     pub rate_limited: AtomicU64,
     pub refusals: Mutex<HashMap<&'static str, u64>>,
+    /// OTLP: exports by (signal, result), resolved findings awaiting export, spans left out.
+    pub otlp_exports: Mutex<HashMap<(&'static str, &'static str), u64>>,
+    pub otlp_findings: Mutex<Vec<commscope_analyzer::Finding>>,
+    pub otlp_spans_dropped: AtomicU64,
 }
 
 impl Metrics {
+    /// Counts an OTLP export.
+    pub fn otlp_exported(&self, signal: &'static str, result: &'static str) {
+        *self
+            .otlp_exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((signal, result))
+            .or_insert(0) += 1;
+    }
+
     /// Counts a refused request by reason.
     pub fn refused(&self, reason: &'static str) {
         *self
@@ -278,7 +298,11 @@ pub async fn start(config: Config) -> Result<Running> {
     scfg.retention_bytes = config.retention_bytes;
     let (store, recovered) = store::Store::open(scfg).map_err(anyhow::Error::msg)?;
     let (history, history_warnings) = history::History::open(&config.trace_dir);
-    let mut st = state::State::new(config.limits.clone());
+    let mut limits = config.limits.clone();
+    if config.otlp.is_some() {
+        limits.slow_calls = 256;
+    }
+    let mut st = state::State::new(limits);
     for (h, recs) in &recovered.pending {
         st.apply(h, None, recs);
     }
@@ -398,6 +422,14 @@ pub async fn start(config: Config) -> Result<Running> {
             }
         }
     }));
+    if let Some(url) = config.otlp.clone() {
+        tasks.push(tokio::spawn(otlp::run(
+            shared.clone(),
+            url,
+            config.otlp_interval,
+            rx.clone(),
+        )));
+    }
     shared.ready.store(true, Ordering::Release);
     tracing::info!("listening: gRPC on {listen}, HTTP on {http_addr}");
     Ok(Running {
@@ -435,13 +467,16 @@ fn findings_tick(sh: &Shared) {
                     f.summary
                 )
             }
-            findings::Change::Resolved(f) => tracing::info!(
-                "finding {} resolved: {} {} of {}",
-                f.id,
-                f.job,
-                f.kind.name(),
-                ranks_list(&f.ranks)
-            ),
+            findings::Change::Resolved(f) => {
+                otlp::finding_resolved(sh, &f);
+                tracing::info!(
+                    "finding {} resolved: {} {} of {}",
+                    f.id,
+                    f.job,
+                    f.kind.name(),
+                    ranks_list(&f.ranks)
+                )
+            }
         }
     }
 }

@@ -123,6 +123,16 @@ static REFUSED: Def = Def::counter(
     "Requests refused, by reason.",
     &["reason"],
 );
+static OTLP_EXPORTS: Def = Def::counter(
+    "commscope_collector_otlp_exports_total",
+    "OTLP exports (--otlp), by signal (metrics, spans) and result (ok, error).",
+    &["signal", "result"],
+);
+static OTLP_DROPPED: Def = Def::counter(
+    "commscope_collector_otlp_spans_dropped_total",
+    "Spans left out of OTLP export over its bounds (slow collective calls beyond 256 per job between exports, findings beyond 10,000 queued).",
+    &[],
+);
 static CLOCK_OFFSET: Def = Def::gauge(
     "commscope_node_clock_offset_seconds",
     "Collector clock minus the node's clock, as the node's agent measured it.",
@@ -304,6 +314,8 @@ pub static CATALOG: &[&Def] = &[
     &STREAMS_TOTAL,
     &BAD_MESSAGES,
     &REFUSED,
+    &OTLP_EXPORTS,
+    &OTLP_DROPPED,
     &CLOCK_OFFSET,
     &CLOCK_ERROR,
     &FINDINGS_OPEN,
@@ -416,6 +428,19 @@ fn ingest(s: &Shared, o: &mut Sink) {
         .collect();
     for (reason, n) in refusals {
         o.value(&REFUSED, &[reason], n as f64);
+    }
+    if s.config.otlp.is_some() {
+        let exports: Vec<((&'static str, &'static str), u64)> = m
+            .otlp_exports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for ((signal, result), n) in exports {
+            o.value(&OTLP_EXPORTS, &[signal, result], n as f64);
+        }
+        o.value(&OTLP_DROPPED, &[], load(&m.otlp_spans_dropped));
     }
     let p = s.sampling.lock().unwrap_or_else(|p| p.into_inner());
     o.value(&SAMPLE_FACTOR, &[], p.factor.max(1) as f64);

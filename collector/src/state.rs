@@ -27,6 +27,9 @@ pub struct Limits {
     pub max_comms_per_job: usize,
     /// How long an ended job stays visible before its state is released.
     pub linger: Duration,
+    /// Keep slow collective calls for export as spans (OTLP), at most this many per job
+    /// between exports (0: none).
+    pub slow_calls: usize,
 }
 
 impl Default for Limits {
@@ -35,6 +38,7 @@ impl Default for Limits {
             max_jobs: 256,
             max_comms_per_job: 4096,
             linger: Duration::from_secs(300),
+            slow_calls: 0,
         }
     }
 }
@@ -95,6 +99,29 @@ impl OpStats {
         Some(d)
     }
 }
+
+/// A collective call much slower than its communicator's usual for that op: at least
+/// [`SLOW_CALL_FACTOR`] times the mean of the calls before it, and at least [`SLOW_CALL_MIN_S`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlowCall {
+    pub rank: i32,
+    pub node: String,
+    pub comm_id: u64,
+    pub seq: u64,
+    pub op: u8,
+    pub bytes: u64,
+    /// Collector time (ns since the epoch).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The communicator's mean for the op before it (s).
+    pub usual_s: f64,
+}
+
+/// A collective call is slow at this many times its communicator's mean for the op …
+pub const SLOW_CALL_FACTOR: f64 = 4.0;
+/// … and this long at least (s), after at least [`SLOW_CALL_AFTER`] timed calls.
+pub const SLOW_CALL_MIN_S: f64 = 0.005;
+pub const SLOW_CALL_AFTER: u64 = 16;
 
 /// Message-size classes of the per-size series: a call falls in the first class whose bound
 /// (bytes) it does not exceed; the last is unbounded.
@@ -325,6 +352,10 @@ pub struct JobState {
     pub lag_ns: u64,
     /// Per (op, size class): collectives' statistics, all communicators together.
     pub by_size: BTreeMap<(u8, u8), OpStats>,
+    /// Slow collective calls not yet exported ([`SlowCall`]), and those left out over the
+    /// per-export bound.
+    pub slow_calls: Vec<SlowCall>,
+    pub slow_calls_dropped: u64,
     /// Step-timed sends of NCCL's proxy per (comm, sender's global rank, receiver's comm rank).
     pub links: HashMap<(u64, i32, i32), LinkTotals>,
 }
@@ -363,6 +394,8 @@ impl JobState {
             links: HashMap::new(),
             lag_ns: 0,
             by_size: BTreeMap::new(),
+            slow_calls: Vec::new(),
+            slow_calls_dropped: 0,
         }
     }
 
@@ -562,6 +595,7 @@ impl State {
         records: &[Record],
     ) -> bool {
         let max_comms = self.limits.max_comms_per_job;
+        let slow_bound = self.limits.slow_calls;
         let now = now_ns();
         let job = self.job_mut(&header.job);
         job.last_touch = Instant::now();
@@ -682,10 +716,35 @@ impl State {
                     if c.flags & flags::LOCAL_COMM_ID != 0 {
                         comm.local_id = true;
                     }
-                    if let Some(d) = comm.ops.entry(c.op).or_default().add(c, op)
+                    let stats = comm.ops.entry(c.op).or_default();
+                    let usual = (stats.timed >= SLOW_CALL_AFTER)
+                        .then(|| stats.duration_sum_s / stats.timed as f64);
+                    if let Some(d) = stats.add(c, op)
                         && c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0
                     {
                         comm.max_duration_s = comm.max_duration_s.max(d);
+                        if slow_bound > 0
+                            && !op.is_p2p()
+                            && let Some(u) = usual
+                            && d >= SLOW_CALL_FACTOR * u
+                            && d >= SLOW_CALL_MIN_S
+                        {
+                            if job.slow_calls.len() < slow_bound {
+                                job.slow_calls.push(SlowCall {
+                                    rank: header.rank,
+                                    node: header.node.clone(),
+                                    comm_id: c.comm_id,
+                                    seq: c.seq,
+                                    op: c.op,
+                                    bytes: c.bytes,
+                                    start_ns: t.saturating_sub((d * 1e9) as u64),
+                                    end_ns: t,
+                                    usual_s: u,
+                                });
+                            } else {
+                                job.slow_calls_dropped += 1;
+                            }
+                        }
                     }
                     if !op.is_p2p() {
                         job.by_size
