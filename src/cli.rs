@@ -316,7 +316,10 @@ pub struct DemoArgs {
 /// Runs the command line; the process exit code.
 pub fn main_with(cli: Cli) -> ExitCode {
     let daemon = matches!(cli.command, Cmd::Agent(_) | Cmd::Collector(_) | Cmd::Up(_));
-    logging::init(cli.log_format, if daemon { "info" } else { "warn" });
+    // The TUI owns the terminal: no log line may land on its screen.
+    if !matches!(cli.command, Cmd::Tui(_)) {
+        logging::init(cli.log_format, if daemon { "info" } else { "warn" });
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use commscope_analyzer::{Analysis, Thresholds};
-use commscope_collector::query::{finding, health};
+use commscope_collector::query::{finding, health, link_rate};
 use commscope_tui::source::{Cursor, Snapshot, Source};
 use commscope_wire::grpc::{
     CommState, InFlightCall, JobDetail, JobSummary, RankDetail, RankState, RecentCall,
@@ -257,7 +257,7 @@ fn detail(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobDetail {
         in_flight,
         findings: a.findings.iter().map(finding).collect(),
         health: a.health.iter().map(health).collect(),
-        links: Vec::new(),
+        links: a.links.iter().map(link_rate).collect(),
         step_s: a.step.as_ref().map(|s| s.0),
         step_from: a.step.as_ref().map(|s| s.1.clone()).unwrap_or_default(),
     }
@@ -306,6 +306,7 @@ mod tests {
             per_node: 8,
             steps: 30,
             faults: vec![Fault::parse("hang:6:20").expect("fault")],
+            links: true,
             ..Default::default()
         };
         let traces = commscope_sim::run_virtual(spec).expect("simulated");

@@ -153,6 +153,8 @@ pub struct Analysis {
     pub health: Vec<RankHealth>,
     /// The step period and where it came from.
     pub step: Option<(f64, String)>,
+    /// Link totals per node pair (NCCL's profiler plugin), most bytes first.
+    pub links: Vec<crate::links::NodePair>,
 }
 
 /// Runs every detector over one job's trace: the liveness detectors over its replayed view,
@@ -190,6 +192,7 @@ pub fn analysis(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Analy
         findings,
         health: det.health(),
         step: det.step(),
+        links: det.node_pairs(),
     }
 }
 

@@ -79,6 +79,20 @@ struct LinkSt {
     others: f64,
 }
 
+/// Proxy sends summed per (sending node, receiving node): the fabric as the profiler plugin
+/// saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePair {
+    pub src: String,
+    /// `unknown` until the receiver's own link records arrived.
+    pub dst: String,
+    pub bytes: u64,
+    /// Channel-nanoseconds on the network, waiting for the GPU, waiting for the receiver.
+    pub net_ns: u64,
+    pub gpu_wait_ns: u64,
+    pub peer_wait_ns: u64,
+}
+
 /// The slow-link detector's state.
 #[derive(Debug, Default)]
 pub struct Links {
@@ -125,6 +139,38 @@ impl Links {
                 s.rates.pop_front();
             }
         }
+    }
+
+    /// Every link's totals summed per node pair (`node_of` names a global rank's node), most
+    /// bytes first.
+    pub fn node_pairs(&self, node_of: impl Fn(i32) -> Option<String>) -> Vec<NodePair> {
+        let mut pairs: BTreeMap<(String, String), NodePair> = BTreeMap::new();
+        let name = |r: Option<i32>| {
+            r.and_then(&node_of)
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "unknown".to_owned())
+        };
+        for (&(comm, _, peer), l) in &self.links {
+            let (src, dst) = (name(Some(l.src)), name(self.global_rank(comm, peer)));
+            let e = pairs
+                .entry((src.clone(), dst.clone()))
+                .or_insert_with(|| NodePair {
+                    src,
+                    dst,
+                    ..Default::default()
+                });
+            e.bytes += l.xfer_bytes;
+            e.net_ns += l.net_ns;
+            e.gpu_wait_ns += l.gpu_wait_ns;
+            e.peer_wait_ns += l.peer_wait_ns;
+        }
+        let mut v: Vec<NodePair> = pairs.into_values().collect();
+        v.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| (&a.src, &a.dst).cmp(&(&b.src, &b.dst)))
+        });
+        v
     }
 
     /// The global rank of `comm_rank` in `comm`, once a link record of it was seen.

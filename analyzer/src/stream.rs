@@ -427,6 +427,11 @@ impl Detectors {
         }
     }
 
+    /// The link totals per node pair ([`crate::links::NodePair`]), most bytes first.
+    pub fn node_pairs(&self) -> Vec<crate::links::NodePair> {
+        self.links.node_pairs(|r| node_of(&self.nodes, r))
+    }
+
     /// Per rank: its health ([`RankHealth`]) now.
     pub fn health(&self) -> Vec<RankHealth> {
         self.slow.health(self.now_s, self.tuning.tau_s)

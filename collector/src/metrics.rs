@@ -24,7 +24,8 @@ use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::Op;
 
 use crate::Shared;
-use crate::state::{BUCKETS, JobState, LinkTotals, OpStats, SIZE_CLASSES, now_ns};
+use crate::state::{BUCKETS, JobState, OpStats, SIZE_CLASSES, now_ns};
+use commscope_analyzer::links::NodePair;
 
 /// Communicators with their own series per job.
 pub const MAX_COMM_SERIES: usize = 32;
@@ -587,28 +588,29 @@ fn op_series(job: &str, comm: &str, op: u8, s: &OpStats, o: &mut Sink) {
 
 /// Per (sending node, receiving node): NCCL's step-timed proxy sends.
 fn links(j: &JobState, o: &mut Sink) {
-    if j.links.is_empty() {
-        return;
-    }
-    let pairs = j.link_pairs();
-    let mut emit = |src: &str, dst: &str, t: &LinkTotals| {
-        let l = [j.job.as_str(), src, dst];
-        o.value(&LINK_BYTES, &l, t.bytes as f64);
-        o.value(&LINK_NETWORK, &l, t.net_ns as f64 / 1e9);
-        o.value(&LINK_GPU_WAIT, &l, t.gpu_wait_ns as f64 / 1e9);
+    let pairs = j.detectors.node_pairs();
+    let mut emit = |p: &NodePair| {
+        let l = [j.job.as_str(), p.src.as_str(), p.dst.as_str()];
+        o.value(&LINK_BYTES, &l, p.bytes as f64);
+        o.value(&LINK_NETWORK, &l, p.net_ns as f64 / 1e9);
+        o.value(&LINK_GPU_WAIT, &l, p.gpu_wait_ns as f64 / 1e9);
     };
-    let mut rest = LinkTotals::default();
-    for (i, ((src, dst), t)) in pairs.iter().enumerate() {
+    let mut rest = NodePair {
+        src: "other".into(),
+        dst: "other".into(),
+        ..Default::default()
+    };
+    for (i, p) in pairs.iter().enumerate() {
         if i < MAX_LINK_SERIES {
-            emit(src, dst, t);
+            emit(p);
         } else {
-            rest.bytes += t.bytes;
-            rest.net_ns += t.net_ns;
-            rest.gpu_wait_ns += t.gpu_wait_ns;
+            rest.bytes += p.bytes;
+            rest.net_ns += p.net_ns;
+            rest.gpu_wait_ns += p.gpu_wait_ns;
         }
     }
     if pairs.len() > MAX_LINK_SERIES {
-        emit("other", "other", &rest);
+        emit(&rest);
     }
 }
 

@@ -98,6 +98,17 @@ pub fn health(h: &RankHealth) -> pb::RankHealth {
     }
 }
 
+/// A node pair's link totals in their proto shape.
+pub fn link_rate(p: &commscope_analyzer::links::NodePair) -> pb::LinkRate {
+    pb::LinkRate {
+        src: p.src.clone(),
+        dst: p.dst.clone(),
+        bytes: p.bytes,
+        network_s: p.net_ns as f64 / 1e9,
+        gpu_wait_s: p.gpu_wait_ns as f64 / 1e9,
+    }
+}
+
 /// A finding in its proto shape.
 pub fn finding(f: &commscope_analyzer::Finding) -> pb::Finding {
     let name = |v: serde_json::Value| v.as_str().unwrap_or_default().to_owned();
@@ -121,7 +132,23 @@ pub fn finding(f: &commscope_analyzer::Finding) -> pb::Finding {
     }
 }
 
-/// The proto detail of a job (its findings are the caller's to add).
+/// Adds a job's findings (live and stored) and their open count to its detail; takes the
+/// state lock, so never call it while holding it.
+fn with_findings(shared: &crate::Shared, d: &mut JobDetail) {
+    let Some(job) = d.summary.as_ref().map(|s| s.job.clone()) else {
+        return;
+    };
+    d.findings = crate::http::all_findings(shared, Some(&job))
+        .iter()
+        .map(finding)
+        .collect();
+    let open = d.findings.iter().filter(|f| f.state == "open").count() as u32;
+    if let Some(s) = d.summary.as_mut() {
+        s.open_findings = open;
+    }
+}
+
+/// The proto detail of a job (its findings are the caller's to add: [`with_findings`]).
 pub fn detail(j: &JobState) -> JobDetail {
     let mut ranks: Vec<RankState> = j.ranks.values().map(rank_state).collect();
     ranks.sort_by_key(|r| (r.rank, r.pid));
@@ -140,17 +167,7 @@ pub fn detail(j: &JobState) -> JobDetail {
         .collect();
     comms.sort_by_key(|c| (std::cmp::Reverse(c.size), c.comm_id));
     let in_flight = j.in_flight().iter().map(in_flight_call).collect();
-    let links = j
-        .link_pairs()
-        .into_iter()
-        .map(|((src, dst), t)| pb::LinkRate {
-            src,
-            dst,
-            bytes: t.bytes,
-            network_s: t.net_ns as f64 / 1e9,
-            gpu_wait_s: t.gpu_wait_ns as f64 / 1e9,
-        })
-        .collect();
+    let links = j.detectors.node_pairs().iter().map(link_rate).collect();
     let step = j.detectors.step();
     JobDetail {
         summary: Some(summary(j)),
@@ -327,7 +344,8 @@ impl Query for QueryService {
                         })
                         .collect()
                 };
-                for u in updates {
+                for mut u in updates {
+                    with_findings(&shared, &mut u);
                     if tx.send(Ok(u)).await.is_err() {
                         return;
                     }

@@ -356,21 +356,7 @@ pub struct JobState {
     /// per-export bound.
     pub slow_calls: Vec<SlowCall>,
     pub slow_calls_dropped: u64,
-    /// Step-timed sends of NCCL's proxy per (comm, sender's global rank, receiver's comm rank).
-    pub links: HashMap<(u64, i32, i32), LinkTotals>,
 }
-
-/// What one link's step-timed sends moved, and where their time went (ns).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LinkTotals {
-    pub bytes: u64,
-    pub net_ns: u64,
-    pub gpu_wait_ns: u64,
-    pub peer_wait_ns: u64,
-}
-
-/// Links a job keeps totals for (new ones beyond are left out of the metrics).
-const MAX_LINKS: usize = 65_536;
 
 impl JobState {
     fn new(job: &str, now_ns: u64) -> JobState {
@@ -391,7 +377,6 @@ impl JobState {
             released_at: 0,
             sampled_out: 0,
             sampled_comms: 0,
-            links: HashMap::new(),
             lag_ns: 0,
             by_size: BTreeMap::new(),
             slow_calls: Vec::new(),
@@ -451,34 +436,6 @@ impl JobState {
     }
 
     /// "running" or "ended".
-    /// NCCL proxy sends summed per (sending node, receiving node), most bytes first; a node
-    /// is `unknown` until the receiver's own link records arrived.
-    pub fn link_pairs(&self) -> Vec<((String, String), LinkTotals)> {
-        let node_of: HashMap<i32, &str> = self
-            .ranks
-            .values()
-            .map(|r| (r.rank, r.node.as_str()))
-            .collect();
-        let name = |r: Option<i32>| {
-            r.and_then(|r| node_of.get(&r).copied())
-                .filter(|n| !n.is_empty())
-                .unwrap_or("unknown")
-                .to_owned()
-        };
-        let mut pairs: BTreeMap<(String, String), LinkTotals> = BTreeMap::new();
-        for (&(comm, src, peer), t) in &self.links {
-            let dst = self.detectors.links.global_rank(comm, peer);
-            let e = pairs.entry((name(Some(src)), name(dst))).or_default();
-            e.bytes += t.bytes;
-            e.net_ns += t.net_ns;
-            e.gpu_wait_ns += t.gpu_wait_ns;
-            e.peer_wait_ns += t.peer_wait_ns;
-        }
-        let mut pairs: Vec<_> = pairs.into_iter().collect();
-        pairs.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(&b.0)));
-        pairs
-    }
-
     pub fn state_name(&self) -> &'static str {
         if self.ended.is_some() {
             "ended"
@@ -753,19 +710,7 @@ impl State {
                             .add(c, op);
                     }
                 }
-                Record::Link(l) => {
-                    job.detectors.link(l, at(l.t_end));
-                    if l.flags & flags::LINK_SEND != 0 && l.step_timed() {
-                        let key = (l.comm_id, l.rank, l.peer);
-                        if job.links.len() < MAX_LINKS || job.links.contains_key(&key) {
-                            let t = job.links.entry(key).or_default();
-                            t.bytes += l.xfer_bytes;
-                            t.net_ns += l.net_ns;
-                            t.gpu_wait_ns += l.gpu_wait_ns;
-                            t.peer_wait_ns += l.peer_wait_ns;
-                        }
-                    }
-                }
+                Record::Link(l) => job.detectors.link(l, at(l.t_end)),
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;
