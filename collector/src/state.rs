@@ -214,7 +214,7 @@ pub struct RankInfo {
 }
 
 /// Completed calls each rank keeps for the operator's rank view.
-pub const RECENT_CALLS: usize = 48;
+pub const RECENT_CALLS: usize = 32;
 
 /// A completed call, as the rank view shows it.
 #[derive(Clone, Copy, Debug, PartialEq)]
