@@ -284,7 +284,9 @@ fn rank_detail(cut: &[ProcessTrace], a: &Analysis, rank: i32) -> Option<RankDeta
             })
         })
         .collect();
-    let keep = recent.len().saturating_sub(commscope_collector::state::RECENT_CALLS);
+    let keep = recent
+        .len()
+        .saturating_sub(commscope_collector::state::RECENT_CALLS);
     recent.drain(..keep);
     Some(RankDetail {
         state: Some(state),

@@ -167,7 +167,12 @@ fn the_hang_view_names_the_culprit_rank() {
     let help = tmux.wait_for("the help", Duration::from_secs(5), |s| s.contains(" Keys "));
     assert!(help.contains("Esc, Backspace"), "{help}");
     tmux.keys(&["Escape", "Escape"]);
+    // While the job hangs, the heatmap shows in-flight age; m moves on to blame share.
     tmux.wait_for("the job view again", Duration::from_secs(5), |s| {
+        s.contains("Ranks — in-flight age")
+    });
+    tmux.keys(&["m"]);
+    tmux.wait_for("the next metric", Duration::from_secs(5), |s| {
         s.contains("Ranks — blame share")
     });
     tmux.keys(&["q"]);

@@ -106,6 +106,9 @@ pub struct App {
     pub filter: String,
     pub filtering: bool,
     pub heat: Heat,
+    /// The user picked the metric (`m`); until then it follows the job: in-flight age while
+    /// something hangs, blame share otherwise.
+    pub heat_chosen: bool,
     pub focus: Focus,
     /// Index of the selected heatmap cell.
     pub cell_sel: usize,
@@ -137,6 +140,7 @@ impl App {
             filter: String::new(),
             filtering: false,
             heat: Heat::Share,
+            heat_chosen: false,
             focus: Focus::Ranks,
             cell_sel: 0,
             cells_per_row: 1,
@@ -177,6 +181,17 @@ impl App {
         self.job_sel = self.job_sel.min(n.saturating_sub(1));
         let f = self.findings().len();
         self.finding_sel = self.finding_sel.min(f.saturating_sub(1));
+        if !self.heat_chosen {
+            let hangs = self
+                .findings()
+                .iter()
+                .any(|f| f.state == "open" && is_hang_like(f));
+            self.heat = if hangs {
+                Heat::InFlightAge
+            } else {
+                Heat::Share
+            };
+        }
     }
 
     /// Records per second of a job, over the last two snapshots.
@@ -358,7 +373,10 @@ impl App {
                     Focus::Findings => Focus::Ranks,
                 }
             }
-            KeyCode::Char('m') => self.heat = self.heat.next(),
+            KeyCode::Char('m') => {
+                self.heat = self.heat.next();
+                self.heat_chosen = true;
+            }
             KeyCode::Char('w') => {
                 if let Some(f) = self.findings().into_iter().find(|f| is_hang_like(f)) {
                     self.open_finding = Some(f.id.clone());
@@ -571,10 +589,14 @@ mod tests {
             ],
             ..Default::default()
         });
-        a.update(s);
+        a.update(s.clone());
         a.key(key(KeyCode::Char('w')));
         assert_eq!(a.view(), View::Jobs, "no job open yet");
         a.key(key(KeyCode::Enter));
+        a.update(s);
+        assert_eq!(a.heat, Heat::InFlightAge, "while something hangs");
+        a.key(key(KeyCode::Char('m')));
+        assert_eq!(a.heat, Heat::Share, "until the user picks");
         a.key(key(KeyCode::Char('w')));
         assert_eq!(a.view(), View::Hang);
         assert_eq!(a.hang_finding().map(|f| f.id.as_str()), Some("0xh"));
