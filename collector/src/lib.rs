@@ -450,10 +450,7 @@ fn findings_tick(sh: &Shared) {
             .unwrap_or_else(|p| p.into_inner())
             .tick(&mut st)
     };
-    if let Err(e) = sh.history.record_findings(&changes) {
-        tracing::warn!("{e}; these findings are kept in memory only");
-    }
-    for c in changes {
+    for c in &changes {
         match c {
             findings::Change::Opened(f) => {
                 if f.kind == commscope_analyzer::Kind::Hang {
@@ -468,7 +465,7 @@ fn findings_tick(sh: &Shared) {
                 )
             }
             findings::Change::Resolved(f) => {
-                otlp::finding_resolved(sh, &f);
+                otlp::finding_resolved(sh, f);
                 tracing::info!(
                     "finding {} resolved: {} {} of {}",
                     f.id,
@@ -478,6 +475,10 @@ fn findings_tick(sh: &Shared) {
                 )
             }
         }
+    }
+    // Then onto disk with the job's trace (synced; after the log lines, which are cheap).
+    if let Err(e) = sh.history.record_findings(&changes) {
+        tracing::warn!("{e}; these findings are kept in memory only");
     }
 }
 

@@ -376,7 +376,9 @@ fn a_live_hang_is_found_within_ten_seconds_and_resolves_when_the_job_ends() {
         let (_, body) = svc.get("/api/v1/findings?job=live-hang&state=resolved");
         body.contains(finding["id"].as_str()?).then_some(())
     });
-    let log = svc.collector.as_ref().expect("collector").log();
+    // The log line follows the state change the API shows (moments later).
+    let collector = svc.collector.as_ref().expect("collector");
+    collector.wait_log("resolved: live-hang hang of rank 2", Duration::from_secs(5));
+    let log = collector.log();
     assert!(log.contains("opened: live-hang hang: rank 2"), "{log}");
-    assert!(log.contains("resolved: live-hang hang of rank 2"), "{log}");
 }
