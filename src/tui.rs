@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use commscope_analyzer::view::RankView;
 use commscope_analyzer::{Analysis, Thresholds};
 use commscope_collector::query::{finding, health, link_rate};
 use commscope_tui::source::{Cursor, Snapshot, Source};
@@ -192,32 +193,54 @@ fn summary(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobSummary {
     }
 }
 
+/// Records each rank wrote up to the cursor.
+fn records_by_rank(cut: &[ProcessTrace]) -> HashMap<i32, u64> {
+    let mut m = HashMap::new();
+    for p in cut {
+        *m.entry(p.header.rank).or_insert(0) += p.records.len() as u64;
+    }
+    m
+}
+
+fn rank_state(r: &RankView, records: u64) -> RankState {
+    RankState {
+        rank: r.rank,
+        node: r.node.clone(),
+        pid: r.pid,
+        state: match (r.ended, r.finalized) {
+            (Some(e), _) if e.signal.is_some() => "killed",
+            (Some(_), _) => "exited",
+            (None, true) => "finalized",
+            (None, false) => "running",
+        }
+        .into(),
+        exit_status: r.ended.and_then(|e| e.status),
+        signal: r.ended.and_then(|e| e.signal),
+        records,
+        last_seen_ns: r.last_heard_ns,
+        ..Default::default()
+    }
+}
+
+fn in_flight(r: &RankView) -> impl Iterator<Item = InFlightCall> + '_ {
+    r.in_flight.iter().map(move |c| InFlightCall {
+        rank: r.rank,
+        comm_id: c.comm,
+        seq: c.seq,
+        op: c.op.name().into(),
+        age_ns: c.age_ns,
+        bytes: c.bytes,
+        peer: c.peer.unwrap_or(-1),
+    })
+}
+
 fn detail(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobDetail {
     let v = &a.view;
+    let records = records_by_rank(cut);
     let ranks = v
         .ranks
         .values()
-        .map(|r| RankState {
-            rank: r.rank,
-            node: r.node.clone(),
-            pid: r.pid,
-            state: match (r.ended, r.finalized) {
-                (Some(e), _) if e.signal.is_some() => "killed",
-                (Some(_), _) => "exited",
-                (None, true) => "finalized",
-                (None, false) => "running",
-            }
-            .into(),
-            exit_status: r.ended.and_then(|e| e.status),
-            signal: r.ended.and_then(|e| e.signal),
-            records: cut
-                .iter()
-                .filter(|p| p.header.rank == r.rank)
-                .map(|p| p.records.len() as u64)
-                .sum(),
-            last_seen_ns: r.last_heard_ns,
-            ..Default::default()
-        })
+        .map(|r| rank_state(r, records.get(&r.rank).copied().unwrap_or(0)))
         .collect();
     let comms = v
         .comms
@@ -235,21 +258,7 @@ fn detail(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobDetail {
             }
         })
         .collect();
-    let in_flight = v
-        .ranks
-        .values()
-        .flat_map(|r| {
-            r.in_flight.iter().map(move |c| InFlightCall {
-                rank: r.rank,
-                comm_id: c.comm,
-                seq: c.seq,
-                op: c.op.name().into(),
-                age_ns: c.age_ns,
-                bytes: c.bytes,
-                peer: c.peer.unwrap_or(-1),
-            })
-        })
-        .collect();
+    let in_flight = v.ranks.values().flat_map(in_flight).collect();
     JobDetail {
         summary: Some(summary(job, cut, a)),
         ranks,
@@ -264,8 +273,12 @@ fn detail(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobDetail {
 }
 
 fn rank_detail(cut: &[ProcessTrace], a: &Analysis, rank: i32) -> Option<RankDetail> {
-    let d = detail("", cut, a);
-    let state = d.ranks.iter().find(|r| r.rank == rank).cloned()?;
+    let r = a.view.ranks.get(&rank)?;
+    let records = cut
+        .iter()
+        .filter(|p| p.header.rank == rank)
+        .map(|p| p.records.len() as u64)
+        .sum();
     let mut recent: Vec<RecentCall> = cut
         .iter()
         .filter(|p| p.header.rank == rank)
@@ -289,10 +302,10 @@ fn rank_detail(cut: &[ProcessTrace], a: &Analysis, rank: i32) -> Option<RankDeta
         .saturating_sub(commscope_collector::state::RECENT_CALLS);
     recent.drain(..keep);
     Some(RankDetail {
-        state: Some(state),
+        state: Some(rank_state(r, records)),
         recent,
-        in_flight: d.in_flight.into_iter().filter(|c| c.rank == rank).collect(),
-        health: d.health.into_iter().find(|h| h.rank == rank),
+        in_flight: in_flight(r).collect(),
+        health: a.health.iter().find(|h| h.rank == rank).map(health),
     })
 }
 

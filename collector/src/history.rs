@@ -175,11 +175,7 @@ impl History {
         jobs.values()
             .filter_map(|e| e.line.as_ref())
             .filter(|l| !live(&l.job))
-            .map(|l| JobLine {
-                state: "ended".into(),
-                in_flight: 0,
-                ..l.clone()
-            })
+            .map(|l| ended(l.clone()))
             .collect()
     }
 
@@ -187,11 +183,7 @@ impl History {
     pub fn job(&self, job: &str) -> Option<JobLine> {
         let mut jobs = self.lock();
         self.prune(&mut jobs);
-        jobs.get(job).and_then(|e| e.line.clone()).map(|l| JobLine {
-            state: "ended".into(),
-            in_flight: 0,
-            ..l
-        })
+        jobs.get(job).and_then(|e| e.line.clone()).map(ended)
     }
 
     /// Stored findings of jobs not live (all jobs when `job` is None), oldest first. A job that
@@ -217,6 +209,15 @@ impl History {
             .collect();
         out.sort_by(|a, b| (a.opened_at, &a.id).cmp(&(b.opened_at, &b.id)));
         out
+    }
+}
+
+/// A stored job's line as served: a job that is not live has ended, with nothing in flight.
+fn ended(l: JobLine) -> JobLine {
+    JobLine {
+        state: "ended".into(),
+        in_flight: 0,
+        ..l
     }
 }
 

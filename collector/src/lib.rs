@@ -104,9 +104,8 @@ pub struct Metrics {
     pub bad_messages: AtomicU64,
     pub rate_limited: AtomicU64,
     pub refusals: Mutex<HashMap<&'static str, u64>>,
-    /// OTLP: exports by (signal, result), resolved findings awaiting export, spans left out.
+    /// OTLP: exports by (signal, result), and spans left out.
     pub otlp_exports: Mutex<HashMap<(&'static str, &'static str), u64>>,
-    pub otlp_findings: Mutex<Vec<commscope_analyzer::Finding>>,
     pub otlp_spans_dropped: AtomicU64,
 }
 
@@ -142,6 +141,8 @@ pub struct Shared {
     /// Per node: the latest clock alignment its agent reported.
     pub clocks: Mutex<HashMap<String, ClockAlignment>>,
     pub ready: AtomicBool,
+    /// OTLP (`--otlp`): findings resolved since the last export.
+    pub otlp_findings: Mutex<Vec<commscope_analyzer::Finding>>,
     /// Every job on disk and its findings, across restarts and releases.
     pub history: history::History,
     /// The process's metric registry (`/metrics`), set once at start.
@@ -320,6 +321,7 @@ pub async fn start(config: Config) -> Result<Running> {
         sampling: Mutex::new(sampling::Policy::default()),
         rates: tokio::sync::watch::channel(Arc::default()).0,
         registry: std::sync::OnceLock::new(),
+        otlp_findings: Mutex::new(Vec::new()),
         history,
     });
     let registry = metrics::registry(Arc::downgrade(&shared))?;

@@ -39,7 +39,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLink
 use prometheus::proto::{MetricFamily, MetricType};
 
 use crate::Shared;
-use crate::state::SlowCall;
+use crate::state::{SlowCall, now_ns};
 
 /// Findings that resolved, kept for the next export, at most.
 const MAX_QUEUED: usize = 10_000;
@@ -339,10 +339,6 @@ pub fn slow_call_span(job: &str, c: &SlowCall) -> (ResourceKey, SpanData) {
     )
 }
 
-fn now_ns() -> u64 {
-    crate::state::now_ns()
-}
-
 /// The exporter's state between rounds.
 struct Exporter {
     shared: Arc<Shared>,
@@ -371,8 +367,13 @@ impl Exporter {
             }
         }
         let mut spans: BTreeMap<ResourceKey, Vec<SpanData>> = BTreeMap::new();
-        let resolved: Vec<Finding> =
-            std::mem::take(&mut *m.otlp_findings.lock().unwrap_or_else(|p| p.into_inner()));
+        let resolved: Vec<Finding> = std::mem::take(
+            &mut *self
+                .shared
+                .otlp_findings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         for f in &resolved {
             self.open.remove(&f.id);
             let (k, s) = finding_span(f, now);
@@ -440,7 +441,6 @@ pub fn finding_resolved(shared: &Shared, f: &Finding) {
         return;
     }
     let mut q = shared
-        .metrics
         .otlp_findings
         .lock()
         .unwrap_or_else(|p| p.into_inner());

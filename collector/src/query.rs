@@ -189,21 +189,23 @@ impl Query for QueryService {
         request: Request<ListJobsRequest>,
     ) -> Result<Response<JobList>, Status> {
         let all = request.into_inner().include_ended;
-        let live: std::collections::HashMap<String, JobSummary> = {
+        let mut jobs: Vec<JobSummary> = {
             let st = self.shared.lock_state();
-            st.jobs
-                .values()
-                .map(|j| (j.job.clone(), summary(j)))
-                .collect()
+            st.jobs.values().map(summary).collect()
         };
-        let mut jobs: Vec<JobSummary> = crate::http::all_jobs(&self.shared)
-            .into_iter()
-            .map(|l| match live.get(&l.job) {
-                Some(s) => s.clone(),
-                None => stored_summary(&l),
-            })
-            .filter(|s| all || s.state == "running")
-            .collect();
+        if all {
+            let live: std::collections::HashSet<String> =
+                jobs.iter().map(|j| j.job.clone()).collect();
+            jobs.extend(
+                self.shared
+                    .history
+                    .jobs(&|j| live.contains(j))
+                    .iter()
+                    .map(stored_summary),
+            );
+        } else {
+            jobs.retain(|j| j.state == "running");
+        }
         let open: std::collections::HashMap<String, u32> = {
             let e = self
                 .shared

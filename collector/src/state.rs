@@ -626,7 +626,9 @@ impl State {
         let mut ended_at = None;
         let mut drops = None;
         let mut heard = 0u64;
-        let mut recent: Vec<RecentCall> = Vec::new();
+        // The batch's last calls only: the rank keeps [`RECENT_CALLS`].
+        let mut recent: std::collections::VecDeque<RecentCall> =
+            std::collections::VecDeque::with_capacity(RECENT_CALLS);
         for r in records {
             match r {
                 Record::Call(c) => {
@@ -636,7 +638,10 @@ impl State {
                     } else {
                         now
                     };
-                    recent.push(RecentCall {
+                    if recent.len() == RECENT_CALLS {
+                        recent.pop_front();
+                    }
+                    recent.push_back(RecentCall {
                         comm_id: c.comm_id,
                         seq: c.seq,
                         op: c.op,
@@ -674,14 +679,13 @@ impl State {
                         comm.local_id = true;
                     }
                     let stats = comm.ops.entry(c.op).or_default();
-                    let usual = (stats.timed >= SLOW_CALL_AFTER)
+                    let usual = (slow_bound > 0 && stats.timed >= SLOW_CALL_AFTER)
                         .then(|| stats.duration_sum_s / stats.timed as f64);
                     if let Some(d) = stats.add(c, op)
                         && c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0
                     {
                         comm.max_duration_s = comm.max_duration_s.max(d);
-                        if slow_bound > 0
-                            && !op.is_p2p()
+                        if !op.is_p2p()
                             && let Some(u) = usual
                             && d >= SLOW_CALL_FACTOR * u
                             && d >= SLOW_CALL_MIN_S
@@ -821,8 +825,7 @@ impl State {
             .get_mut(&ProcessKey::of(header))
             .expect("inserted above");
         rank.calls += calls;
-        let keep = recent.len().min(RECENT_CALLS);
-        rank.recent.extend(recent.drain(recent.len() - keep..));
+        rank.recent.extend(recent);
         while rank.recent.len() > RECENT_CALLS {
             rank.recent.pop_front();
         }

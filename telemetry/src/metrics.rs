@@ -57,18 +57,27 @@ pub struct Def {
 }
 
 impl Def {
-    /// A counter.
-    pub const fn counter(
+    const fn of(
+        kind: Kind,
         name: &'static str,
         help: &'static str,
         labels: &'static [&'static str],
     ) -> Def {
         Def {
             name,
-            kind: Kind::Counter,
+            kind,
             help,
             labels,
         }
+    }
+
+    /// A counter.
+    pub const fn counter(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Def {
+        Def::of(Kind::Counter, name, help, labels)
     }
 
     /// A gauge.
@@ -77,12 +86,7 @@ impl Def {
         help: &'static str,
         labels: &'static [&'static str],
     ) -> Def {
-        Def {
-            name,
-            kind: Kind::Gauge,
-            help,
-            labels,
-        }
+        Def::of(Kind::Gauge, name, help, labels)
     }
 
     /// A histogram.
@@ -91,12 +95,7 @@ impl Def {
         help: &'static str,
         labels: &'static [&'static str],
     ) -> Def {
-        Def {
-            name,
-            kind: Kind::Histogram,
-            help,
-            labels,
-        }
+        Def::of(Kind::Histogram, name, help, labels)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod coverage;
 pub mod nccl;
+pub mod prometheus;
 pub mod python;
 pub mod services;
 
@@ -457,4 +458,19 @@ pub fn analyze_json(dir: &Path) -> serde_json::Value {
     // What the detectors saw, for a failing test to show.
     v["explain"] = String::from_utf8_lossy(&o.stderr).into_owned().into();
     v
+}
+
+/// Polls `f` every 100 ms until it returns a value; panics naming `what` after `timeout`.
+pub fn wait<T>(what: &str, timeout: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

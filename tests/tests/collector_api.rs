@@ -1,26 +1,16 @@
 //! What the collector serves while jobs run: jobs kept apart, a process that dies inside a
 //! collective, the JSON API, the gRPC query service, and real Prometheus scraping both services.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{Services, free_port, http_get, run_with_agent};
-use commscope_tests::{Flavour, assert_ok, build, launch, load_job};
+use commscope_tests::prometheus::Prometheus;
+use commscope_tests::services::{Services, run_with_agent};
+use commscope_tests::{Flavour, assert_ok, build, launch, load_job, wait};
 use commscope_wire::grpc::query_client::QueryClient;
 use commscope_wire::grpc::{GetJobRequest, ListJobsRequest, WatchRequest};
 use commscope_wire::op::Op;
 use commscope_wire::record::Record;
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Whether exactly three ranks of the `hang` program sit in flight, all in the world all-reduce at
 /// seq 10 (the one its hanging rank never enters).
@@ -218,48 +208,13 @@ async fn the_query_service_lists_details_and_streams_jobs() {
 /// agent; the stored series agree with what the job did.
 #[test]
 fn prometheus_scrapes_the_collector_and_the_agent() {
-    let Some(prom) = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-    else {
-        panic!("prometheus is not installed: run scripts/setup.sh");
-    };
     let svc = Services::start("node-p", &[], &[]);
-    let port = free_port();
-    let dir = svc.dir.path().join("prometheus");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let cfg = dir.join("prometheus.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: collector\n    static_configs:\n      - targets: ['{}']\n  - job_name: agent\n    static_configs:\n      - targets: ['{}']\n",
-            svc.http, svc.agent_http
-        ),
-    )
-    .expect("config");
-    let mut child = Command::new(prom)
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _guard = Kill(std::mem::replace(
-        &mut child,
-        Command::new("true").spawn().expect("true"),
-    ));
-    let _ = child.wait();
+    let prom = Prometheus::start(
+        &svc.dir.path().join("prometheus"),
+        svc.http,
+        svc.agent_http,
+        &[],
+    );
 
     let basic = build(Flavour::OpenMpi, "basic");
     let out = run_with_agent(
@@ -271,27 +226,7 @@ fn prometheus_scrapes_the_collector_and_the_agent() {
     assert_ok(&out, "job");
     let api = svc.wait_job_ended("prom-job", Duration::from_secs(60));
     let records = api["records"].as_u64().expect("records");
-    let prom_addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let query = |q: &str| -> Option<f64> {
-        let enc: String = q
-            .bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (st, body) = http_get(prom_addr, &format!("/api/v1/query?query={enc}"));
-        if st != 200 {
-            return None;
-        }
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let r = v["data"]["result"].as_array()?;
-        let mut sum = 0.0;
-        for s in r {
-            sum += s["value"][1].as_str()?.parse::<f64>().ok()?;
-        }
-        (!r.is_empty()).then_some(sum)
-    };
+    let query = |q: &str| prom.sum(q);
     // Wait until Prometheus has scraped the final values.
     wait(
         "Prometheus to store the job's series",

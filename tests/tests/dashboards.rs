@@ -7,11 +7,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use commscope_tests::services::{Service, Services, free_port, http_get, run_with_agent};
-use commscope_tests::{Flavour, build, launch};
+use commscope_tests::prometheus::Prometheus;
+use commscope_tests::services::{Service, Services, run_with_agent};
+use commscope_tests::{Flavour, build, launch, wait};
 
 fn dashboards_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dashboards")
@@ -213,88 +214,21 @@ fn promtool_checks_and_unit_tests_the_alert_rules() {
     }
 }
 
-struct Prometheus {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Prometheus {
-    /// Starts Prometheus scraping `collector` and `agent` every second, with the alert rules
-    /// evaluated every second and their `for:` cut to 5 s (the expressions are untouched).
-    fn start(dir: &Path, collector: std::net::SocketAddr, agent: std::net::SocketAddr) -> Self {
-        let rules = std::fs::read_to_string(dashboards_dir().join("alerts.yaml")).expect("rules");
-        let rules: String = rules
-            .lines()
-            .map(|l| match l.trim_start().strip_prefix("for:") {
-                Some(_) => format!("{}for: 5s", &l[..l.len() - l.trim_start().len()]),
-                None => l.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(dir.join("alerts.yaml"), rules).expect("rules");
-        let cfg = dir.join("prometheus.yml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{}']\nscrape_configs:\n  - job_name: commscope-collector\n    static_configs:\n      - targets: ['{collector}']\n  - job_name: commscope-agent\n    static_configs:\n      - targets: ['{agent}']\n",
-                dir.join("alerts.yaml").display()
-            ),
-        )
-        .expect("config");
-        let port = free_port();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus is installed (scripts/setup.sh)");
-        Prometheus {
-            child,
-            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
-        }
-    }
-
-    /// An instant query's result vector (None: the query failed).
-    fn query(&self, q: &str) -> Option<Vec<serde_json::Value>> {
-        let enc: String = q
-            .bytes()
-            .map(|b| match b {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let (st, body) = http_get(self.addr, &format!("/api/v1/query?query={enc}"));
-        if st != 200 {
-            return None;
-        }
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        v["data"]["result"].as_array().cloned()
-    }
-}
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+/// The alert rules with their `for:` cut to 5 s (the expressions untouched), written to `dir`.
+fn quick_rules(dir: &Path) -> PathBuf {
+    let rules = std::fs::read_to_string(dashboards_dir().join("alerts.yaml")).expect("rules");
+    let rules: String = rules
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("for:") {
+            Some(_) => format!("{}for: 5s", &l[..l.len() - l.trim_start().len()]),
+            None => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let path = dir.join("alerts.yaml");
+    std::fs::write(&path, rules).expect("rules");
+    path
 }
 
 fn simulate(svc: &Services, job: &str, faults: &[&str]) -> Service {
@@ -339,8 +273,7 @@ fn every_panel_has_data_and_the_alerts_fire_on_the_faulty_jobs_only() {
     let mpi = std::thread::spawn(move || run_with_agent(&socket, "dash-mpi", &cmd, &[]));
 
     let dir = svc.dir.path().join("prometheus");
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let prom = Prometheus::start(&dir, svc.http, svc.agent_http);
+    let prom = Prometheus::start(&dir, svc.http, svc.agent_http, &[quick_rules(&dir)]);
 
     let firing = |alert: &str, job: &str| {
         prom.query(&format!(

@@ -11,20 +11,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{Flavour, analyze_json, assert_ok, build, ip, launch, summary_json};
+use commscope_tests::{Flavour, analyze_json, assert_ok, build, ip, launch, summary_json, wait};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn findings(svc: &Services, job: &str, state: &str) -> Vec<serde_json::Value> {
     let (_, body) = svc.get(&format!("/api/v1/findings?job={job}&state={state}"));

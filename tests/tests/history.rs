@@ -2,21 +2,10 @@
 //! from memory, and after the collector was killed with SIGKILL and restarted.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use commscope_tests::services::{Services, run_with_agent};
-use commscope_tests::{Flavour, assert_ok, build, launch};
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use commscope_tests::{Flavour, assert_ok, build, launch, wait};
 
 fn json(svc: &Services, path: &str) -> serde_json::Value {
     let (status, body) = svc.get(path);

@@ -4,9 +4,10 @@
 //! hang finding from its opening to its resolution, and spans of slow collective calls.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use commscope_tests::services::{Service, Services};
+use commscope_tests::wait;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -78,17 +79,6 @@ fn spans(rx: &Receiver) -> Vec<(Resource, Span)> {
         }
     }
     out
-}
-
-fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]
