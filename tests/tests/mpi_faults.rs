@@ -7,11 +7,11 @@ use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use commscope_agent::region::Region;
 use commscope_agent::registration::{self, Registered};
-use commscope_tests::{Flavour, build, commscope, launch, summary_json};
+use commscope_tests::{Flavour, build, commscope, launch, summary_json, wait};
 use commscope_wire::op::Op;
 use commscope_wire::record::Record;
 use commscope_wire::shm::{Consumer, in_flight_status};
@@ -35,20 +35,6 @@ fn rank_pids(job_dir: &Path) -> BTreeMap<i32, u32> {
         }
     }
     out
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Accepts registrations on a socket in the background until `n` arrived.
@@ -117,10 +103,10 @@ fn hung_job(flavour: Flavour) {
     );
 
     // The stuck ranks show their all-reduce in the in-flight table, live, to another process.
-    let pids = wait_for("8 trace files", Duration::from_secs(30), || {
+    let pids = wait("8 trace files", Duration::from_secs(30), || {
         Some(rank_pids(&job_dir)).filter(|m| m.len() == 8)
     });
-    let stuck: BTreeMap<i32, (u64, u64)> = wait_for(
+    let stuck: BTreeMap<i32, (u64, u64)> = wait(
         "7 ranks stuck in the all-reduce",
         Duration::from_secs(30),
         || {
@@ -185,7 +171,7 @@ fn hung_job(flavour: Flavour) {
     }
 
     // The trace shows the stuck calls before anything is killed (enter records, flushed).
-    wait_for(
+    wait(
         "enter records in the trace",
         Duration::from_secs(30),
         || {
@@ -198,7 +184,7 @@ fn hung_job(flavour: Flavour) {
     for &pid in pids.values() {
         unsafe_kill(pid as i32, libc::SIGKILL);
     }
-    let status = wait_for("the launcher to exit", Duration::from_secs(30), || {
+    let status = wait("the launcher to exit", Duration::from_secs(30), || {
         job_proc.0.try_wait().ok().flatten()
     });
     assert!(!status.success(), "a killed job does not succeed");
