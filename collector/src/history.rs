@@ -135,8 +135,13 @@ impl History {
             std::fs::create_dir_all(&dir)?;
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
+                .read(true)
                 .append(true)
                 .open(&path)?;
+            // A line torn by a crash stays torn: start on a line of our own.
+            if ends_torn(&mut file)? {
+                file.write_all(b"\n")?;
+            }
             file.write_all(&buf)?;
             file.sync_data()
         };
@@ -210,6 +215,18 @@ impl History {
         out.sort_by(|a, b| (a.opened_at, &a.id).cmp(&(b.opened_at, &b.id)));
         out
     }
+}
+
+/// Whether a file's last byte is not a newline (a line torn by a crash).
+fn ends_torn(f: &mut std::fs::File) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 /// A stored job's line as served: a job that is not live has ended, with nothing in flight.
@@ -344,6 +361,17 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].contains("findings.jsonl line 2"), "{w:?}");
         assert_eq!(h2.findings(None, &|_: &str| false).len(), 1);
+        // What is recorded after the crash is not glued to the torn line.
+        h2.record_findings(&[Change::Opened(finding("j", "0xc", FindingState::Open))])
+            .expect("append");
+        let (h3, w) = History::open(dir.path());
+        assert_eq!(w.len(), 1, "only the torn line: {w:?}");
+        let ids: Vec<String> = h3
+            .findings(None, &|_: &str| false)
+            .into_iter()
+            .map(|f| f.id)
+            .collect();
+        assert_eq!(ids, ["0xa", "0xc"]);
     }
 
     #[test]
