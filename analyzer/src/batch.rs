@@ -160,7 +160,20 @@ pub struct Analysis {
 /// Runs every detector over one job's trace: the liveness detectors over its replayed view,
 /// and the instance detectors fed in time order.
 pub fn analysis(job: &str, processes: &[ProcessTrace], th: &Thresholds) -> Analysis {
-    let view = crate::replay::view(job, processes);
+    analysis_of(job, processes, crate::replay::view(job, processes), th)
+}
+
+/// The analysis of traces cut at `t_ns` ([`crate::replay::until`]) as a collector would have
+/// made it then: the processes that had not ended were still running, so a silent one is not
+/// taken for dead, and "now" is `t_ns`.
+pub fn analysis_at(job: &str, cut: &[ProcessTrace], th: &Thresholds, t_ns: u64) -> Analysis {
+    let mut view = crate::replay::view(job, cut);
+    view.live = true;
+    view.now_ns = view.now_ns.max(t_ns);
+    analysis_of(job, cut, view, th)
+}
+
+fn analysis_of(job: &str, processes: &[ProcessTrace], view: JobView, th: &Thresholds) -> Analysis {
     // Collectives never completed join the mismatch check at the end.
     let unfinished: Vec<(i32, u64, u64, Shape)> = view
         .ranks

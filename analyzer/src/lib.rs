@@ -15,7 +15,7 @@ pub mod detectors;
 pub mod finding;
 pub mod links;
 
-pub use batch::{Analysis, Thresholds, analysis, analyze};
+pub use batch::{Analysis, Thresholds, analysis, analysis_at, analyze};
 pub use finding::{Finding, Kind};
 pub mod reorder;
 pub mod replay;

@@ -58,8 +58,11 @@ fn title_bar(f: &mut Frame, area: Rect, app: &App) {
     if let Some(c) = app.cursor {
         spans.push(Span::styled(
             format!(
-                "  · t = {:.1} s of {:.1} s ([ ] step 1 s, {{ }} 10 s)",
-                c.at_s, c.end_s
+                "  · t = {} of {} ([ ] ± {}, {{ }} ± {})",
+                secs(c.at_s),
+                secs(c.end_s),
+                secs(c.step_s),
+                secs(c.step_s * 10.0)
             ),
             Style::default().fg(palette::ORANGE),
         ));
