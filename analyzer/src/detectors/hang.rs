@@ -168,10 +168,8 @@ pub fn findings(
         let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
         out.push(frozen_finding(view, &view.ranks[r], &victims));
     }
-    for (root, victims) in &by_root {
-        if let Root::Stall(comm, seq) = root {
-            out.push(stall_finding(view, *comm, *seq, victims));
-        }
+    for group in stall_groups(view, &by_root) {
+        out.push(stall_finding(view, &group, &by_root));
     }
     for (r, i) in &mismatched {
         if let Some(v) = by_root.get(&Root::Rank(*r)) {
@@ -188,9 +186,42 @@ pub fn findings(
     out
 }
 
-/// Merges overlapping culprit sets: ranks that block the same calls are one cause.
-fn merge(mut sets: Vec<BTreeSet<i32>>) -> Vec<BTreeSet<i32>> {
-    let mut out: Vec<BTreeSet<i32>> = Vec::new();
+/// Stalled instances that share a node are one cause (the transport between those nodes):
+/// each group is one finding, however many communicators it stops.
+fn stall_groups(view: &JobView, by_root: &BTreeMap<Root, Vec<Victim>>) -> Vec<Vec<(u64, u64)>> {
+    let stalls: Vec<(u64, u64)> = by_root
+        .keys()
+        .filter_map(|r| match r {
+            Root::Stall(comm, seq) => Some((*comm, *seq)),
+            Root::Rank(_) => None,
+        })
+        .collect();
+    let key = |&(comm, seq): &(u64, u64)| -> BTreeSet<String> {
+        let members: BTreeSet<i32> = view.members(comm).into_iter().collect();
+        let nodes: BTreeSet<String> = nodes_of(view, &members).into_iter().collect();
+        if nodes.is_empty() {
+            // Nodes unknown: the instance is a cause of its own.
+            BTreeSet::from([format!("{comm:x}#{seq}")])
+        } else {
+            nodes
+        }
+    };
+    merge(stalls.iter().map(key).collect())
+        .into_iter()
+        .map(|nodes| {
+            stalls
+                .iter()
+                .copied()
+                .filter(|s| !key(s).is_disjoint(&nodes))
+                .collect()
+        })
+        .collect()
+}
+
+/// Merges overlapping sets: ranks that block the same calls are one cause, and so are stalls
+/// on the same nodes.
+fn merge<T: Ord>(mut sets: Vec<BTreeSet<T>>) -> Vec<BTreeSet<T>> {
+    let mut out: Vec<BTreeSet<T>> = Vec::new();
     while let Some(mut s) = sets.pop() {
         loop {
             let (joined, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut out)
@@ -471,47 +502,117 @@ fn frozen_finding(view: &JobView, p: &RankView, victims: &[Victim]) -> Finding {
     }
 }
 
-fn stall_finding(view: &JobView, comm: u64, seq: u64, victims: &[Victim]) -> Finding {
-    let members = view.members(comm);
-    let call = victims
+/// One stalled instance: the call that entered it first, its members, and who is still inside.
+struct Stalled<'a> {
+    comm: u64,
+    seq: u64,
+    call: Option<&'a InFlight>,
+    members: Vec<i32>,
+    inside: Vec<i32>,
+}
+
+impl Stalled<'_> {
+    fn phrase(&self) -> String {
+        let what = self.call.map_or_else(
+            || format!("instance #{}", self.seq),
+            |c| format!("{} #{} ({})", c.op.name(), self.seq, fmt_bytes(c.bytes)),
+        );
+        let age = self.call.map_or(0.0, |c| c.age_ns as f64 / 1e9);
+        let still = if self.inside.len() == self.members.len() {
+            "none has completed it".to_owned()
+        } else if self.inside.len() <= 8 {
+            format!(
+                "{} {} still inside it",
+                ranks_phrase(&self.inside),
+                if self.inside.len() == 1 { "is" } else { "are" }
+            )
+        } else {
+            format!("{} of them are still inside it", self.inside.len())
+        };
+        format!(
+            "all {} members of communicator {} entered {what} {age:.1} s ago and {still}",
+            self.members.len(),
+            format_comm_id(self.comm),
+        )
+    }
+}
+
+/// One finding for stalled instances that share nodes, anchored on the one entered first.
+fn stall_finding(
+    view: &JobView,
+    group: &[(u64, u64)],
+    by_root: &BTreeMap<Root, Vec<Victim>>,
+) -> Finding {
+    let mut stalled: Vec<Stalled> = group
         .iter()
-        .filter(|v| v.call.comm == comm && v.call.seq == seq)
-        .min_by_key(|v| v.call.entered_ns)
-        .or_else(|| victims.first())
-        .map(|v| v.call);
-    let age = call.map_or(0.0, |c| c.age_ns as f64 / 1e9);
-    let nodes = nodes_of(view, &members.iter().copied().collect());
-    let what = call.map_or_else(
-        || format!("instance #{seq}"),
-        |c| format!("{} #{seq} ({})", c.op.name(), fmt_bytes(c.bytes)),
-    );
-    let outside: BTreeSet<i32> = members.iter().copied().collect();
-    let behind = victim_ranks(
-        &victims
-            .iter()
-            .filter(|v| v.call.comm != comm)
-            .cloned()
-            .collect::<Vec<_>>(),
-        &outside,
-    );
+        .map(|&(comm, seq)| {
+            let victims = by_root
+                .get(&Root::Stall(comm, seq))
+                .map_or(&[][..], Vec::as_slice);
+            let members = view.members(comm);
+            Stalled {
+                comm,
+                seq,
+                call: victims
+                    .iter()
+                    .filter(|v| v.call.comm == comm && v.call.seq == seq)
+                    .min_by_key(|v| v.call.entered_ns)
+                    .or_else(|| victims.first())
+                    .map(|v| v.call),
+                inside: members
+                    .iter()
+                    .copied()
+                    .filter(|m| view.inside(comm, *m, seq))
+                    .collect(),
+                members,
+            }
+        })
+        .collect();
+    stalled.sort_by_key(|s| (s.call.map_or(u64::MAX, |c| c.entered_ns), s.comm, s.seq));
+    let first = &stalled[0];
+    let victims: Vec<Victim> = group
+        .iter()
+        .flat_map(|&(c, s)| by_root.get(&Root::Stall(c, s)).cloned().unwrap_or_default())
+        .collect();
+    let members: BTreeSet<i32> = stalled.iter().flat_map(|s| s.members.clone()).collect();
+    let nodes = nodes_of(view, &members);
+    let inside_any: BTreeSet<i32> = stalled.iter().flat_map(|s| s.inside.clone()).collect();
+    let behind = victim_ranks(&victims, &inside_any);
+    let what = if stalled.len() == 1 {
+        first.phrase()
+    } else {
+        format!(
+            "{} collectives make no progress: {}",
+            stalled.len(),
+            stalled
+                .iter()
+                .map(Stalled::phrase)
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    };
     Finding {
-        id: finding_id(Kind::Hang, &view.job, Some(comm), &[], Some(seq)),
+        id: finding_id(
+            Kind::Hang,
+            &view.job,
+            Some(first.comm),
+            &[],
+            Some(first.seq),
+        ),
         kind: Kind::Hang,
         class: Class::CommunicationHang,
         state: State::Open,
         job: view.job.clone(),
-        comm: Some(format_comm_id(comm)),
-        seq: Some(seq),
+        comm: Some(format_comm_id(first.comm)),
+        seq: Some(first.seq),
         ranks: vec![],
         nodes: vec![],
         link: None,
-        opened_at: call.map_or(view.now_ns, |c| c.entered_ns),
+        opened_at: first.call.map_or(view.now_ns, |c| c.entered_ns),
         resolved_at: None,
         confidence: 0.8,
         summary: format!(
-            "all {} members of communicator {} entered {what} {age:.1} s ago and none has completed it, while every process is alive{} — the transport or the library is stuck, not a rank: check the network between {} (link errors, NIC counters, NCCL_DEBUG=INFO)",
-            members.len(),
-            format_comm_id(comm),
+            "{what}, while every process is alive{} — the transport or the library is stuck, not a rank: check the network between {} (link errors, NIC counters, NCCL_DEBUG=INFO)",
             if behind.is_empty() {
                 String::new()
             } else {
@@ -526,8 +627,15 @@ fn stall_finding(view: &JobView, comm: u64, seq: u64, victims: &[Victim]) -> Fin
         evidence: json!({
             "members": members,
             "nodes": nodes,
+            "instances": stalled.iter().map(|s| json!({
+                "comm": format_comm_id(s.comm),
+                "seq": s.seq,
+                "op": s.call.map(|c| c.op.name()),
+                "members": s.members,
+                "inside": s.inside,
+            })).collect::<Vec<_>>(),
             "victims": behind,
-            "stuck": stuck_evidence(victims),
+            "stuck": stuck_evidence(&victims),
         }),
     }
 }

@@ -243,6 +243,90 @@ fn everyone_inside_and_alive_is_a_stall_with_no_rank() {
 }
 
 #[test]
+fn a_transport_that_stops_mid_step_is_one_stall_over_every_communicator_it_stops() {
+    // Eight ranks on one node: each step a world all-reduce, then one on each half (even and
+    // odd ranks). The transport stopped during step 10: ranks 0, 2, 6 are still in world #10;
+    // 1 and 3 got through world #10 and odd #10 and wait in world #11; 4 waits in even #10
+    // for 0, 2, 6; 5 and 7 are in odd #10, which 1 and 3 completed.
+    const EVEN: u64 = 0x200;
+    const ODD: u64 = 0x300;
+    let mut v = job(8, 10, true);
+    for r in 0..8 {
+        rank(&mut v, r).node = "n0".into();
+    }
+    comm(&mut v, EVEN, &[0, 2, 4, 6], 10);
+    comm(&mut v, ODD, &[1, 3, 5, 7], 10);
+    for r in [1, 3, 4, 5, 7] {
+        v.comms
+            .get_mut(&WORLD)
+            .expect("world")
+            .progress
+            .insert(r, 11);
+    }
+    for r in [1, 3] {
+        v.comms
+            .get_mut(&ODD)
+            .expect("odd half")
+            .progress
+            .insert(r, 11);
+    }
+    for r in [0, 2, 6] {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    for r in [1, 3] {
+        inside(&mut v, r, WORLD, 11, 19 * S);
+    }
+    inside(&mut v, 4, EVEN, 10, 19 * S);
+    for r in [5, 7] {
+        inside(&mut v, r, ODD, 10, 19 * S);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
+    assert_eq!(f[0].class, Class::CommunicationHang);
+    // Named by the instance that stopped first.
+    assert_eq!((f[0].comm.as_deref(), f[0].seq), (Some("0x100"), Some(10)));
+    let s = &f[0].summary;
+    assert!(s.contains("2 collectives make no progress"), "{s}");
+    assert!(s.contains("ranks 0, 2 and 6 are still inside it"), "{s}");
+    assert!(s.contains("ranks 5 and 7 are still inside it"), "{s}");
+    assert!(s.contains("3 other ranks wait behind it"), "{s}");
+    assert!(!s.contains("none has completed"), "{s}");
+    assert_eq!(f[0].evidence["victims"], serde_json::json!([1, 3, 4]));
+}
+
+#[test]
+fn stalls_on_nodes_that_share_nothing_are_two_findings() {
+    // Two independent jobs' worth of communicators in one job: ranks 0-3 on n0, 4-7 on n1,
+    // each group stalled in its own communicator.
+    const A: u64 = 0x200;
+    const B: u64 = 0x300;
+    let mut v = job(8, 10, true);
+    v.comms.clear();
+    comm(&mut v, A, &[0, 1, 2, 3], 10);
+    comm(&mut v, B, &[4, 5, 6, 7], 10);
+    for r in 0..4 {
+        inside(&mut v, r, A, 10, 20 * S);
+    }
+    for r in 4..8 {
+        inside(&mut v, r, B, 10, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(
+        kinds(&f),
+        [(Kind::Hang, vec![]), (Kind::Hang, vec![])],
+        "{f:#?}"
+    );
+    let named: Vec<_> = f.iter().map(|f| (f.comm.clone(), f.seq)).collect();
+    assert!(named.contains(&(Some("0x200".into()), Some(10))), "{f:#?}");
+    assert!(named.contains(&(Some("0x300".into()), Some(10))), "{f:#?}");
+    assert!(
+        f.iter()
+            .all(|f| f.summary.contains("none has completed it")),
+        "{f:#?}"
+    );
+}
+
+#[test]
 fn a_silent_rank_in_a_trace_is_the_dead_rank_not_its_partners() {
     // Frozen inside the collective: from a trace its heartbeats stop while its peers' go on.
     let mut v = job(4, 10, false);
