@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what commscope's build and tests need, skipping whatever is already there:
-# Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks, tmux for the TUI test), rustup components (rustfmt, clippy), the
+# Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks, tmux for the TUI test, headless Chromium for the report test), rustup components (rustfmt, clippy), the
 # Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb), and mpi4py (PyPI's wheel) for the Python tests.
 # Usage: scripts/setup.sh [--mpi-only]
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

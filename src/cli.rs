@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use commscope_telemetry::logging::{self, LogFormat};
 
-use crate::{daemons, demo, run, simulate, summary, traces};
+use crate::{daemons, demo, postmortem, run, simulate, summary, traces};
 
 /// commscope — a communication profiler and fault-diagnosis tool for MPI and NCCL jobs.
 #[derive(Debug, Parser)]
@@ -53,6 +53,11 @@ pub enum Cmd {
     Up(UpArgs),
     /// Diagnose jobs from their traces: slow ranks, hangs and who they wait for, dead ranks, mismatched collectives, degraded collectives, errors.
     Analyze(SummaryArgs),
+    /// A post-mortem as one self-contained HTML file: findings with their timelines, lateness heatmap, progress and hang front, durations, bandwidth, links, what-if.
+    Report(ReportArgs),
+    /// Convert traces for other tools.
+    #[command(subcommand)]
+    Export(ExportCmd),
     /// A synthetic data/tensor/pipeline-parallel job with injected faults, streamed to a collector as its nodes' agents would.
     Simulate(SimulateArgs),
     /// The live terminal view: jobs, ranks, hangs and findings on a collector, or traces replayed with a time cursor.
@@ -291,6 +296,32 @@ pub struct SummaryArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Traces: commscope's, PyTorch Flight Recorder dumps, Kineto traces, NCCL Inspector or RAS output (files or directories; formats are detected from content).
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The HTML file to write.
+    #[arg(short, long, value_name = "FILE.html")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportCmd {
+    /// The Chrome trace event format, for ui.perfetto.dev and chrome://tracing: a track per rank, calls as slices, findings as instants.
+    Perfetto(ExportArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// Traces of any supported format (files or directories).
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// The JSON file to write.
+    #[arg(short, long, value_name = "FILE.json")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct MergeArgs {
     /// Trace files or directories (searched recursively).
     #[arg(required = true, value_name = "PATH")]
@@ -352,9 +383,6 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Trace(TraceCmd::Summary(a)) => {
             let loaded = traces::load(&a.paths)?;
-            for e in &loaded.errors {
-                eprintln!("commscope: {e}");
-            }
             let sums: Vec<_> = loaded.jobs.values().map(summary::summarize).collect();
             match a.format {
                 Format::Text => {
@@ -371,29 +399,17 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&v)?);
                 }
             }
-            Ok(if loaded.errors.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(traces::exit_code(&loaded))
         }
         Cmd::Trace(TraceCmd::Merge(a)) => {
             let loaded = traces::load(&a.paths)?;
-            for e in &loaded.errors {
-                eprintln!("commscope: {e}");
-            }
             if loaded.jobs.is_empty() {
                 bail!("nothing to merge: no trace could be read");
             }
             let procs: Vec<_> = loaded
                 .jobs
                 .into_values()
-                .flat_map(|j| {
-                    for w in &j.warnings {
-                        eprintln!("commscope: warning: {w}");
-                    }
-                    j.processes
-                })
+                .flat_map(|j| j.processes)
                 .collect();
             let rows = commscope_wire::parquet::write(&a.output, &procs)
                 .with_context(|| format!("failed to write {}", a.output.display()))?;
@@ -402,11 +418,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                 procs.len(),
                 a.output.display()
             );
-            Ok(if loaded.errors.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Agent(a) => daemons::agent(a),
@@ -431,11 +443,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             commscope_tui::run(source)?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Report(a) => postmortem::report(&a.paths, &a.output),
+        Cmd::Export(ExportCmd::Perfetto(a)) => postmortem::perfetto(&a.paths, &a.output),
         Cmd::Analyze(a) => {
             let loaded = traces::load(&a.paths)?;
-            for e in &loaded.errors {
-                eprintln!("commscope: {e}");
-            }
             let th = commscope_analyzer::Thresholds::default();
             let mut all = Vec::new();
             for job in loaded.jobs.values() {
@@ -495,11 +506,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     serde_json::to_string_pretty(&serde_json::json!({ "findings": all }))?
                 );
             }
-            Ok(if loaded.errors.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(traces::exit_code(&loaded))
         }
     }
 }

@@ -303,7 +303,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
                         _ => {}
                     }
                 }
-                Record::Skip(k) => {
+                Record::Skip(k) if !k.progress_only() => {
                     sampled_out += k.calls;
                     let cs = comm_entry(&mut comms, k.comm_id);
                     let op = k.op();
@@ -636,7 +636,7 @@ mod tests {
         JobTrace {
             job: "j".into(),
             processes,
-            warnings: vec![],
+            ..Default::default()
         }
     }
 

@@ -38,9 +38,6 @@ impl Replay {
     /// Loads the traces under `paths`; the cursor starts at their end.
     pub fn load(paths: &[PathBuf]) -> Result<Replay> {
         let loaded = traces::load(paths)?;
-        for e in &loaded.errors {
-            eprintln!("commscope: {e}");
-        }
         let label = format!(
             "replay of {}",
             paths

@@ -26,7 +26,7 @@ const EVAL_EVERY_NS: u64 = 1_000_000_000;
 const TAIL_EVALS_NS: u64 = 60_000_000_000;
 
 /// A record's host time on the common (real-time) base.
-pub(crate) fn real_time(p: &ProcessTrace, t: u64, clock: Clock) -> u64 {
+pub fn real_time(p: &ProcessTrace, t: u64, clock: Clock) -> u64 {
     let h = &p.header;
     let t = match clock {
         Clock::HostReal => t,

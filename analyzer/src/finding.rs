@@ -133,6 +133,8 @@ pub fn ranks_phrase(ranks: &[i32]) -> String {
 #[derive(Clone, Debug)]
 pub struct Waited {
     pub comm: u64,
+    /// The communicator's name ("" when it has none).
+    pub comm_name: String,
     /// The collective instance; `None` for point-to-point.
     pub seq: Option<u64>,
     pub op: &'static str,
@@ -159,6 +161,9 @@ pub struct HangCause<'a> {
     /// What the culprits' processes are doing, when known ("its process is sleeping in
     /// hrtimer_nanosleep, CPU time not advancing"); empty otherwise.
     pub state_note: String,
+    /// The culprits' GPUs hold work their peers completed (a stuck or failed GPU): what to
+    /// say instead of where the host was; empty otherwise.
+    pub gpu_note: String,
     pub opened_at: u64,
     pub confidence: f64,
     pub evidence: serde_json::Value,
@@ -173,22 +178,25 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
     } else {
         Class::NonCommunicationHang
     };
+    let comm = if w.comm_name.is_empty() {
+        format_comm_id(w.comm)
+    } else {
+        format!("{} ({})", format_comm_id(w.comm), w.comm_name)
+    };
     let what = match w.seq {
         Some(seq) => format!(
-            "{} #{seq} on communicator {} ({} B)",
+            "{} #{seq} ({}) on communicator {comm}",
             w.op,
-            format_comm_id(w.comm),
-            w.bytes
+            crate::stream::fmt_bytes(w.bytes)
         ),
-        None if w.tag >= 0 => format!(
-            "{} (tag {}) on communicator {}",
-            w.op,
-            w.tag,
-            format_comm_id(w.comm)
-        ),
-        None => format!("{} on communicator {}", w.op, format_comm_id(w.comm)),
+        None if w.tag >= 0 => format!("{} (tag {}) on communicator {comm}", w.op, w.tag),
+        None => format!("{} on communicator {comm}", w.op),
     };
-    let who = format!("{} on {}", ranks_phrase(&c.culprits), c.nodes.join(", "));
+    let who = if c.nodes.is_empty() {
+        ranks_phrase(&c.culprits)
+    } else {
+        format!("{} on {}", ranks_phrase(&c.culprits), c.nodes.join(", "))
+    };
     let others = format!(
         "{} other {}",
         c.victims.len(),
@@ -212,6 +220,7 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             "{who} {entered} {what}; {others} {wait} behind it for up to {:.1} s — {}",
             w.age_s,
             match (c.in_library, c.live, c.state_note.is_empty()) {
+                _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
                 (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),
                 (false, false, _) => "it was outside the communication library: look at what that rank was doing then (its logs, the code after the previous collective)".to_owned(),
                 (false, true, true) => "it is outside the communication library: its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)".to_owned(),

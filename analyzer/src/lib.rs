@@ -8,12 +8,14 @@
 //!   built live by the collector and from a trace by [`replay`].
 //! - [`detectors`]: `hang` and `dead-rank` over that view, one finding per root cause.
 //! - [`batch`]: what `commscope analyze` runs over a job's trace.
+//! - [`postmortem`]: what `commscope report` draws from a trace and its analysis.
 #![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod detectors;
 pub mod finding;
 pub mod links;
+pub mod postmortem;
 
 pub use batch::{Analysis, Thresholds, analysis, analysis_at, analyze};
 pub use finding::{Finding, Kind};

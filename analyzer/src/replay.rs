@@ -128,8 +128,16 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
         match rec {
             Record::Comm(c) if c.event == CommEvent::Created => {
                 let cv = comms.entry(c.comm_id).or_default();
-                cv.members.insert(c.comm_rank, c.rank);
+                if c.comm_rank >= 0 {
+                    cv.members.insert(c.comm_rank, c.rank);
+                }
                 cv.progress.entry(c.rank).or_insert(0);
+                if cv.name.is_empty() {
+                    cv.name = c.name().to_owned();
+                }
+            }
+            Record::Comm(c) if c.event == CommEvent::Named && !c.name().is_empty() => {
+                comms.entry(c.comm_id).or_default().name = c.name().to_owned();
             }
             Record::Heartbeat(h) => {
                 if h.flags & flags::AGENT_BEAT == 0 {
@@ -217,6 +225,7 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             tag: c.tag,
             entered_ns: entered,
             age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
+            stream: c.lib != commscope_wire::op::lib::MPI,
         });
     }
     r

@@ -330,7 +330,9 @@ impl Detectors {
         if now > self.now_s {
             self.now_s = now;
         }
-        self.slow.sampled(k.rank);
+        if k.calls > 0 {
+            self.slow.sampled(k.rank);
+        }
     }
 
     /// Records a mismatch if members called different things.

@@ -71,6 +71,9 @@ pub struct InFlight {
     pub entered_ns: u64,
     /// How long it has been in flight at its rank's last observation.
     pub age_ns: u64,
+    /// Work queued on a GPU stream (NCCL, RCCL): the host went on after queuing it, and the
+    /// call completes on each rank when that rank's GPU finishes its part.
+    pub stream: bool,
 }
 
 /// A process's kernel state (live).
@@ -93,6 +96,8 @@ impl ProcessState {
 /// One communicator.
 #[derive(Clone, Debug, Default)]
 pub struct CommView {
+    /// Its name (`MPI_Comm_set_name`, NCCL's `commName`, a process group's description), or "".
+    pub name: String,
     /// Rank in the communicator → global rank.
     pub members: BTreeMap<i32, i32>,
     /// Global rank → collectives completed in order (highest completed seq + 1).
@@ -129,6 +134,15 @@ impl JobView {
                 .iter()
                 .any(|x| x.comm == comm && x.seq == seq && !x.op.is_p2p())
         })
+    }
+
+    /// A communicator as sentences name it: `0x…` with its name when it has one.
+    pub fn comm_label(&self, comm: u64) -> String {
+        let id = commscope_wire::hash::format_comm_id(comm);
+        match self.comms.get(&comm).map(|c| c.name.as_str()) {
+            Some(name) if !name.is_empty() => format!("{id} ({name})"),
+            _ => id,
+        }
     }
 
     /// The node of a rank ("" when unknown).

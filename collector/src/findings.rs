@@ -77,12 +77,15 @@ pub fn view(job: &JobState, now: u64) -> JobView {
         comms.insert(
             *id,
             CommView {
+                name: c.name.clone(),
                 members: c.members.clone(),
                 progress: c.progress.clone(),
                 longest_ns: (c.max_duration_s * 1e9) as u64,
             },
         );
     }
+    // NCCL and RCCL calls are queued on a GPU stream.
+    let stream = matches!(job.flavour.as_str(), "nccl" | "rccl");
     let mut ranks = std::collections::BTreeMap::new();
     for r in job.ranks.values() {
         // Several processes of one rank (a restart): the latest stands.
@@ -92,7 +95,7 @@ pub fn view(job: &JobState, now: u64) -> JobView {
         {
             continue;
         }
-        ranks.insert(r.rank, rank_view(r, &comms, now));
+        ranks.insert(r.rank, rank_view(r, &comms, now, stream));
     }
     JobView {
         job: job.job.clone(),
@@ -103,7 +106,7 @@ pub fn view(job: &JobState, now: u64) -> JobView {
     }
 }
 
-fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView {
+fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib: bool) -> RankView {
     let ended = matches!(r.status, RankStatus::Killed | RankStatus::Exited).then(|| Ending {
         at_ns: r.ended_at_ns.unwrap_or(now),
         observed: true,
@@ -153,6 +156,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64) -> RankView
                 tag: -1,
                 entered_ns: to_real(c.t_enter),
                 age_ns: (c.for_s * 1e9) as u64 + since,
+                stream: stream_lib,
             })
         })
         .collect();

@@ -358,6 +358,12 @@ pub struct Skip {
 }
 
 impl Skip {
+    /// A skip that counts no call only says that the rank had completed every collective of
+    /// the communicator through `last_seq` (an imported trace whose window starts there).
+    pub fn progress_only(&self) -> bool {
+        self.calls == 0
+    }
+
     /// The operation.
     pub fn op(&self) -> Op {
         Op::from_code(self.op)

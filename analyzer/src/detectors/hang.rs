@@ -168,7 +168,19 @@ pub fn findings(
         let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
         out.push(frozen_finding(view, &view.ranks[r], &victims));
     }
+    // GPU streams are coupled through each rank's compute: while ranks that never entered are
+    // found, stream work stalled elsewhere waits behind them and is their evidence, not a
+    // cause of its own.
+    let mut behind_roots: Vec<Victim> = Vec::new();
     for group in stall_groups(view, &by_root) {
+        let victims: Vec<&Victim> = group
+            .iter()
+            .flat_map(|&(c, s)| by_root.get(&Root::Stall(c, s)).into_iter().flatten())
+            .collect();
+        if !sets.is_empty() && victims.iter().all(|v| v.call.stream) {
+            behind_roots.extend(victims.into_iter().cloned());
+            continue;
+        }
         out.push(stall_finding(view, &group, &by_root));
     }
     for (r, i) in &mismatched {
@@ -181,7 +193,11 @@ pub fn findings(
             .iter()
             .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
             .collect();
-        out.push(plain_finding(view, &culprits, &victims));
+        let mut f = plain_finding(view, &culprits, &victims);
+        if let (false, Value::Object(o)) = (behind_roots.is_empty(), &mut f.evidence) {
+            o.insert("stalled_behind".into(), stuck_evidence(&behind_roots));
+        }
+        out.push(f);
     }
     out
 }
@@ -241,13 +257,24 @@ fn merge<T: Ord>(mut sets: Vec<BTreeSet<T>>) -> Vec<BTreeSet<T>> {
     out
 }
 
-/// The call a finding names: the one waiting directly on its roots that entered first (the
-/// same in a live view and a trace), else the one waiting longest.
+/// The call a finding names: of those waiting directly on its roots, the one that waits on the
+/// most of them, entered first (the same in a live view and a trace); else the one waiting
+/// longest.
 fn anchor<'a>(victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
-    let key = |v: &&Victim| (v.call.entered_ns, v.call.comm, v.call.seq, v.rank);
+    // The call that waits on the most of the roots directly, entered first.
+    let covered = |v: &Victim| roots.iter().filter(|r| v.direct.contains(r)).count();
+    let key = |v: &&Victim| {
+        (
+            std::cmp::Reverse(covered(v)),
+            v.call.entered_ns,
+            v.call.comm,
+            v.call.seq,
+            v.rank,
+        )
+    };
     victims
         .iter()
-        .filter(|v| v.direct.iter().any(|d| roots.contains(d)))
+        .filter(|v| covered(v) > 0)
         .min_by_key(key)
         .or_else(|| victims.iter().max_by_key(|v| v.call.age_ns))
         .map(|v| v.call)
@@ -279,25 +306,29 @@ fn stuck_evidence(victims: &[Victim]) -> Value {
 }
 
 /// "allreduce #12 on communicator 0x… (1.0 MiB)".
-fn call_phrase(c: &InFlight) -> String {
+fn call_phrase(view: &JobView, c: &InFlight) -> String {
     if c.op.is_p2p() {
         if c.tag >= 0 {
             format!(
                 "{} (tag {}) on communicator {}",
                 c.op.name(),
                 c.tag,
-                format_comm_id(c.comm)
+                view.comm_label(c.comm)
             )
         } else {
-            format!("{} on communicator {}", c.op.name(), format_comm_id(c.comm))
+            format!(
+                "{} on communicator {}",
+                c.op.name(),
+                view.comm_label(c.comm)
+            )
         }
     } else {
         format!(
-            "{} #{} on communicator {} ({})",
+            "{} #{} ({}) on communicator {}",
             c.op.name(),
             c.seq,
-            format_comm_id(c.comm),
-            fmt_bytes(c.bytes)
+            fmt_bytes(c.bytes),
+            view.comm_label(c.comm)
         )
     }
 }
@@ -325,7 +356,8 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         .min_by_key(|(_, e)| e.at_ns);
     let how = first.map_or_else(String::new, |(_, e)| ending_phrase(e));
     let who = match (ranks.as_slice(), view.ranks.get(&ranks[0])) {
-        ([r], Some(p)) => format!("rank {r} on {} (pid {})", p.node, p.pid),
+        ([r], Some(p)) if !p.node.is_empty() => format!("rank {r} on {} (pid {})", p.node, p.pid),
+        _ if nodes.is_empty() => ranks_phrase(&ranks),
         _ => format!("{} on {}", ranks_phrase(&ranks), nodes.join(", ")),
     };
     let waiting = victim_ranks(victims, roots);
@@ -349,7 +381,7 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
             } else {
                 "were"
             },
-            call_phrase(c)
+            call_phrase(view, c)
         );
     }
     if !after.is_empty() {
@@ -376,7 +408,11 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
     summary += &format!(
         " — it is the first rank to stop ({}): look at {}'s logs and kernel messages (OOM killer, segfault) for why it ended, then restart the job from its last checkpoint",
         deaths.how_found,
-        nodes.join(", ")
+        if nodes.is_empty() {
+            "its node".to_owned()
+        } else {
+            nodes.join(", ")
+        }
     );
     let in_call = roots
         .iter()
@@ -448,7 +484,9 @@ fn frozen_finding(view: &JobView, p: &RankView, victims: &[Victim]) -> Finding {
         None => "has gone silent".into(),
     };
     let call = p.in_flight.iter().min_by_key(|c| c.entered_ns);
-    let inside = call.map_or(String::new(), |c| format!(" inside {}", call_phrase(c)));
+    let inside = call.map_or(String::new(), |c| {
+        format!(" inside {}", call_phrase(view, c))
+    });
     let wait = anchor(victims, &[Root::Rank(p.rank)]);
     let summary = format!(
         "rank {} on {} (pid {}) {state}{inside}; its heartbeats stopped {silent_s:.1} s ago{} — {}",
@@ -512,7 +550,7 @@ struct Stalled<'a> {
 }
 
 impl Stalled<'_> {
-    fn phrase(&self) -> String {
+    fn phrase(&self, view: &JobView) -> String {
         let what = self.call.map_or_else(
             || format!("instance #{}", self.seq),
             |c| format!("{} #{} ({})", c.op.name(), self.seq, fmt_bytes(c.bytes)),
@@ -532,7 +570,7 @@ impl Stalled<'_> {
         format!(
             "all {} members of communicator {} entered {what} {age:.1} s ago and {still}",
             self.members.len(),
-            format_comm_id(self.comm),
+            view.comm_label(self.comm),
         )
     }
 }
@@ -579,14 +617,14 @@ fn stall_finding(
     let inside_any: BTreeSet<i32> = stalled.iter().flat_map(|s| s.inside.clone()).collect();
     let behind = victim_ranks(&victims, &inside_any);
     let what = if stalled.len() == 1 {
-        first.phrase()
+        first.phrase(view)
     } else {
         format!(
             "{} collectives make no progress: {}",
             stalled.len(),
             stalled
                 .iter()
-                .map(Stalled::phrase)
+                .map(|s| s.phrase(view))
                 .collect::<Vec<_>>()
                 .join("; ")
         )
@@ -618,10 +656,10 @@ fn stall_finding(
             } else {
                 format!("; {} wait behind it", others(behind.len()))
             },
-            if nodes.len() > 1 {
-                format!("nodes {}", nodes.join(", "))
-            } else {
-                format!("the ranks on {}", nodes.join(", "))
+            match nodes.len() {
+                0 => "its members".to_owned(),
+                1 => format!("the ranks on {}", nodes[0]),
+                _ => format!("nodes {}", nodes.join(", ")),
             }
         ),
         evidence: json!({
@@ -683,6 +721,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         .collect::<Vec<_>>()
         .join("; ");
     let waiting = victim_ranks(victims, culprits);
+    let gpu_note = gpu_note(view, culprits);
     hang_finding(HangCause {
         job: &view.job,
         culprits: culprits.iter().copied().collect(),
@@ -690,6 +729,11 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         victims: waiting.clone(),
         waited: Waited {
             comm: call.comm,
+            comm_name: view
+                .comms
+                .get(&call.comm)
+                .map(|c| c.name.clone())
+                .unwrap_or_default(),
             seq: (!call.op.is_p2p()).then_some(call.seq),
             op: call.op.name(),
             bytes: call.bytes,
@@ -699,6 +743,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         in_library,
         live: view.live,
         state_note,
+        gpu_note,
         opened_at: call.entered_ns.max(1),
         confidence: if culprits.iter().all(|r| view.ranks.contains_key(r)) {
             0.95
@@ -707,6 +752,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         },
         evidence: json!({
             "victims": waiting,
+            "front": front(view, culprits, victims),
             "stuck": stuck_evidence(victims),
             "culprits": culprits.iter().map(|r| match view.ranks.get(r) {
                 Some(p) => with_evidence(json!({"rank": r, "node": p.node, "pid": p.pid,
@@ -716,6 +762,116 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
             }).collect::<Vec<_>>(),
         }),
     })
+}
+
+/// The hang front: per communicator, the first instance its members wait in for the culprits,
+/// and which culprits never entered it.
+fn front(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -> Value {
+    let blocks = |v: &Victim| -> Vec<i32> {
+        v.direct
+            .iter()
+            .filter_map(|d| match d {
+                Root::Rank(r) if culprits.contains(r) => Some(*r),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut first: BTreeMap<u64, &Victim> = BTreeMap::new();
+    for v in victims.iter().filter(|v| !blocks(v).is_empty()) {
+        let e = first.entry(v.call.comm).or_insert(v);
+        if (v.call.seq, v.call.entered_ns) < (e.call.seq, e.call.entered_ns) {
+            *e = v;
+        }
+    }
+    Value::Array(
+        first
+            .values()
+            .map(|v| {
+                let c = v.call;
+                let waiting: BTreeSet<i32> = victims
+                    .iter()
+                    .filter(|w| w.call.comm == c.comm && w.call.seq == c.seq)
+                    .map(|w| w.rank)
+                    .collect();
+                json!({
+                    "comm": format_comm_id(c.comm),
+                    "name": view.comms.get(&c.comm).map_or("", |x| x.name.as_str()),
+                    "seq": c.seq,
+                    "op": c.op.name(),
+                    "bytes": c.bytes,
+                    "missing": blocks(v),
+                    "waiting": waiting,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The oldest GPU-stream call of `rank` still in flight that another member of its
+/// communicator completed: that rank's GPU stopped finishing its work.
+fn unfinished_on_gpu(view: &JobView, rank: i32) -> Option<&InFlight> {
+    view.ranks
+        .get(&rank)?
+        .in_flight
+        .iter()
+        .filter(|c| c.stream && !c.op.is_p2p())
+        .filter(|c| {
+            view.members(c.comm)
+                .iter()
+                .any(|m| *m != rank && view.done(c.comm, *m, c.seq))
+        })
+        .min_by_key(|c| (c.entered_ns, c.comm, c.seq))
+}
+
+/// What to say when culprits hold GPU work their peers completed, naming the other ranks in
+/// that state too (they are evidence, not culprits: their peers did not wait on them).
+fn gpu_note(view: &JobView, culprits: &BTreeSet<i32>) -> String {
+    let stuck: Vec<(i32, &InFlight)> = culprits
+        .iter()
+        .filter_map(|r| unfinished_on_gpu(view, *r).map(|c| (*r, c)))
+        .collect();
+    let Some((_, c)) = stuck.first() else {
+        return String::new();
+    };
+    let done: Vec<i32> = view
+        .members(c.comm)
+        .into_iter()
+        .filter(|m| view.done(c.comm, *m, c.seq))
+        .collect();
+    let also: Vec<i32> = view
+        .ranks
+        .keys()
+        .copied()
+        .filter(|r| !culprits.contains(r) && unfinished_on_gpu(view, *r).is_some())
+        .collect();
+    format!(
+        "{} GPU had not finished {}, which {} completed{}: check {} (Xid errors in the kernel log, nvidia-smi) and what its host thread was doing",
+        if stuck.len() == 1 && culprits.len() == 1 {
+            "its".to_owned()
+        } else {
+            format!(
+                "{}'s",
+                ranks_phrase(&stuck.iter().map(|s| s.0).collect::<Vec<_>>())
+            )
+        },
+        call_phrase(view, c),
+        ranks_phrase(&done),
+        if also.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} {} GPU work {} peers completed too",
+                ranks_phrase(&also),
+                if also.len() == 1 { "holds" } else { "hold" },
+                if also.len() == 1 { "its" } else { "their" }
+            )
+        },
+        if stuck.len() == 1 {
+            "that GPU"
+        } else {
+            "those GPUs"
+        }
+    )
 }
 
 /// `base` with a rank's own evidence (process state, stacks) merged in.

@@ -47,6 +47,7 @@ fn comm(v: &mut JobView, id: u64, members: &[i32], done: u64) {
     v.comms.insert(
         id,
         CommView {
+            name: String::new(),
             members: members
                 .iter()
                 .enumerate()
@@ -69,6 +70,7 @@ fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
         tag: -1,
         entered_ns: NOW - age,
         age_ns: age,
+        stream: false,
     });
 }
 
@@ -82,6 +84,7 @@ fn recv(v: &mut JobView, r: i32, from: i32, age: u64) {
         tag: 999,
         entered_ns: NOW - age,
         age_ns: age,
+        stream: false,
     });
 }
 

@@ -2,7 +2,9 @@
 //!
 //! A collective waits for the members that have neither entered nor completed it; when every
 //! member is inside, it waits for the members whose process is known to be gone or stopped,
-//! and otherwise for the library itself (a stall). A point-to-point call waits for its peer,
+//! and otherwise for the library itself (a stall). GPU-stream work (NCCL) that another member
+//! already completed waits for nobody: the instance went through, and only this rank's GPU has
+//! not finished its part. A point-to-point call waits for its peer,
 //! unless the peer is inside the matching call (then the two are matched and only slow, or the
 //! transport stalls). The chain is followed through ranks that are themselves blocked; it ends
 //! at a rank that waits for nobody (outside the library, or already explained by a death, a
@@ -62,6 +64,15 @@ impl Waits<'_> {
         if !missing.is_empty() {
             return missing;
         }
+        // Stream work another member completed: the instance went through, and what is left is
+        // this rank's own GPU finishing its part. It waits for nobody.
+        if call.stream
+            && members
+                .iter()
+                .any(|m| *m != rank && v.done(call.comm, *m, call.seq))
+        {
+            return vec![];
+        }
         let gone: Vec<Root> = members
             .iter()
             .copied()
@@ -72,6 +83,19 @@ impl Waits<'_> {
             return gone;
         }
         if members.len() < 2 {
+            return vec![];
+        }
+        // Stream work queued behind older stream work still in flight on a member: it waits
+        // for that work, which has its own blockers.
+        if call.stream
+            && members.iter().any(|m| {
+                v.ranks.get(m).is_some_and(|r| {
+                    r.in_flight
+                        .iter()
+                        .any(|x| x.stream && x.entered_ns < call.entered_ns && x != call)
+                })
+            })
+        {
             return vec![];
         }
         vec![Root::Stall(call.comm, call.seq)]

@@ -1,0 +1,71 @@
+//! commscope's own formats: `.cst` files, Parquet traces and a collector's write-ahead logs.
+
+use std::path::Path;
+
+use commscope_wire::parquet::{self, ClockAlignment, ProcessTrace};
+use commscope_wire::record::Record;
+use commscope_wire::{cst, wal};
+
+use crate::Format;
+
+/// Reads one file of commscope's formats; damage that was skipped goes to `warn`.
+pub(crate) fn read(
+    path: &Path,
+    format: Format,
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<ProcessTrace>, String> {
+    match format {
+        Format::Cst => {
+            let t = cst::read_file(path).map_err(|e| strip_path(&e.to_string(), path))?;
+            for w in t.warnings {
+                warn(w);
+            }
+            Ok(vec![ProcessTrace {
+                header: t.header,
+                records: t.records,
+                clock: None,
+            }])
+        }
+        Format::Parquet => {
+            let (procs, unknown) =
+                parquet::read(path).map_err(|e| strip_path(&e.to_string(), path))?;
+            if unknown > 0 {
+                warn(format!("{unknown} rows of unknown kind were skipped"));
+            }
+            Ok(procs)
+        }
+        Format::Wal => {
+            let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+            let log = wal::parse(&bytes).map_err(|e| e.to_string())?;
+            // A torn tail is normal for a live log: never acknowledged, not lost.
+            Ok(log
+                .entries
+                .into_iter()
+                .map(|e| ProcessTrace {
+                    records: e
+                        .records
+                        .iter()
+                        .filter_map(|r| Record::decode(r).ok())
+                        .collect(),
+                    header: e.header,
+                    clock: e.clock.map(|(offset_ns, error_ns)| ClockAlignment {
+                        offset_ns,
+                        error_ns,
+                    }),
+                })
+                .collect())
+        }
+        _ => Err(format!(
+            "{} is not one of commscope's formats",
+            format.name()
+        )),
+    }
+}
+
+/// Error messages that start with the path: the caller names the file already.
+fn strip_path(msg: &str, path: &Path) -> String {
+    let p = path.display().to_string();
+    msg.strip_prefix(&p)
+        .map(|m| m.trim_start_matches([':', ' ']).to_owned())
+        .unwrap_or_else(|| msg.to_owned())
+}

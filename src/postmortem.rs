@@ -1,0 +1,163 @@
+//! `commscope report` and `commscope export perfetto`: traces in, one file out.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use commscope_analyzer::postmortem;
+use commscope_wire::op::Clock;
+use commscope_wire::record::Record;
+use serde_json::{Value, json};
+
+use crate::traces;
+
+/// Writes `out` whole or not at all (a temporary file renamed over it).
+fn write_atomically(out: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = out.with_extension("commscope-tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("failed to write {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("failed to write {}", out.display()))
+}
+
+/// `commscope report PATH… -o FILE.html`.
+pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
+    let loaded = traces::load(paths)?;
+    let th = commscope_analyzer::Thresholds::default();
+    let jobs: Vec<postmortem::JobReport> = loaded
+        .jobs
+        .values()
+        .map(|j| {
+            let a = commscope_analyzer::analysis(&j.job, &j.processes, &th);
+            postmortem::report(&j.job, &j.processes, &a)
+        })
+        .collect();
+    let sources: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let html = commscope_report::render(&jobs, &sources, &loaded.warnings);
+    write_atomically(out, html.as_bytes())?;
+    let findings: usize = jobs.iter().map(|j| j.findings.len()).sum();
+    eprintln!(
+        "wrote {} ({} job{}, {findings} finding{}, {:.1} MiB)",
+        out.display(),
+        jobs.len(),
+        if jobs.len() == 1 { "" } else { "s" },
+        if findings == 1 { "" } else { "s" },
+        html.len() as f64 / (1 << 20) as f64
+    );
+    Ok(traces::exit_code(&loaded))
+}
+
+/// `commscope export perfetto PATH… -o FILE.json`: the Chrome trace event format, which
+/// ui.perfetto.dev and chrome://tracing open. One process per rank (its track), named by rank
+/// and node; calls as complete events in lanes that never overlap; calls never completed run to
+/// the trace's end; findings as instant events on the ranks they name (global when none).
+/// Every time is on the trace's common clock (clock offsets applied), in µs from its start.
+pub fn perfetto(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
+    let loaded = traces::load(paths)?;
+    let th = commscope_analyzer::Thresholds::default();
+    let mut events: Vec<Value> = Vec::new();
+    let mut calls = 0usize;
+    for (ji, j) in loaded.jobs.values().enumerate() {
+        let a = commscope_analyzer::analysis(&j.job, &j.processes, &th);
+        let start = j
+            .processes
+            .iter()
+            .flat_map(|p| {
+                p.records.iter().filter_map(move |r| match r {
+                    Record::Call(c) | Record::Enter(c) => Some(
+                        commscope_analyzer::batch::real_time(p, c.span().0, Clock::HostMono),
+                    ),
+                    _ => None,
+                })
+            })
+            .filter(|t| *t > 0)
+            .min()
+            .unwrap_or(0);
+        let us = |t: u64| t.saturating_sub(start) as f64 / 1e3;
+        let end = a.view.now_ns.max(start);
+        let pid_of = |rank: i32| (ji as i64) * 1_000_000 + i64::from(rank) + 1;
+        for p in &j.processes {
+            let pid = pid_of(p.header.rank);
+            let name = if p.header.node.is_empty() {
+                format!("{}: rank {}", j.job, p.header.rank)
+            } else {
+                format!("{}: rank {} on {}", j.job, p.header.rank, p.header.node)
+            };
+            events.push(
+                json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}),
+            );
+            events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": p.header.rank}}));
+            // Lanes: each call goes to the first whose last call ended before it began.
+            let mut spans: Vec<(u64, u64, Value)> = Vec::new();
+            for r in &p.records {
+                let Record::Call(c) = r else { continue };
+                let (s, e) = c.span();
+                let (s, e) = (
+                    commscope_analyzer::batch::real_time(p, s, Clock::HostMono),
+                    commscope_analyzer::batch::real_time(p, e, Clock::HostMono),
+                );
+                let comm = a.view.comm_label(c.comm_id);
+                spans.push((
+                    s,
+                    e.max(s),
+                    json!({"name": c.op().name(), "cat": if c.op().is_p2p() { "p2p" } else { "collective" },
+                           "args": {"communicator": comm, "seq": c.seq, "bytes": c.bytes, "count": c.count,
+                                    "peer": c.peer, "status": c.status,
+                                    "gpu": c.has_gpu_time()}}),
+                ));
+            }
+            if let Some(v) = a.view.ranks.get(&p.header.rank) {
+                for c in &v.in_flight {
+                    spans.push((
+                        c.entered_ns.max(start),
+                        end,
+                        json!({"name": format!("{} (never completed)", c.op.name()), "cat": "in-flight",
+                               "args": {"communicator": a.view.comm_label(c.comm), "seq": c.seq, "bytes": c.bytes}}),
+                    ));
+                }
+            }
+            spans.sort_by_key(|x| (x.0, std::cmp::Reverse(x.1)));
+            let mut lanes: Vec<u64> = Vec::new();
+            for (s, e, mut ev) in spans {
+                let lane = match lanes.iter().position(|l| *l <= s) {
+                    Some(i) => {
+                        lanes[i] = e;
+                        i
+                    }
+                    None => {
+                        lanes.push(e);
+                        lanes.len() - 1
+                    }
+                };
+                ev["ph"] = "X".into();
+                ev["pid"] = pid.into();
+                ev["tid"] = (lane + 1).into();
+                ev["ts"] = us(s).into();
+                ev["dur"] = ((e - s) as f64 / 1e3).into();
+                events.push(ev);
+                calls += 1;
+            }
+            for l in 0..lanes.len() {
+                events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": l + 1,
+                                   "args": {"name": if l == 0 { "calls".to_owned() } else { format!("calls ({})", l + 1) }}}));
+            }
+        }
+        for f in &a.findings {
+            let at = us(f.opened_at.clamp(start, end));
+            let args = json!({"summary": f.summary, "id": f.id, "state": f.state, "comm": f.comm, "seq": f.seq});
+            if f.ranks.is_empty() {
+                events.push(json!({"ph": "i", "s": "g", "name": f.kind.name(), "ts": at, "pid": pid_of(-1), "tid": 0, "args": args}));
+            }
+            for r in &f.ranks {
+                events.push(json!({"ph": "i", "s": "p", "name": f.kind.name(), "ts": at,
+                                   "pid": pid_of(*r), "tid": 1, "args": args}));
+            }
+        }
+    }
+    let doc = json!({
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": "commscope", "version": env!("CARGO_PKG_VERSION")},
+    });
+    write_atomically(out, serde_json::to_string(&doc)?.as_bytes())?;
+    eprintln!("wrote {} ({calls} calls)", out.display());
+    Ok(traces::exit_code(&loaded))
+}
