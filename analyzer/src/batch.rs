@@ -24,6 +24,8 @@ pub struct Thresholds {
 const EVAL_EVERY_NS: u64 = 1_000_000_000;
 /// After the last record, evaluations go on every second for this long (then once at the end).
 const TAIL_EVALS_NS: u64 = 60_000_000_000;
+/// Evaluations in one silent stretch between records, at most (ten minutes of trace time).
+const GAP_EVALS: u32 = 600;
 
 /// A record's host time on the common (real-time) base.
 pub fn real_time(p: &ProcessTrace, t: u64, clock: Clock) -> u64 {
@@ -119,11 +121,20 @@ fn instance_findings(
     let mut tracker = Tracker::default();
     let mut next: Option<u64> = None;
     feed_in_time_order(processes, &mut det, |det, t| {
-        let n = next.get_or_insert(t + EVAL_EVERY_NS);
+        let n = next.get_or_insert(t.saturating_add(EVAL_EVERY_NS));
+        // A silent stretch is evaluated for a while as the live collector would; past that
+        // nothing changes until the next record (a damaged timestamp far in the future must
+        // not cost a billion evaluations).
+        let mut evals = 0;
         while t >= *n {
+            if evals == GAP_EVALS {
+                *n = t.saturating_add(EVAL_EVERY_NS);
+                break;
+            }
             det.advance(*n);
             tracker.update(det.findings(), *n);
-            *n += EVAL_EVERY_NS;
+            *n = n.saturating_add(EVAL_EVERY_NS);
+            evals += 1;
         }
     });
     // After the last record (a hung job's trace goes on with heartbeats only), evaluate every
@@ -134,7 +145,7 @@ fn instance_findings(
         while n < until {
             det.advance(n);
             tracker.update(det.findings(), n);
-            n += EVAL_EVERY_NS;
+            n = n.saturating_add(EVAL_EVERY_NS);
         }
     }
     det.advance(end_ns.max(next.map_or(0, |n| n.saturating_sub(EVAL_EVERY_NS))));

@@ -262,7 +262,12 @@ fn entry(e: &Value) -> Option<Entry> {
         Value::Str(s) => (s.clone(), String::new()),
         _ => return None,
     };
-    let opt_ns = |k| e.get(k).and_then(Value::as_i64).filter(|t| *t > 0);
+    let opt_ns = |k| {
+        e.get(k)
+            .and_then(Value::as_i64)
+            .filter(|t| *t > 0)
+            .map(|t| t.min(crate::MAX_TIME_NS as i64))
+    };
     Some(Entry {
         record_id: e.get("record_id").and_then(Value::as_i64).unwrap_or(-1),
         pg_id: e.get("pg_id").and_then(Value::as_i64).unwrap_or(-1),
@@ -271,8 +276,15 @@ fn entry(e: &Value) -> Option<Entry> {
         collective_seq_id: e.get("collective_seq_id")?.as_i64()?,
         p2p_seq_id: e.get("p2p_seq_id").and_then(Value::as_i64).unwrap_or(0),
         profiling_name: e.get("profiling_name")?.as_str()?.to_owned(),
-        time_created_ns: e.get("time_created_ns")?.as_i64()?,
-        duration_ms: e.get("duration_ms").and_then(Value::as_f64),
+        time_created_ns: e
+            .get("time_created_ns")?
+            .as_i64()?
+            .clamp(0, crate::MAX_TIME_NS as i64),
+        duration_ms: e
+            .get("duration_ms")
+            .and_then(Value::as_f64)
+            .filter(|d| d.is_finite() && *d >= 0.0)
+            .map(|d| d.min(1e9)),
         input_sizes: sizes(e.get("input_sizes")),
         output_sizes: sizes(e.get("output_sizes")),
         input_dtypes: e
@@ -289,7 +301,10 @@ fn entry(e: &Value) -> Option<Entry> {
             .to_owned(),
         started_ns: opt_ns("time_discovered_started_ns"),
         completed_ns: opt_ns("time_discovered_completed_ns"),
-        timeout_ms: e.get("timeout_ms").and_then(Value::as_i64),
+        timeout_ms: e
+            .get("timeout_ms")
+            .and_then(Value::as_i64)
+            .map(|t| t.clamp(0, 30 * 24 * 3_600_000)),
         is_p2p: e.get("is_p2p").and_then(Value::as_bool).unwrap_or(false),
     })
 }
@@ -361,8 +376,11 @@ pub fn dtype_of(name: &str) -> (u16, u64) {
 fn numel(shapes: &[Vec<i64>]) -> u64 {
     shapes
         .iter()
-        .map(|s| s.iter().map(|d| (*d).max(0) as u64).product::<u64>())
-        .sum()
+        .map(|s| {
+            s.iter()
+                .fold(1u64, |n, d| n.saturating_mul((*d).max(0) as u64))
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 /// The dump time: the earliest pending entry of the job plus its timeout (the watchdog dumps
@@ -375,7 +393,8 @@ fn dump_time(dumps: &[Dump]) -> u64 {
         .min_by_key(|e| e.time_created_ns);
     if let Some(e) = pending {
         let timeout = e.timeout_ms.filter(|t| *t > 0).unwrap_or(600_000);
-        return (e.time_created_ns.max(0) as u64).saturating_add(timeout as u64 * 1_000_000);
+        return (e.time_created_ns.max(0) as u64)
+            .saturating_add((timeout as u64).saturating_mul(1_000_000));
     }
     dumps
         .iter()
@@ -424,14 +443,14 @@ fn pg_names(dumps: &[Dump]) -> BTreeMap<i32, BTreeMap<i64, String>> {
 
 /// The dumps of one job as commscope process traces, one per rank.
 pub fn to_traces(job: &str, dumps: &[Dump]) -> Vec<ProcessTrace> {
-    let now = dump_time(dumps);
+    let now = crate::time_ns(dump_time(dumps));
     let names = pg_names(dumps);
     let world = dumps
         .iter()
         .flat_map(|d| d.groups.values().flat_map(|g| g.ranks.iter().copied()))
         .chain(dumps.iter().map(|d| d.rank))
         .max()
-        .map_or(0, |m| m + 1);
+        .map_or(0, |m| m.saturating_add(1));
     dumps
         .iter()
         .map(|d| rank_trace(job, d, now, world, names.get(&d.rank)))
@@ -505,7 +524,7 @@ fn rank_trace(
         let completed = e.state == "completed";
         if !completed && !p2p {
             let d = done.entry(e.pg_name.clone()).or_insert(i64::MAX);
-            *d = (*d).min(e.collective_seq_id - 1);
+            *d = (*d).min(e.collective_seq_id.saturating_sub(1));
         }
         if completed && !p2p {
             let d = done.entry(e.pg_name.clone()).or_insert(-1);
@@ -547,7 +566,7 @@ fn rank_trace(
             comm_id: g.comm_id(),
             seq: e.collective_seq_id.max(0) as u64,
             op_seq: e.p2p_seq_id.max(0) as u64,
-            bytes: numel(&e.input_sizes) * size,
+            bytes: numel(&e.input_sizes).saturating_mul(size),
             count,
             peer: peer.map_or(-1, |p| p as i32),
             tag: -1,
@@ -570,7 +589,7 @@ fn rank_trace(
         if completed {
             let gpu = e.started_ns.zip(e.duration_ms).map(|(s, ms)| {
                 let s = s.max(0) as u64;
-                (s, s + (ms * 1e6) as u64)
+                (s, s.saturating_add((ms * 1e6) as u64))
             });
             c.t_exit = e
                 .completed_ns
@@ -648,6 +667,13 @@ mod tests {
         assert_eq!(op_of("xccl:all_reduce"), Some((Op::Allreduce, None)));
         assert_eq!(op_of("nccl:coalesced"), None);
         assert_eq!(op_of("nccl:split"), None);
+    }
+
+    #[test]
+    fn absurd_sizes_saturate_instead_of_overflowing() {
+        // Found by the fuzzer: shapes whose product overflows 64 bits.
+        assert_eq!(numel(&[vec![i64::MAX, i64::MAX], vec![3]]), u64::MAX);
+        assert_eq!(numel(&[vec![-4, 5]]), 0);
     }
 
     #[test]

@@ -123,7 +123,7 @@ pub fn read(bytes: &[u8], job: &str) -> (Vec<ProcessTrace>, Vec<String>) {
             pid,
             ..Default::default()
         });
-        p.last_dump_us = p.last_dump_us.max(dump_us);
+        p.last_dump_us = p.last_dump_us.max(dump_us.min(crate::MAX_TIME_NS / 1000));
         p.comms.entry(comm.id).or_insert_with(|| comm.clone());
         if let Some(s) = v.get("dump_stats") {
             for k in [
@@ -158,6 +158,12 @@ pub fn read(bytes: &[u8], job: &str) -> (Vec<ProcessTrace>, Vec<String>) {
             })
             .and_then(Value::as_f64)
             .map_or(dump_us, |t| t as u64);
+        let end = end.min(crate::MAX_TIME_NS / 1000);
+        let exec = if exec.is_finite() {
+            exec.clamp(0.0, 1e12)
+        } else {
+            0.0
+        };
         p.ops.push((comm.id, op, sn, exec, end, bytes, peer));
     }
     let mut warnings = Vec::new();
@@ -207,7 +213,7 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
         .map(|o| o.4.saturating_sub(o.3 as u64))
         .min()
         .unwrap_or(p.last_dump_us)
-        * 1000;
+        .saturating_mul(1000);
     for c in p.comms.values() {
         let mut r = Comm::new(CommEvent::Created, c.id, 0, t0, rank, c.rank, c.n_ranks, 0);
         r.rec_seq = next();
@@ -221,7 +227,7 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
     let mut last = t0;
     for (comm, op, sn, exec, end_us, bytes, peer) in &p.ops {
         let c = &p.comms[comm];
-        let end = end_us * 1000;
+        let end = end_us.saturating_mul(1000);
         let start = end.saturating_sub((exec * 1000.0) as u64);
         last = last.max(end);
         let seq = if op.is_p2p() {
@@ -229,7 +235,9 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
         } else {
             let m = counts.entry(*comm).or_default();
             m.insert(*op as u8, *sn);
-            m.values().map(|n| n + 1).sum::<u64>() - 1
+            m.values()
+                .fold(0u64, |a, n| a.saturating_add(n.saturating_add(1)))
+                .saturating_sub(1)
         };
         records.push(Record::Call(Call {
             rec_seq: next(),
@@ -253,7 +261,7 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
             ..Default::default()
         }));
     }
-    let end = last.max(p.last_dump_us * 1000);
+    let end = last.max(p.last_dump_us.saturating_mul(1000));
     records.push(Record::Heartbeat(Heartbeat {
         rec_seq: next(),
         flags: flags::FINAL,
@@ -268,7 +276,7 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
             node: p.host,
             pid: p.pid,
             rank,
-            world_size: main.n_ranks.max(rank + 1),
+            world_size: main.n_ranks.max(rank.saturating_add(1)),
             library: "NCCL (Inspector)".into(),
             flavour: "nccl".into(),
             ..Default::default()

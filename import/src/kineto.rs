@@ -307,7 +307,7 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
         .unwrap_or(1)
         .max(i64::from(rank) + 1) as i32;
     let base = raw.base_ns.unwrap_or(0.0);
-    let at = |us: f64| (base + us * 1000.0).max(0.0) as u64;
+    let at = |us: f64| crate::time_ns((base + us * 1000.0).max(0.0) as u64);
     // Process groups the trace lists, by name.
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     for g in dist
@@ -508,7 +508,7 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
             comm_id,
             seq,
             op_seq: seq,
-            bytes: nelems * size,
+            bytes: nelems.saturating_mul(size),
             count: nelems,
             peer,
             tag: -1,

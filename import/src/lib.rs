@@ -51,6 +51,15 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
+/// The latest time an imported record may carry (ns since the epoch, about the year 2116): a
+/// damaged timestamp beyond it is held there, so arithmetic on times cannot overflow.
+pub const MAX_TIME_NS: u64 = 1 << 62;
+
+/// A time from a foreign file, held to [`MAX_TIME_NS`].
+pub fn time_ns(t: u64) -> u64 {
+    t.min(MAX_TIME_NS)
+}
+
 /// Trace formats recognised by content.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Format {

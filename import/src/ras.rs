@@ -37,7 +37,7 @@ struct Proc {
 /// When the report was taken (ns since the epoch): its `timestamp`, an RFC 3339-like text or
 /// seconds since the epoch.
 fn report_time(v: &Value) -> u64 {
-    match v.get("timestamp") {
+    crate::time_ns(match v.get("timestamp") {
         Some(Value::Number(n)) => (n.as_f64().unwrap_or(0.0) * 1e9) as u64,
         Some(Value::String(s)) => s
             .trim()
@@ -45,7 +45,7 @@ fn report_time(v: &Value) -> u64 {
             .map(|x| (x * 1e9) as u64)
             .unwrap_or(0),
         _ => 0,
-    }
+    })
 }
 
 /// Adds a rank of a communicator to its process; returns the process's key and the rank.
@@ -110,7 +110,11 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
             let launched: u64 = r
                 .get("collective_counts")
                 .and_then(Value::as_object)
-                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+                .map_or(0, |m| {
+                    m.values()
+                        .filter_map(Value::as_u64)
+                        .fold(0u64, u64::saturating_add)
+                });
             if launched > 0 {
                 let p = procs.get_mut(&(host, pid)).expect("just added");
                 p.records.push(Record::Skip(Skip {
@@ -187,4 +191,27 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_reads_and_absurd_times_are_held_in_range() {
+        // Found by the fuzzer: a timestamp of 120 digits overflowed the analyzer's time sums.
+        let text = br#"{"nccl_version":"2.28.7","timestamp":"17480303766666666666666666666666666666666666666666666666666666666666666666666666666666666666666666666666667.5",
+            "communicators":[{"hash":"0x1234","size":2,"ranks":[{"rank":0,"host":"a","pid":10,"collective_counts":{"AllReduce":640,"Broadcast":2}}],
+            "missing_ranks":[{"rank":1,"host":"b","pid":11,"status":{"unresponsive":true,"considered_dead":true}}]}]}"#;
+        let procs = read(text, "j").expect("a report");
+        assert_eq!(procs.len(), 2);
+        let a = procs.iter().find(|p| p.header.node == "a").expect("host a");
+        assert!(
+            a.records
+                .iter()
+                .any(|r| matches!(r, Record::Skip(k) if k.last_seq == 641 && k.progress_only()))
+        );
+        let b = procs.iter().find(|p| p.header.node == "b").expect("host b");
+        assert!(b.records.iter().any(|r| matches!(r, Record::Process(x) if x.event == ProcessEvent::Exit && x.t_real == crate::MAX_TIME_NS)));
+    }
 }

@@ -1,0 +1,7 @@
+//! Format detection on any first bytes (gzip included).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = commscope_import::sniff(data);
+});
