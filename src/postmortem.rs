@@ -1,5 +1,6 @@
 //! `commscope report` and `commscope export perfetto`: traces in, one file out.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -16,6 +17,56 @@ fn write_atomically(out: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = out.with_extension("commscope-tmp");
     std::fs::write(&tmp, bytes).with_context(|| format!("failed to write {}", tmp.display()))?;
     std::fs::rename(&tmp, out).with_context(|| format!("failed to write {}", out.display()))
+}
+
+/// Chrome trace events written one by one (a trace's events are never all in memory), to a
+/// temporary file renamed over the output when whole.
+struct EventWriter {
+    out: PathBuf,
+    tmp: PathBuf,
+    w: std::io::BufWriter<std::fs::File>,
+    first: bool,
+}
+
+impl EventWriter {
+    fn create(out: &Path) -> Result<EventWriter> {
+        let tmp = out.with_extension("commscope-tmp");
+        let f = std::fs::File::create(&tmp)
+            .with_context(|| format!("failed to write {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::new(f);
+        w.write_all(b"{\"displayTimeUnit\":\"ms\",\"otherData\":")?;
+        serde_json::to_writer(
+            &mut w,
+            &json!({"generator": "commscope", "version": env!("CARGO_PKG_VERSION")}),
+        )?;
+        w.write_all(b",\"traceEvents\":[\n")?;
+        Ok(EventWriter {
+            out: out.to_owned(),
+            tmp,
+            w,
+            first: true,
+        })
+    }
+
+    fn push(&mut self, ev: &Value) -> Result<()> {
+        if !self.first {
+            self.w.write_all(b",\n")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.w, ev)?;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.w.write_all(b"\n]}\n")?;
+        self.w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("failed to write {}", self.tmp.display()))?;
+        std::fs::rename(&self.tmp, &self.out)
+            .with_context(|| format!("failed to write {}", self.out.display()))
+    }
 }
 
 /// `commscope report PATH… -o FILE.html`.
@@ -53,7 +104,7 @@ pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
 pub fn perfetto(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
     let loaded = traces::load(paths)?;
     let th = commscope_analyzer::Thresholds::default();
-    let mut events: Vec<Value> = Vec::new();
+    let mut events = EventWriter::create(out)?;
     let mut calls = 0usize;
     for (ji, j) in loaded.jobs.values().enumerate() {
         let a = commscope_analyzer::analysis(&j.job, &j.processes, &th);
@@ -82,9 +133,9 @@ pub fn perfetto(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
                 format!("{}: rank {} on {}", j.job, p.header.rank, p.header.node)
             };
             events.push(
-                json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}),
-            );
-            events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": p.header.rank}}));
+                &json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}),
+            )?;
+            events.push(&json!({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": p.header.rank}}))?;
             // Lanes: each call goes to the first whose last call ended before it began.
             let mut spans: Vec<(u64, u64, Value)> = Vec::new();
             for r in &p.records {
@@ -132,32 +183,29 @@ pub fn perfetto(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
                 ev["tid"] = (lane + 1).into();
                 ev["ts"] = us(s).into();
                 ev["dur"] = ((e - s) as f64 / 1e3).into();
-                events.push(ev);
+                events.push(&ev)?;
                 calls += 1;
             }
             for l in 0..lanes.len() {
-                events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": l + 1,
-                                   "args": {"name": if l == 0 { "calls".to_owned() } else { format!("calls ({})", l + 1) }}}));
+                events.push(&json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": l + 1,
+                                   "args": {"name": if l == 0 { "calls".to_owned() } else { format!("calls ({})", l + 1) }}}))?;
             }
         }
         for f in &a.findings {
             let at = us(f.opened_at.clamp(start, end));
             let args = json!({"summary": f.summary, "id": f.id, "state": f.state, "comm": f.comm, "seq": f.seq});
             if f.ranks.is_empty() {
-                events.push(json!({"ph": "i", "s": "g", "name": f.kind.name(), "ts": at, "pid": pid_of(-1), "tid": 0, "args": args}));
+                events.push(&json!({"ph": "i", "s": "g", "name": f.kind.name(), "ts": at, "pid": pid_of(-1), "tid": 0, "args": args}))?;
             }
             for r in &f.ranks {
-                events.push(json!({"ph": "i", "s": "p", "name": f.kind.name(), "ts": at,
-                                   "pid": pid_of(*r), "tid": 1, "args": args}));
+                events.push(
+                    &json!({"ph": "i", "s": "p", "name": f.kind.name(), "ts": at,
+                                   "pid": pid_of(*r), "tid": 1, "args": args}),
+                )?;
             }
         }
     }
-    let doc = json!({
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"generator": "commscope", "version": env!("CARGO_PKG_VERSION")},
-    });
-    write_atomically(out, serde_json::to_string(&doc)?.as_bytes())?;
+    events.finish()?;
     eprintln!("wrote {} ({calls} calls)", out.display());
     Ok(traces::exit_code(&loaded))
 }
