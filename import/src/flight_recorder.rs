@@ -72,7 +72,24 @@ impl Group {
             .copied()
     }
 
-    fn comm_rank(&self, rank: i32) -> i32 {
+    /// The `comm` record of `rank` joining the group at `t`, named by its label.
+    pub fn created(&self, rank: i32, t: u64) -> Record {
+        let mut c = Comm::new(
+            CommEvent::Created,
+            self.comm_id(),
+            0,
+            t,
+            rank,
+            self.comm_rank(rank),
+            self.ranks.len() as i32,
+            0,
+        );
+        c.set_name(self.label().as_bytes());
+        Record::Comm(c)
+    }
+
+    /// `rank`'s place in the group (-1: not a member).
+    pub fn comm_rank(&self, rank: i32) -> i32 {
         self.ranks
             .iter()
             .position(|r| *r == rank)
@@ -465,11 +482,6 @@ fn rank_trace(
     names: Option<&BTreeMap<i64, String>>,
 ) -> ProcessTrace {
     let mut records = Vec::new();
-    let mut rec_seq = 0u64;
-    let mut next = || {
-        rec_seq += 1;
-        rec_seq
-    };
     let t0 = d
         .entries
         .iter()
@@ -477,19 +489,7 @@ fn rank_trace(
         .min()
         .unwrap_or(now);
     for g in d.groups.values() {
-        let mut c = Comm::new(
-            CommEvent::Created,
-            g.comm_id(),
-            0,
-            t0,
-            d.rank,
-            g.comm_rank(d.rank),
-            g.ranks.len() as i32,
-            0,
-        );
-        c.rec_seq = next();
-        c.set_name(g.label().as_bytes());
-        records.push(Record::Comm(c));
+        records.push(g.created(d.rank, t0));
     }
     // Completed through: pg_status by the group's numeric id, and the first pending entry.
     let mut done: BTreeMap<String, i64> = BTreeMap::new();
@@ -542,7 +542,6 @@ fn rank_trace(
             continue;
         }
         records.push(Record::Skip(Skip {
-            rec_seq: next(),
             comm_id: g.comm_id(),
             first_seq: 0,
             last_seq: *through as u64,
@@ -560,7 +559,6 @@ fn rank_trace(
         let count = numel(&e.input_sizes).max(numel(&e.output_sizes));
         let created = e.time_created_ns.max(0) as u64;
         let mut c = Call {
-            rec_seq: next(),
             op: op as u8,
             flags: flags::NONBLOCKING,
             comm_id: g.comm_id(),
@@ -608,15 +606,14 @@ fn rank_trace(
         }
     }
     records.push(Record::Heartbeat(Heartbeat {
-        rec_seq: next(),
         t_mono: now,
         t_real: now,
         in_flight: pending,
         rank: d.rank,
         ..Default::default()
     }));
-    ProcessTrace {
-        header: Header {
+    crate::imported(
+        Header {
             job: job.to_owned(),
             rank: d.rank,
             world_size: world,
@@ -637,8 +634,7 @@ fn rank_trace(
             ..Default::default()
         },
         records,
-        clock: None,
-    }
+    )
 }
 
 /// The rank a dump's file name gives: its trailing digits (`_dump_12`, `nccl_trace_rank_3`).

@@ -202,11 +202,6 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
         .unwrap_or_default();
     let rank = main.rank.max(0);
     let mut records = Vec::new();
-    let mut rec_seq = 0u64;
-    let mut next = || {
-        rec_seq += 1;
-        rec_seq
-    };
     let t0 = p
         .ops
         .iter()
@@ -216,7 +211,6 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
         .saturating_mul(1000);
     for c in p.comms.values() {
         let mut r = Comm::new(CommEvent::Created, c.id, 0, t0, rank, c.rank, c.n_ranks, 0);
-        r.rec_seq = next();
         if c.name != "unknown" {
             r.set_name(c.name.as_bytes());
         }
@@ -240,7 +234,6 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
                 .saturating_sub(1)
         };
         records.push(Record::Call(Call {
-            rec_seq: next(),
             op: *op as u8,
             comm_id: *comm,
             seq,
@@ -263,15 +256,14 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
     }
     let end = last.max(p.last_dump_us.saturating_mul(1000));
     records.push(Record::Heartbeat(Heartbeat {
-        rec_seq: next(),
         flags: flags::FINAL,
         t_mono: end,
         t_real: end,
         rank,
         ..Default::default()
     }));
-    ProcessTrace {
-        header: Header {
+    crate::imported(
+        Header {
             job: job.to_owned(),
             node: p.host,
             pid: p.pid,
@@ -282,6 +274,5 @@ fn trace(job: &str, p: Proc) -> ProcessTrace {
             ..Default::default()
         },
         records,
-        clock: None,
-    }
+    )
 }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use commscope_wire::cst::Header;
 use commscope_wire::op::{Op, flags, lib};
 use commscope_wire::parquet::ProcessTrace;
-use commscope_wire::record::{Call, Comm, CommEvent, Heartbeat, Record};
+use commscope_wire::record::{Call, Heartbeat, Record};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -439,11 +439,6 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
     }
     found.sort_by_key(|f| f.gpu.or(f.host).map_or(0, |s| s.0));
     let mut records = Vec::new();
-    let mut rec_seq = 0u64;
-    let mut next = || {
-        rec_seq += 1;
-        rec_seq
-    };
     let t0 = found
         .iter()
         .filter_map(|f| f.host.or(f.gpu).map(|s| s.0))
@@ -456,22 +451,7 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
             .or_insert_with(|| f.group.clone());
     }
     for g in all_groups.values() {
-        let mut c = Comm::new(
-            CommEvent::Created,
-            g.comm_id(),
-            0,
-            t0,
-            rank,
-            g.ranks
-                .iter()
-                .position(|r| *r == rank)
-                .map_or(-1, |i| i as i32),
-            g.ranks.len() as i32,
-            0,
-        );
-        c.rec_seq = next();
-        c.set_name(g.label().as_bytes());
-        records.push(Record::Comm(c));
+        records.push(g.created(rank, t0));
     }
     let mut order: BTreeMap<(u64, bool), u64> = BTreeMap::new();
     let mut last = t0;
@@ -488,21 +468,9 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
         let (gpu_start, gpu_end) = f.gpu.unwrap_or((0, 0));
         last = last.max(t_exit).max(gpu_end);
         pid = pid.or(f.pid);
-        let comm_rank = f
-            .group
-            .ranks
-            .iter()
-            .position(|r| *r == rank)
-            .map_or(-1, |i| i as i32);
-        let peer = f.meta.peer.map_or(-1, |g| {
-            f.group
-                .ranks
-                .iter()
-                .position(|r| *r == g)
-                .map_or(-1, |i| i as i32)
-        });
+        let comm_rank = f.group.comm_rank(rank);
+        let peer = f.meta.peer.map_or(-1, |g| f.group.comm_rank(g));
         records.push(Record::Call(Call {
-            rec_seq: next(),
             op: f.op as u8,
             flags: 0,
             comm_id,
@@ -534,7 +502,6 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
         .unwrap_or(last)
         .max(last);
     records.push(Record::Heartbeat(Heartbeat {
-        rec_seq: next(),
         flags: flags::FINAL,
         t_mono: end,
         t_real: end,
@@ -550,8 +517,8 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
         .and_then(Value::as_str)
         .unwrap_or("");
     Ok((
-        ProcessTrace {
-            header: Header {
+        crate::imported(
+            Header {
                 job: job.to_owned(),
                 pid: pid.unwrap_or(0),
                 rank,
@@ -564,8 +531,7 @@ pub fn read(bytes: &[u8], job: &str) -> Result<(ProcessTrace, Vec<String>), Stri
                 ..Default::default()
             },
             records,
-            clock: None,
-        },
+        ),
         warnings,
     ))
 }

@@ -60,6 +60,22 @@ pub fn time_ns(t: u64) -> u64 {
     t.min(MAX_TIME_NS)
 }
 
+/// An imported process: its records numbered in order from 1, as the shim numbers its own (the
+/// loader joins a process's pieces by that number).
+pub(crate) fn imported(
+    header: commscope_wire::cst::Header,
+    mut records: Vec<Record>,
+) -> ProcessTrace {
+    for (i, r) in records.iter_mut().enumerate() {
+        r.set_rec_seq(i as u64 + 1);
+    }
+    ProcessTrace {
+        header,
+        records,
+        clock: None,
+    }
+}
+
 /// Trace formats recognised by content.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Format {

@@ -76,9 +76,16 @@ fn add_rank(
         p.rank = rank;
     }
     p.dead |= dead;
-    let mut comm = Comm::new(CommEvent::Created, id, 0, now, rank, rank, size, 0);
-    comm.rec_seq = p.records.len() as u64 + 1;
-    p.records.push(Record::Comm(comm));
+    p.records.push(Record::Comm(Comm::new(
+        CommEvent::Created,
+        id,
+        0,
+        now,
+        rank,
+        rank,
+        size,
+        0,
+    )));
     Some((host, pid, rank))
 }
 
@@ -118,7 +125,6 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
             if launched > 0 {
                 let p = procs.get_mut(&(host, pid)).expect("just added");
                 p.records.push(Record::Skip(Skip {
-                    rec_seq: p.records.len() as u64 + 1,
                     comm_id: id,
                     last_seq: launched - 1,
                     t_first: now,
@@ -147,10 +153,9 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
     Ok(procs
         .into_values()
         .map(|mut p| {
-            let n = p.records.len() as u64;
             p.records.push(if p.dead {
                 Record::Process(Process {
-                    rec_seq: n + 1,
+                    rec_seq: 0,
                     event: ProcessEvent::Exit,
                     flags: flags::OBSERVED,
                     t_mono: now,
@@ -165,15 +170,14 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
                 })
             } else {
                 Record::Heartbeat(Heartbeat {
-                    rec_seq: n + 1,
                     t_mono: now,
                     t_real: now,
                     rank: p.rank,
                     ..Default::default()
                 })
             });
-            ProcessTrace {
-                header: Header {
+            crate::imported(
+                Header {
                     job: job.to_owned(),
                     node: p.host,
                     pid: p.pid,
@@ -186,9 +190,8 @@ pub fn read(bytes: &[u8], job: &str) -> Result<Vec<ProcessTrace>, String> {
                     flavour: "nccl".into(),
                     ..Default::default()
                 },
-                records: p.records,
-                clock: None,
-            }
+                p.records,
+            )
         })
         .collect())
 }
