@@ -168,19 +168,7 @@ pub fn findings(
         let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
         out.push(frozen_finding(view, &view.ranks[r], &victims));
     }
-    // GPU streams are coupled through each rank's compute: while ranks that never entered are
-    // found, stream work stalled elsewhere waits behind them and is their evidence, not a
-    // cause of its own.
-    let mut behind_roots: Vec<Victim> = Vec::new();
     for group in stall_groups(view, &by_root) {
-        let victims: Vec<&Victim> = group
-            .iter()
-            .flat_map(|&(c, s)| by_root.get(&Root::Stall(c, s)).into_iter().flatten())
-            .collect();
-        if !sets.is_empty() && victims.iter().all(|v| v.call.stream) {
-            behind_roots.extend(victims.into_iter().cloned());
-            continue;
-        }
         out.push(stall_finding(view, &group, &by_root));
     }
     for (r, i) in &mismatched {
@@ -193,11 +181,7 @@ pub fn findings(
             .iter()
             .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
             .collect();
-        let mut f = plain_finding(view, &culprits, &victims);
-        if let (false, Value::Object(o)) = (behind_roots.is_empty(), &mut f.evidence) {
-            o.insert("stalled_behind".into(), stuck_evidence(&behind_roots));
-        }
-        out.push(f);
+        out.push(plain_finding(view, &culprits, &victims));
     }
     out
 }

@@ -298,6 +298,35 @@ fn a_transport_that_stops_mid_step_is_one_stall_over_every_communicator_it_stops
 }
 
 #[test]
+fn a_gpu_that_stopped_finishing_work_its_peers_completed_is_the_culprit_not_a_stall() {
+    // NCCL work (GPU streams): rank 0 still holds all-reduce #10, which ranks 1-3 completed,
+    // and never queued #11, which they wait in. Rank 0 is the culprit; #10 is no stall.
+    let mut v = job(4, 10, true);
+    for r in 1..4 {
+        v.comms
+            .get_mut(&WORLD)
+            .expect("world")
+            .progress
+            .insert(r, 11);
+        inside(&mut v, r, WORLD, 11, 20 * S);
+    }
+    inside(&mut v, 0, WORLD, 10, 21 * S);
+    for r in 0..4 {
+        for c in &mut rank(&mut v, r).in_flight {
+            c.stream = true;
+        }
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![0])], "{f:#?}");
+    assert_eq!((f[0].comm.as_deref(), f[0].seq), (Some("0x100"), Some(11)));
+    assert!(
+        f[0].summary.contains("GPU had not finished allreduce #10"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
 fn stalls_on_nodes_that_share_nothing_are_two_findings() {
     // Two independent jobs' worth of communicators in one job: ranks 0-3 on n0, 4-7 on n1,
     // each group stalled in its own communicator.
