@@ -111,13 +111,12 @@ pub struct LinkRow {
     pub rate_gbs: f64,
 }
 
-/// Collective wait time, and what it would be without each rank's delay.
+/// What the job would save without each rank's delay.
 #[derive(Debug, Default, Serialize)]
 pub struct WhatIf {
-    /// Total time members waited in collectives for the last to arrive (s).
-    pub wait_s: f64,
-    /// `(rank, node, wait saved in s, share of the total)`, largest first.
-    pub ranks: Vec<(i32, String, f64, f64)>,
+    /// `(rank, node, share of wall time the others waited for it)`, largest first; ranks under
+    /// 1 % are left out.
+    pub ranks: Vec<(i32, String, f64)>,
 }
 
 /// When a call ran, on the trace's common clock.
@@ -195,7 +194,7 @@ pub fn report(job: &str, processes: &[ProcessTrace], analysis: &Analysis) -> Job
                 },
             })
             .collect(),
-        whatif: what_if(&instances, processes),
+        whatif: what_if(analysis, processes),
     }
 }
 
@@ -390,49 +389,29 @@ fn busbw(processes: &[ProcessTrace]) -> Vec<BusBw> {
         .collect()
 }
 
-fn what_if(instances: &Instances, processes: &[ProcessTrace]) -> WhatIf {
-    let mut total = 0u128;
-    let mut saved: HashMap<i32, u128> = HashMap::new();
-    for inst in instances {
-        let mut arrivals: Vec<u64> = inst.iter().map(|x| x.1).collect();
-        arrivals.sort_unstable();
-        let last = arrivals[arrivals.len() - 1];
-        let second = arrivals[arrivals.len() - 2];
-        let wait: u128 = arrivals.iter().map(|a| u128::from(last - a)).sum();
-        total += wait;
-        // Without the last rank's delay it arrives with the next latest: everyone else waits
-        // that much less.
-        if let Some((rank, _)) = inst.iter().find(|x| x.1 == last) {
-            let others = (arrivals.len() - 1) as u128;
-            *saved.entry(*rank).or_default() += others * u128::from(last - second);
-        }
-    }
+/// The slow-rank detector's blame ([`crate::detectors::slow_rank::RankHealth`]): the share of
+/// wall time the others waited for each rank's own compute, which is what the job would save
+/// without that rank's delay (waiting inside an earlier collective is not blamed on the waiter).
+fn what_if(analysis: &Analysis, processes: &[ProcessTrace]) -> WhatIf {
     let node: HashMap<i32, &str> = processes
         .iter()
         .map(|p| (p.header.rank, p.header.node.as_str()))
         .collect();
-    let mut ranks: Vec<(i32, String, f64, f64)> = saved
-        .into_iter()
-        .filter(|(_, s)| *s > 0)
-        .map(|(r, s)| {
+    let mut ranks: Vec<(i32, String, f64)> = analysis
+        .health
+        .iter()
+        .filter(|h| h.share >= 0.01)
+        .map(|h| {
             (
-                r,
-                node.get(&r).copied().unwrap_or("").to_owned(),
-                s as f64 / 1e9,
-                if total > 0 {
-                    s as f64 / total as f64
-                } else {
-                    0.0
-                },
+                h.rank,
+                node.get(&h.rank).copied().unwrap_or("").to_owned(),
+                h.share,
             )
         })
         .collect();
     ranks.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
     ranks.truncate(10);
-    WhatIf {
-        wait_s: total as f64 / 1e9,
-        ranks,
-    }
+    WhatIf { ranks }
 }
 
 /// The ranks a finding is about (its own, then who waited for it), and a window around it.

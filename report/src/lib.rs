@@ -147,20 +147,26 @@ fn job_section(i: usize, j: &JobReport) -> String {
     }
     s += "<h3>What if</h3>";
     match j.whatif.ranks.first() {
-        Some((rank, node, saved, share)) if j.whatif.wait_s > 0.0 => {
+        Some((rank, node, share)) => {
             s += &format!(
-                "<p class=\"whatif\">Without rank {rank}'s delay{}, collective wait time would drop by {:.0} % ({:.2} s of {:.2} s).</p>",
+                "<p class=\"whatif\">Without rank {rank}'s delay{}, the others would wait {:.0} % less of the wall time{}.</p>",
                 if node.is_empty() {
                     String::new()
                 } else {
                     format!(" (on {})", esc(node))
                 },
                 share * 100.0,
-                saved,
-                j.whatif.wait_s
+                j.step_s.map_or(String::new(), |p| format!(
+                    ": a step of {:.1} ms would take {:.1} ms",
+                    p * 1e3,
+                    p * (1.0 - share) * 1e3
+                ))
             );
         }
-        _ => s += "<p class=\"none\">No collective waited for a late rank.</p>",
+        None => {
+            s +=
+                "<p class=\"none\">No rank kept the others waiting for 1 % of the time or more.</p>"
+        }
     }
     if !j.whatif.ranks.is_empty() {
         s += &format!("<div class=\"chart whatif\" data-job=\"{i}\"></div>");

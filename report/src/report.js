@@ -138,13 +138,13 @@
     },
     whatif: function (el, job) {
       var w = job.whatif;
-      if (!w.ranks.length) { return empty(el, 'No collective waited for a late rank.'); }
+      if (!w.ranks.length) { return empty(el, 'No rank kept the others waiting for 1 % of the time or more.'); }
       draw(el, {
         grid: { left: 90, right: 40, top: 20, bottom: 40 },
-        tooltip: { formatter: function (p) { return 'without rank ' + w.ranks[p.dataIndex][0] + "'s delay: −" + p.value.toFixed(1) + ' % of wait time'; } },
-        xAxis: { type: 'value', name: '% of wait', max: 100 },
+        tooltip: { formatter: function (p) { return 'without rank ' + w.ranks[p.dataIndex][0] + "'s delay: −" + p.value.toFixed(1) + ' % of wall time'; } },
+        xAxis: { type: 'value', name: '% of wall time', max: 100 },
         yAxis: { type: 'category', inverse: true, data: w.ranks.map(function (r) { return 'rank ' + r[0]; }) },
-        series: [{ type: 'bar', data: w.ranks.map(function (r) { return r[3] * 100; }) }]
+        series: [{ type: 'bar', data: w.ranks.map(function (r) { return r[2] * 100; }) }]
       });
     }
   };
