@@ -445,69 +445,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Report(a) => postmortem::report(&a.paths, &a.output),
         Cmd::Export(ExportCmd::Perfetto(a)) => postmortem::perfetto(&a.paths, &a.output),
-        Cmd::Analyze(a) => {
-            let loaded = traces::load(&a.paths)?;
-            let th = commscope_analyzer::Thresholds::default();
-            let mut all = Vec::new();
-            for job in loaded.jobs.values() {
-                let found = commscope_analyzer::analyze(&job.job, &job.processes, &th);
-                if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
-                    let v = commscope_analyzer::replay::view(&job.job, &job.processes);
-                    for r in v.ranks.values() {
-                        eprintln!(
-                            "job {}: rank {}: last heard {:.3} s before the end, ended {:?}, finalized {}, in flight {:?}",
-                            job.job,
-                            r.rank,
-                            v.now_ns.saturating_sub(r.last_heard_ns) as f64 / 1e9,
-                            r.ended,
-                            r.finalized,
-                            r.in_flight
-                                .iter()
-                                .map(|c| format!(
-                                    "{} #{} on {:#x} for {:.3} s",
-                                    c.op.name(),
-                                    c.seq,
-                                    c.comm,
-                                    c.age_ns as f64 / 1e9
-                                ))
-                                .collect::<Vec<_>>()
-                        );
-                    }
-                    for (r, share, late, ratio, blame) in
-                        commscope_analyzer::batch::slow_rank_view(&job.processes, &th.tuning)
-                            .iter()
-                            .take(8)
-                    {
-                        eprintln!(
-                            "job {}: rank {r}: others waited for it {:.1} % of the time (blame {blame:.3} s), late {late:.1} (decayed), late ratio {ratio:.2}",
-                            job.job,
-                            share * 100.0
-                        );
-                    }
-                }
-                if a.format == Format::Text {
-                    if found.is_empty() {
-                        println!(
-                            "job {}: no findings ({} ranks, {} records)",
-                            job.job,
-                            job.processes.len(),
-                            job.records()
-                        );
-                    }
-                    for f in &found {
-                        println!("job {}: {} — {}", job.job, f.kind.name(), f.summary);
-                    }
-                }
-                all.extend(found);
-            }
-            if a.format == Format::Json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "findings": all }))?
-                );
-            }
-            Ok(traces::exit_code(&loaded))
-        }
+        Cmd::Analyze(a) => postmortem::analyze(&a.paths, a.format == Format::Json),
     }
 }
 

@@ -69,31 +69,103 @@ impl EventWriter {
     }
 }
 
+/// `commscope analyze PATH… [--format json]`: every finding of every job, as sentences or in
+/// the contract's JSON shape.
+pub fn analyze(paths: &[PathBuf], json: bool) -> Result<ExitCode> {
+    let th = commscope_analyzer::Thresholds::default();
+    let (jobs, _) = traces::analyzed(paths, &th)?;
+    let mut all = Vec::new();
+    for job in jobs {
+        if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
+            explain(&job, &th);
+        }
+        let found = job.analysis.findings;
+        if !json {
+            if found.is_empty() {
+                println!(
+                    "job {}: no findings ({} ranks, {} records)",
+                    job.job,
+                    job.processes.len(),
+                    job.records
+                );
+            }
+            for f in &found {
+                println!("job {}: {} — {}", job.job, f.kind.name(), f.summary);
+            }
+        }
+        all.extend(found);
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "findings": all }))?
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `COMMSCOPE_EXPLAIN=1`: what the detectors saw of each rank, on standard error.
+fn explain(job: &traces::Job, th: &commscope_analyzer::Thresholds) {
+    let v = &job.analysis.view;
+    for r in v.ranks.values() {
+        eprintln!(
+            "job {}: rank {}: last heard {:.3} s before the end, ended {:?}, finalized {}, in flight {:?}",
+            job.job,
+            r.rank,
+            v.now_ns.saturating_sub(r.last_heard_ns) as f64 / 1e9,
+            r.ended,
+            r.finalized,
+            r.in_flight
+                .iter()
+                .map(|c| format!(
+                    "{} #{} on {:#x} for {:.3} s",
+                    c.op.name(),
+                    c.seq,
+                    c.comm,
+                    c.age_ns as f64 / 1e9
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+    let health = if job.loaded() {
+        commscope_analyzer::batch::slow_rank_view(&job.processes, &th.tuning)
+    } else {
+        Vec::new()
+    };
+    for (r, share, late, ratio, blame) in health.iter().take(8) {
+        eprintln!(
+            "job {}: rank {r}: others waited for it {:.1} % of the time (blame {blame:.3} s), late {late:.1} (decayed), late ratio {ratio:.2}",
+            job.job,
+            share * 100.0
+        );
+    }
+}
+
 /// `commscope report PATH… -o FILE.html`.
 pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
-    let loaded = traces::load(paths)?;
     let th = commscope_analyzer::Thresholds::default();
-    let jobs: Vec<postmortem::JobReport> = loaded
-        .jobs
-        .values()
-        .map(|j| {
-            let a = commscope_analyzer::analysis(&j.job, &j.processes, &th);
-            postmortem::report(&j.job, &j.processes, &a)
-        })
-        .collect();
+    let (jobs, warnings) = traces::analyzed(paths, &th)?;
+    let mut reports = Vec::with_capacity(jobs.len());
+    for j in &jobs {
+        let calls = j.calls()?;
+        reports.push(
+            postmortem::report(&j.job, &j.processes, &calls, &j.analysis)
+                .with_context(|| format!("failed to aggregate the calls of job {}", j.job))?,
+        );
+    }
     let sources: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-    let html = commscope_report::render(&jobs, &sources, &loaded.warnings);
+    let html = commscope_report::render(&reports, &sources, &warnings);
     write_atomically(out, html.as_bytes())?;
-    let findings: usize = jobs.iter().map(|j| j.findings.len()).sum();
+    let findings: usize = reports.iter().map(|j| j.findings.len()).sum();
     eprintln!(
         "wrote {} ({} job{}, {findings} finding{}, {:.1} MiB)",
         out.display(),
-        jobs.len(),
-        if jobs.len() == 1 { "" } else { "s" },
+        reports.len(),
+        if reports.len() == 1 { "" } else { "s" },
         if findings == 1 { "" } else { "s" },
         html.len() as f64 / (1 << 20) as f64
     );
-    Ok(traces::exit_code(&loaded))
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `commscope export perfetto PATH… -o FILE.json`: the Chrome trace event format, which

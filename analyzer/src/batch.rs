@@ -61,6 +61,39 @@ pub fn slow_rank_view(
     det.debug_ranks()
 }
 
+/// When a record reaches the instance detectors (its time on the trace's common base), or
+/// `None` for records they do not take.
+pub(crate) fn feed_time(p: &ProcessTrace, r: &Record) -> Option<u64> {
+    Some(match r {
+        Record::Call(c) => real_time(p, c.span().1, c.clock()),
+        Record::Skip(k) => real_time(p, k.t_last, Clock::HostMono),
+        Record::Process(x) if matches!(x.event, ProcessEvent::Step | ProcessEvent::Network) => {
+            real_time(p, x.t_mono, Clock::HostMono)
+        }
+        Record::Comm(c) if matches!(c.event, CommEvent::Failed | CommEvent::Created) => {
+            real_time(p, c.t, Clock::HostMono)
+        }
+        Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
+        _ => return None,
+    })
+}
+
+/// Hands one record, at its [`feed_time`] `t`, to the instance detectors.
+pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64) {
+    match r {
+        Record::Call(c) => det.call(c, t),
+        Record::Skip(k) => det.skip(k, t),
+        Record::Process(x) if x.event == ProcessEvent::Network => det.network(x.rank, x.step),
+        Record::Process(x) => det.step_marker(x.rank, x.step, t),
+        Record::Comm(c) if c.event == CommEvent::Created => {
+            det.comm_created(c.comm_id, c.parent, c.size)
+        }
+        Record::Comm(c) => det.comm_failed(c, t),
+        Record::Link(l) => det.link(l, t),
+        _ => {}
+    }
+}
+
 /// Feeds a job's completed calls and step markers to `det` in time order (records of one
 /// process keep their order); `tick(det, t)` runs before each record, with its time.
 fn feed_in_time_order(
@@ -72,56 +105,30 @@ fn feed_in_time_order(
     for (pi, p) in processes.iter().enumerate() {
         det.rank_node(p.header.rank, &p.header.node);
         for (ri, r) in p.records.iter().enumerate() {
-            let t = match r {
-                Record::Call(c) => real_time(p, c.span().1, c.clock()),
-                Record::Skip(k) => real_time(p, k.t_last, Clock::HostMono),
-                Record::Process(x)
-                    if matches!(x.event, ProcessEvent::Step | ProcessEvent::Network) =>
-                {
-                    real_time(p, x.t_mono, Clock::HostMono)
-                }
-                Record::Comm(c) if matches!(c.event, CommEvent::Failed | CommEvent::Created) => {
-                    real_time(p, c.t, Clock::HostMono)
-                }
-                Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
-                _ => continue,
-            };
-            order.push((t, pi as u32, ri as u32));
+            if let Some(t) = feed_time(p, r) {
+                order.push((t, pi as u32, ri as u32));
+            }
         }
     }
     order.sort_unstable();
     for (t, pi, ri) in order {
         tick(det, t);
-        match &processes[pi as usize].records[ri as usize] {
-            Record::Call(c) => det.call(c, t),
-            Record::Skip(k) => det.skip(k, t),
-            Record::Process(x) if x.event == ProcessEvent::Network => det.network(x.rank, x.step),
-            Record::Process(x) => det.step_marker(x.rank, x.step, t),
-            Record::Comm(c) if c.event == CommEvent::Created => {
-                det.comm_created(c.comm_id, c.parent, c.size)
-            }
-            Record::Comm(c) => det.comm_failed(c, t),
-            Record::Link(l) => det.link(l, t),
-            _ => {}
-        }
+        dispatch(det, &processes[pi as usize].records[ri as usize], t);
     }
 }
 
-/// Feeds every completed call of the job to the instance detectors in time order, evaluating
-/// them every second of trace time; calls never completed join the mismatch check at the end.
-/// Returns the findings and the detectors as they stand at the end.
-fn instance_findings(
-    job: &str,
-    processes: &[ProcessTrace],
-    unfinished: Vec<(i32, u64, u64, Shape)>,
-    end_ns: u64,
-    tuning: &Tuning,
-) -> (Vec<Finding>, Detectors) {
-    let mut det = Detectors::new(job, tuning.clone());
-    let mut tracker = Tracker::default();
-    let mut next: Option<u64> = None;
-    feed_in_time_order(processes, &mut det, |det, t| {
-        let n = next.get_or_insert(t.saturating_add(EVAL_EVERY_NS));
+/// Evaluates the instance detectors every second of trace time as records are fed to them in
+/// time order, keeping every finding (open and resolved).
+#[derive(Default)]
+pub(crate) struct Evaluator {
+    tracker: Tracker,
+    next: Option<u64>,
+}
+
+impl Evaluator {
+    /// Before the record at `t` is fed.
+    pub(crate) fn tick(&mut self, det: &mut Detectors, t: u64) {
+        let n = self.next.get_or_insert(t.saturating_add(EVAL_EVERY_NS));
         // A silent stretch is evaluated for a while as the live collector would; past that
         // nothing changes until the next record (a damaged timestamp far in the future must
         // not cost a billion evaluations).
@@ -132,26 +139,36 @@ fn instance_findings(
                 break;
             }
             det.advance(*n);
-            tracker.update(det.findings(), *n);
+            self.tracker.update(det.findings(), *n);
             *n = n.saturating_add(EVAL_EVERY_NS);
             evals += 1;
         }
-    });
-    // After the last record (a hung job's trace goes on with heartbeats only), evaluate every
-    // second as the live collector does, for up to a minute: what was open when the job
-    // stopped is seen before it decays.
-    if let Some(mut n) = next {
-        let until = end_ns.min(n.saturating_add(TAIL_EVALS_NS));
-        while n < until {
-            det.advance(n);
-            tracker.update(det.findings(), n);
-            n = n.saturating_add(EVAL_EVERY_NS);
-        }
     }
-    det.advance(end_ns.max(next.map_or(0, |n| n.saturating_sub(EVAL_EVERY_NS))));
-    det.in_flight_shapes(unfinished);
-    tracker.update(det.findings(), end_ns);
-    (tracker.all(), det)
+
+    /// Once every record is fed: calls never completed join the mismatch check, and the
+    /// findings as they stand at `end_ns`.
+    pub(crate) fn finish(
+        mut self,
+        det: &mut Detectors,
+        unfinished: Vec<(i32, u64, u64, Shape)>,
+        end_ns: u64,
+    ) -> Vec<Finding> {
+        // After the last record (a hung job's trace goes on with heartbeats only), evaluate
+        // every second as the live collector does, for up to a minute: what was open when the
+        // job stopped is seen before it decays.
+        if let Some(mut n) = self.next {
+            let until = end_ns.min(n.saturating_add(TAIL_EVALS_NS));
+            while n < until {
+                det.advance(n);
+                self.tracker.update(det.findings(), n);
+                n = n.saturating_add(EVAL_EVERY_NS);
+            }
+        }
+        det.advance(end_ns.max(self.next.map_or(0, |n| n.saturating_sub(EVAL_EVERY_NS))));
+        det.in_flight_shapes(unfinished);
+        self.tracker.update(det.findings(), end_ns);
+        self.tracker.all()
+    }
 }
 
 /// A job's trace analyzed: its replayed view, every finding (open and resolved, as they stood
@@ -185,6 +202,19 @@ pub fn analysis_at(job: &str, cut: &[ProcessTrace], th: &Thresholds, t_ns: u64) 
 }
 
 fn analysis_of(job: &str, processes: &[ProcessTrace], view: JobView, th: &Thresholds) -> Analysis {
+    let mut det = Detectors::new(job, th.tuning.clone());
+    let mut ev = Evaluator::default();
+    feed_in_time_order(processes, &mut det, |det, t| ev.tick(det, t));
+    conclude(view, det, ev, th)
+}
+
+/// The analysis once every record has been fed to `det` through `ev`, and `view` replayed.
+pub(crate) fn conclude(
+    view: JobView,
+    mut det: Detectors,
+    ev: Evaluator,
+    th: &Thresholds,
+) -> Analysis {
     // Collectives never completed join the mismatch check at the end.
     let unfinished: Vec<(i32, u64, u64, Shape)> = view
         .ranks
@@ -200,8 +230,7 @@ fn analysis_of(job: &str, processes: &[ProcessTrace], view: JobView, th: &Thresh
             })
         })
         .collect();
-    let end = view.now_ns;
-    let (instance, det) = instance_findings(job, processes, unfinished, end, &th.tuning);
+    let instance = ev.finish(&mut det, unfinished, view.now_ns);
     let (mut mismatches, mut findings): (Vec<Finding>, Vec<Finding>) =
         instance.into_iter().partition(|f| f.kind == Kind::Mismatch);
     findings.extend(crate::detectors::liveness(

@@ -11,9 +11,11 @@
 //! - [`postmortem`]: what `commscope report` draws from a trace and its analysis.
 #![forbid(unsafe_code)]
 
+pub mod aggregate;
 pub mod batch;
 pub mod detectors;
 pub mod finding;
+pub mod large;
 pub mod links;
 pub mod postmortem;
 

@@ -9,12 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use commscope_wire::hash::format_comm_id;
-use commscope_wire::op::{Clock, Op};
 use commscope_wire::parquet::ProcessTrace;
-use commscope_wire::record::Record;
 use serde::Serialize;
 
-use crate::batch::{Analysis, real_time};
+use crate::aggregate::{self, Calls};
+use crate::batch::Analysis;
 use crate::finding::Finding;
 
 /// Heatmap rows at most (ranks are grouped beyond).
@@ -119,31 +118,15 @@ pub struct WhatIf {
     pub ranks: Vec<(i32, String, f64)>,
 }
 
-/// When a call ran, on the trace's common clock.
-fn span(p: &ProcessTrace, c: &commscope_wire::record::Call) -> (u64, u64) {
-    let (a, b) = c.span();
-    let clock = if c.has_gpu_time() {
-        Clock::HostMono
-    } else {
-        c.clock()
-    };
-    (real_time(p, a, clock), real_time(p, b, clock))
-}
-
-/// Builds the report of one job from its trace and analysis.
-pub fn report(job: &str, processes: &[ProcessTrace], analysis: &Analysis) -> JobReport {
-    let start = processes
-        .iter()
-        .flat_map(|p| {
-            p.records.iter().filter_map(move |r| match r {
-                Record::Call(c) | Record::Enter(c) => Some(span(p, c).0),
-                Record::Heartbeat(h) => Some(real_time(p, h.t_mono, Clock::HostMono)),
-                _ => None,
-            })
-        })
-        .filter(|t| *t > 0)
-        .min()
-        .unwrap_or(0);
+/// Builds the report of one job: its processes (headers; records are not read here), its
+/// calls for the aggregations ([`Calls`]) and its analysis.
+pub fn report(
+    job: &str,
+    processes: &[ProcessTrace],
+    calls: &Calls,
+    analysis: &Analysis,
+) -> Result<JobReport, aggregate::Error> {
+    let (records, start) = calls.extent()?;
     let end = analysis.view.now_ns.max(start);
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
     let ranks: BTreeSet<i32> = processes.iter().map(|p| p.header.rank).collect();
@@ -157,29 +140,28 @@ pub fn report(job: &str, processes: &[ProcessTrace], analysis: &Analysis) -> Job
         .map(|p| p.header.library.clone())
         .filter(|l| !l.is_empty())
         .collect();
-    let instances = instances(processes);
-    JobReport {
+    let mut findings = Vec::with_capacity(analysis.findings.len());
+    for f in &analysis.findings {
+        findings.push(FindingView {
+            finding: f.clone(),
+            opened_s: s(f.opened_at),
+            timeline: timeline(&ranks, calls, analysis, f, start, end)?,
+        });
+    }
+    Ok(JobReport {
         job: job.to_owned(),
         ranks: ranks.len(),
         nodes: nodes.len(),
-        records: processes.iter().map(|p| p.records.len()).sum(),
+        records: records as usize,
         start_ns: start,
         duration_s: s(end),
         libraries: libraries.into_iter().collect(),
         step_s: analysis.step.as_ref().map(|x| x.0),
-        findings: analysis
-            .findings
-            .iter()
-            .map(|f| FindingView {
-                finding: f.clone(),
-                opened_s: s(f.opened_at),
-                timeline: timeline(processes, analysis, f, start, end),
-            })
-            .collect(),
-        heatmap: heatmap(&instances, &ranks, start, end),
-        progress: progress(processes, analysis, start),
-        durations: durations(processes),
-        busbw: busbw(processes),
+        findings,
+        heatmap: heatmap(calls, &ranks, start, end)?,
+        progress: progress(calls, analysis, start, end)?,
+        durations: durations(calls)?,
+        busbw: busbw(calls)?,
         links: analysis
             .links
             .iter()
@@ -195,40 +177,24 @@ pub fn report(job: &str, processes: &[ProcessTrace], analysis: &Analysis) -> Job
             })
             .collect(),
         whatif: what_if(analysis, processes),
-    }
+    })
 }
 
-/// One collective instance: each member's arrival (ns), by global rank.
-type Instances = Vec<Vec<(i32, u64)>>;
-
-fn instances(processes: &[ProcessTrace]) -> Instances {
-    let mut by_key: HashMap<(u64, u64), Vec<(i32, u64)>> = HashMap::new();
-    for p in processes {
-        for r in &p.records {
-            if let Record::Call(c) = r {
-                if c.op().is_p2p() || c.op() == Op::None || c.comm_size < 2 {
-                    continue;
-                }
-                by_key
-                    .entry((c.comm_id, c.seq))
-                    .or_default()
-                    .push((c.rank, span(p, c).0));
-            }
-        }
-    }
-    by_key.into_values().filter(|v| v.len() >= 2).collect()
-}
-
-fn heatmap(instances: &Instances, ranks: &BTreeSet<i32>, start: u64, end: u64) -> Heatmap {
+fn heatmap(
+    calls: &Calls,
+    ranks: &BTreeSet<i32>,
+    start: u64,
+    end: u64,
+) -> Result<Heatmap, aggregate::Error> {
     let ranks: Vec<i32> = ranks.iter().copied().collect();
     if ranks.is_empty() || end <= start {
-        return Heatmap::default();
+        return Ok(Heatmap::default());
     }
     let per_row = ranks.len().div_ceil(HEAT_ROWS).max(1);
-    let row_of: HashMap<i32, usize> = ranks
+    let row_of: Vec<(i32, u32)> = ranks
         .iter()
         .enumerate()
-        .map(|(i, r)| (*r, i / per_row))
+        .map(|(i, r)| (*r, (i / per_row) as u32))
         .collect();
     let rows: Vec<String> = ranks
         .chunks(per_row)
@@ -238,80 +204,50 @@ fn heatmap(instances: &Instances, ranks: &BTreeSet<i32>, start: u64, end: u64) -
         })
         .collect();
     let bin_ns = (end - start).div_ceil(HEAT_COLS as u64).max(1);
-    let mut sum: HashMap<(usize, usize), (f64, u32)> = HashMap::new();
-    for inst in instances {
-        let first = inst.iter().map(|x| x.1).min().unwrap_or(0);
-        for (rank, t) in inst {
-            let (Some(row), Some(off)) = (row_of.get(rank), t.checked_sub(start)) else {
-                continue;
-            };
-            let col = ((off / bin_ns) as usize).min(HEAT_COLS - 1);
-            let e = sum.entry((col, *row)).or_default();
-            e.0 += (t - first) as f64 / 1e6;
-            e.1 += 1;
-        }
-    }
-    let mut cells: Vec<(usize, usize, f64)> = sum
-        .into_iter()
-        .map(|((c, r), (ms, n))| (c, r, ms / f64::from(n)))
-        .collect();
-    cells.sort_by_key(|c| (c.0, c.1));
+    let cells = calls.lateness(&row_of, start, bin_ns, HEAT_COLS as u32)?;
     let max_ms = cells.iter().map(|c| c.2).fold(0.0, f64::max);
-    Heatmap {
+    Ok(Heatmap {
         rows,
         bin_s: bin_ns as f64 / 1e9,
         cells,
         max_ms,
-    }
+    })
 }
 
-fn progress(processes: &[ProcessTrace], analysis: &Analysis, start: u64) -> Vec<Progress> {
-    // (time, comm, rank, completed through)
-    let mut events: Vec<(u64, u64, i32, u64)> = Vec::new();
-    let mut calls: HashMap<u64, u64> = HashMap::new();
-    for p in processes {
-        for r in &p.records {
-            if let Record::Call(c) = r {
-                if c.op().is_p2p() {
-                    continue;
-                }
-                events.push((span(p, c).1, c.comm_id, c.rank, c.seq + 1));
-                *calls.entry(c.comm_id).or_default() += 1;
-            }
-        }
-    }
-    let mut busiest: Vec<(u64, u64)> = calls.into_iter().collect();
-    busiest.sort_by_key(|(c, n)| (std::cmp::Reverse(*n), *c));
-    busiest.truncate(PROGRESS_COMMS);
-    let keep: BTreeSet<u64> = busiest.iter().map(|x| x.0).collect();
-    events.retain(|e| keep.contains(&e.1));
-    events.sort_unstable();
-    let span_ns = events
-        .last()
-        .map_or(1, |e| e.0.saturating_sub(start))
+fn progress(
+    calls: &Calls,
+    analysis: &Analysis,
+    start: u64,
+    end: u64,
+) -> Result<Vec<Progress>, aggregate::Error> {
+    let busiest = calls.busiest_comms(PROGRESS_COMMS)?;
+    let comms: Vec<u64> = busiest.iter().map(|x| x.0).collect();
+    let bin = end
+        .saturating_sub(start)
+        .max(1)
+        .div_ceil(PROGRESS_POINTS as u64)
         .max(1);
-    let bin = span_ns.div_ceil(PROGRESS_POINTS as u64).max(1);
+    // (comm, rank, bin, completed through, last completion), by comm and bin.
+    let rows = calls.progress(&comms, start, bin)?;
     let mut out = Vec::new();
-    for (comm, _) in &busiest {
+    for comm in &comms {
         let members = analysis.view.members(*comm);
         let mut done: BTreeMap<i32, u64> = members.iter().map(|m| (*m, 0)).collect();
         let mut points: Vec<(f64, u64, u64)> = Vec::new();
-        let mut last_bin = u64::MAX;
-        for (t, _, rank, through) in events.iter().filter(|e| e.1 == *comm) {
-            let d = done.entry(*rank).or_insert(0);
-            *d = (*d).max(*through);
-            let b = t.saturating_sub(start) / bin;
+        let mine: Vec<&aggregate::ProgressRow> = rows.iter().filter(|x| x.0 == *comm).collect();
+        let mut i = 0;
+        while i < mine.len() {
+            let b = mine[i].2;
+            let mut last = 0;
+            while i < mine.len() && mine[i].2 == b {
+                let d = done.entry(mine[i].1).or_insert(0);
+                *d = (*d).max(mine[i].3);
+                last = last.max(mine[i].4);
+                i += 1;
+            }
             let least = done.values().copied().min().unwrap_or(0);
             let most = done.values().copied().max().unwrap_or(0);
-            let point = (t.saturating_sub(start) as f64 / 1e9, least, most);
-            if b == last_bin {
-                if let Some(x) = points.last_mut() {
-                    *x = point;
-                }
-            } else {
-                points.push(point);
-                last_bin = b;
-            }
+            points.push((last.saturating_sub(start) as f64 / 1e9, least, most));
         }
         out.push(Progress {
             comm: format_comm_id(*comm),
@@ -325,68 +261,33 @@ fn progress(processes: &[ProcessTrace], analysis: &Analysis, start: u64) -> Vec<
             points,
         });
     }
-    out
+    Ok(out)
 }
 
-fn durations(processes: &[ProcessTrace]) -> Vec<Durations> {
-    // Bins of a quarter decade from 1 µs.
-    let mut hist: BTreeMap<&'static str, BTreeMap<i32, u64>> = BTreeMap::new();
-    for p in processes {
-        for r in &p.records {
-            if let Record::Call(c) = r {
-                let us = (c.span_ns() as f64 / 1e3).max(1.0);
-                let b = (us.log10() * 4.0).floor() as i32;
-                *hist.entry(c.op().name()).or_default().entry(b).or_default() += 1;
-            }
-        }
+fn durations(calls: &Calls) -> Result<Vec<Durations>, aggregate::Error> {
+    let mut hist: BTreeMap<String, Vec<(f64, f64, u64)>> = BTreeMap::new();
+    for (op, b, n) in calls.durations()? {
+        hist.entry(op).or_default().push((
+            10f64.powf(f64::from(b) / 4.0),
+            10f64.powf(f64::from(b + 1) / 4.0),
+            n,
+        ));
     }
-    hist.into_iter()
-        .map(|(op, bins)| Durations {
-            op: op.to_owned(),
-            bins: bins
-                .into_iter()
-                .map(|(b, n)| {
-                    (
-                        10f64.powf(f64::from(b) / 4.0),
-                        10f64.powf(f64::from(b + 1) / 4.0),
-                        n,
-                    )
-                })
-                .collect(),
-        })
-        .collect()
+    Ok(hist
+        .into_iter()
+        .map(|(op, bins)| Durations { op, bins })
+        .collect())
 }
 
-fn busbw(processes: &[ProcessTrace]) -> Vec<BusBw> {
-    let mut by: BTreeMap<&'static str, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
-    for p in processes {
-        for r in &p.records {
-            if let Record::Call(c) = r {
-                if c.op().is_p2p() && c.op() != Op::Sendrecv {
-                    continue;
-                }
-                if let Some(bw) = c.busbw().filter(|b| b.is_finite() && *b > 0.0) {
-                    by.entry(c.op().name())
-                        .or_default()
-                        .entry(c.bytes)
-                        .or_default()
-                        .push(bw / 1e9);
-                }
-            }
-        }
+fn busbw(calls: &Calls) -> Result<Vec<BusBw>, aggregate::Error> {
+    let mut by: BTreeMap<String, Vec<(u64, f64, u64)>> = BTreeMap::new();
+    for (op, bytes, gbs, n) in calls.busbw()? {
+        by.entry(op).or_default().push((bytes, gbs, n));
     }
-    by.into_iter()
-        .map(|(op, sizes)| BusBw {
-            op: op.to_owned(),
-            points: sizes
-                .into_iter()
-                .map(|(bytes, mut v)| {
-                    v.sort_by(f64::total_cmp);
-                    (bytes, v[v.len() / 2], v.len() as u64)
-                })
-                .collect(),
-        })
-        .collect()
+    Ok(by
+        .into_iter()
+        .map(|(op, points)| BusBw { op, points })
+        .collect())
 }
 
 /// The slow-rank detector's blame ([`crate::detectors::slow_rank::RankHealth`]): the share of
@@ -416,12 +317,13 @@ fn what_if(analysis: &Analysis, processes: &[ProcessTrace]) -> WhatIf {
 
 /// The ranks a finding is about (its own, then who waited for it), and a window around it.
 fn timeline(
-    processes: &[ProcessTrace],
+    all: &BTreeSet<i32>,
+    calls: &Calls,
     analysis: &Analysis,
     f: &Finding,
     start: u64,
     end: u64,
-) -> Timeline {
+) -> Result<Timeline, aggregate::Error> {
     let mut rows: Vec<i32> = f.ranks.clone();
     for key in ["victims", "members"] {
         for r in f.evidence[key].as_array().into_iter().flatten() {
@@ -434,15 +336,12 @@ fn timeline(
         }
     }
     // Others beside the ranks it names, to compare with.
-    let mut all: Vec<i32> = processes.iter().map(|p| p.header.rank).collect();
-    all.sort_unstable();
-    all.dedup();
     for r in all {
         if rows.len() >= 4 {
             break;
         }
-        if !rows.contains(&r) {
-            rows.push(r);
+        if !rows.contains(r) {
+            rows.push(*r);
         }
     }
     rows.truncate(TIMELINE_RANKS);
@@ -450,29 +349,17 @@ fn timeline(
     let from = at.saturating_sub(5_000_000_000).max(start);
     let to = end.min(at.saturating_add(10_000_000_000)).max(at);
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
-    let mut calls = Vec::new();
+    let mut out = Vec::new();
+    for (rank, a, b, op, seq) in calls.window(&rows, from, to, TIMELINE_CALLS)? {
+        let Some(i) = rows.iter().position(|r| *r == rank) else {
+            continue;
+        };
+        out.push((i, s(a), s(b.max(a)), format!("{op} #{seq}"), false));
+    }
     for (i, r) in rows.iter().enumerate() {
-        let mut n = 0;
-        for p in processes.iter().filter(|p| p.header.rank == *r) {
-            for rec in &p.records {
-                let Record::Call(c) = rec else { continue };
-                let (a, b) = span(p, c);
-                if b < from || a > to || n >= TIMELINE_CALLS {
-                    continue;
-                }
-                n += 1;
-                calls.push((
-                    i,
-                    s(a),
-                    s(b.max(a)),
-                    format!("{} #{}", c.op().name(), c.seq),
-                    false,
-                ));
-            }
-        }
         if let Some(v) = analysis.view.ranks.get(r) {
             for c in &v.in_flight {
-                calls.push((
+                out.push((
                     i,
                     s(c.entered_ns.max(start)),
                     s(end),
@@ -482,10 +369,10 @@ fn timeline(
             }
         }
     }
-    Timeline {
+    Ok(Timeline {
         rows: rows.iter().map(|r| format!("rank {r}")).collect(),
         from_s: s(from),
         to_s: s(end.max(to)),
-        calls,
-    }
+        calls: out,
+    })
 }

@@ -24,15 +24,28 @@ pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
         ..Default::default()
     };
     for p in processes {
-        let r = replay_process(p, &mut v.comms);
-        // Several processes of one rank (a restart): the later one stands.
-        match v.ranks.get(&r.rank) {
-            Some(old) if old.last_heard_ns > r.last_heard_ns => {}
-            _ => {
-                v.ranks.insert(r.rank, r);
-            }
+        let mut r = ProcessReplay::new(p);
+        for rec in &p.records {
+            r.record(p, rec, &mut v.comms);
+        }
+        add_rank(&mut v, r.finish(p));
+    }
+    finish(v)
+}
+
+/// Adds a replayed process's rank to the view. Several processes of one rank (a restart): the
+/// later one stands.
+pub fn add_rank(v: &mut JobView, r: RankView) {
+    match v.ranks.get(&r.rank) {
+        Some(old) if old.last_heard_ns > r.last_heard_ns => {}
+        _ => {
+            v.ranks.insert(r.rank, r);
         }
     }
+}
+
+/// Completes a view once every process is added: peers made global, "now" set.
+pub fn finish(mut v: JobView) -> JobView {
     for r in v.ranks.values_mut() {
         for c in &mut r.in_flight {
             c.peer = c.peer.and_then(|p| {
@@ -106,25 +119,56 @@ pub fn time_span(processes: &[ProcessTrace]) -> Option<(u64, u64)> {
     span
 }
 
-/// One process's records: its rank's view, and what it adds to the communicators.
-fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankView {
-    let rank = p.header.rank;
-    let mut r = RankView {
-        rank,
-        node: p.header.node.clone(),
-        pid: p.header.pid,
-        ..Default::default()
-    };
-    let mut enters: BTreeMap<(u64, u64, bool), Call> = BTreeMap::new();
-    // Calls that completed; their `enter` may come before or after their own record (the
-    // shim's heartbeat thread can be descheduled between seeing a call and writing it).
-    let mut completed: BTreeSet<(u64, u64, bool)> = BTreeSet::new();
-    let mut exit: Option<Ending> = None;
-    // The last own heartbeat: (time, calls in flight), and the last completed call's end.
-    let mut last_beat = (0u64, 0u32);
-    let mut last_exit = 0u64;
-    let heard = |t: u64, clock: Clock| real_time(p, t, clock);
-    for rec in &p.records {
+/// Completed calls remembered per process to match an `enter` record written after its call's
+/// own record (the shim's heartbeat thread descheduled for a moment): a few records late, never
+/// thousands.
+const RECENT_COMPLETED: usize = 4096;
+
+type CallKey = (u64, u64, bool);
+
+fn call_key(c: &Call) -> CallKey {
+    let p2p = c.op().is_p2p();
+    (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p)
+}
+
+/// One process's records replayed one at a time, in the order it wrote them: its rank's view,
+/// and what it adds to the communicators. State is bounded by what is in flight, so a trace of
+/// any length streams through it.
+#[derive(Debug)]
+pub struct ProcessReplay {
+    r: RankView,
+    enters: BTreeMap<CallKey, Call>,
+    recent: std::collections::VecDeque<CallKey>,
+    recent_set: BTreeSet<CallKey>,
+    exit: Option<Ending>,
+    /// The last own heartbeat: (time, calls in flight), and the last completed call's end.
+    last_beat: (u64, u32),
+    last_exit: u64,
+}
+
+impl ProcessReplay {
+    pub fn new(p: &ProcessTrace) -> ProcessReplay {
+        ProcessReplay {
+            r: RankView {
+                rank: p.header.rank,
+                node: p.header.node.clone(),
+                pid: p.header.pid,
+                ..Default::default()
+            },
+            enters: BTreeMap::new(),
+            recent: Default::default(),
+            recent_set: BTreeSet::new(),
+            exit: None,
+            last_beat: (0, 0),
+            last_exit: 0,
+        }
+    }
+
+    /// The next record of process `p` (whose header and clock place its times).
+    pub fn record(&mut self, p: &ProcessTrace, rec: &Record, comms: &mut HashMap<u64, CommView>) {
+        let rank = self.r.rank;
+        let r = &mut self.r;
+        let heard = |t: u64, clock: Clock| real_time(p, t, clock);
         match rec {
             Record::Comm(c) if c.event == CommEvent::Created => {
                 let cv = comms.entry(c.comm_id).or_default();
@@ -143,8 +187,8 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                 if h.flags & flags::AGENT_BEAT == 0 {
                     let t = heard(h.t_mono, Clock::HostMono);
                     r.last_heard_ns = r.last_heard_ns.max(t);
-                    if t >= last_beat.0 {
-                        last_beat = (t, h.in_flight);
+                    if t >= self.last_beat.0 {
+                        self.last_beat = (t, h.in_flight);
                     }
                 }
                 if h.flags & flags::FINAL != 0 {
@@ -153,7 +197,7 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             }
             Record::Process(x) if x.event == ProcessEvent::Exit => {
                 if x.flags & flags::OBSERVED != 0 {
-                    exit = Some(Ending {
+                    self.exit = Some(Ending {
                         at_ns: x.t_real,
                         observed: true,
                         status: (x.signal == 0 && x.exit_status != EXIT_STATUS_UNKNOWN)
@@ -165,9 +209,11 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
                 }
             }
             Record::Enter(c) => {
-                let p2p = c.op().is_p2p();
-                let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
-                enters.insert(key, *c);
+                let key = call_key(c);
+                // Completed already (its `enter` written late): not in flight.
+                if !self.recent_set.contains(&key) {
+                    self.enters.insert(key, *c);
+                }
                 // Written once the call had been in flight that long: alive then.
                 r.last_heard_ns = r
                     .last_heard_ns
@@ -176,15 +222,22 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             Record::Call(c) => {
                 let t = heard(c.span().1, c.clock());
                 r.last_heard_ns = r.last_heard_ns.max(t);
-                last_exit = last_exit.max(t);
-                let p2p = c.op().is_p2p();
-                let key = (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p);
-                completed.insert(key);
+                self.last_exit = self.last_exit.max(t);
+                let key = call_key(c);
+                self.enters.remove(&key);
+                if self.recent_set.insert(key) {
+                    self.recent.push_back(key);
+                    if self.recent.len() > RECENT_COMPLETED
+                        && let Some(old) = self.recent.pop_front()
+                    {
+                        self.recent_set.remove(&old);
+                    }
+                }
                 let cv = comms.entry(c.comm_id).or_default();
                 if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                     cv.longest_ns = cv.longest_ns.max(c.duration_ns());
                 }
-                if !p2p {
+                if !key.2 {
                     let e = cv.progress.entry(rank).or_insert(0);
                     *e = (*e).max(c.seq + 1);
                 }
@@ -202,31 +255,38 @@ fn replay_process(p: &ProcessTrace, comms: &mut HashMap<u64, CommView>) -> RankV
             _ => {}
         }
     }
-    r.ended = exit.filter(|_| !r.finalized);
-    // Still in flight: entered, never completed, and the process did not finalize.
-    enters.retain(|k, _| !completed.contains(k));
-    r.busy_unseen = enters.is_empty() && last_beat.1 > 0 && last_beat.0 > last_exit;
-    if r.finalized {
-        enters.clear();
+
+    /// The rank's view once every record of the process is replayed.
+    pub fn finish(self, p: &ProcessTrace) -> RankView {
+        let mut r = self.r;
+        let mut enters = self.enters;
+        let heard = |t: u64, clock: Clock| real_time(p, t, clock);
+        r.ended = self.exit.filter(|_| !r.finalized);
+        // Still in flight: entered, never completed, and the process did not finalize.
+        r.busy_unseen =
+            enters.is_empty() && self.last_beat.1 > 0 && self.last_beat.0 > self.last_exit;
+        if r.finalized {
+            enters.clear();
+        }
+        let until = r
+            .ended
+            .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
+        for ((comm, seq, _), c) in enters {
+            let entered = heard(c.t_enter, c.clock());
+            // The peer's rank in the communicator, made global once every process is read.
+            let peer = (c.peer >= 0).then_some(c.peer);
+            r.in_flight.push(InFlight {
+                comm,
+                seq,
+                op: c.op(),
+                bytes: c.bytes,
+                peer,
+                tag: c.tag,
+                entered_ns: entered,
+                age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
+                stream: c.lib != commscope_wire::op::lib::MPI,
+            });
+        }
+        r
     }
-    let until = r
-        .ended
-        .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
-    for ((comm, seq, _), c) in enters {
-        let entered = heard(c.t_enter, c.clock());
-        // The peer's rank in the communicator, made global once every process is read.
-        let peer = (c.peer >= 0).then_some(c.peer);
-        r.in_flight.push(InFlight {
-            comm,
-            seq,
-            op: c.op(),
-            bytes: c.bytes,
-            peer,
-            tag: c.tag,
-            entered_ns: entered,
-            age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
-            stream: c.lib != commscope_wire::op::lib::MPI,
-        });
-    }
-    r
 }

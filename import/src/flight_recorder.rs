@@ -468,10 +468,150 @@ pub fn to_traces(job: &str, dumps: &[Dump]) -> Vec<ProcessTrace> {
         .chain(dumps.iter().map(|d| d.rank))
         .max()
         .map_or(0, |m| m.saturating_add(1));
+    // Every rank's collective entries by (group, seq): a dump whose tail was lost (a cut file)
+    // takes what it had enqueued from a fellow member's entry for the same instance.
+    let mut by_instance: BTreeMap<(&str, i64), &Entry> = BTreeMap::new();
+    for e in dumps.iter().flat_map(|d| &d.entries) {
+        if !e.is_p2p && e.collective_seq_id > 0 {
+            by_instance
+                .entry((e.pg_name.as_str(), e.collective_seq_id))
+                .or_insert(e);
+        }
+    }
     dumps
         .iter()
-        .map(|d| rank_trace(job, d, now, world, names.get(&d.rank)))
+        .map(|d| {
+            let lost = lost_tail(d, dumps, names.get(&d.rank), &by_instance);
+            if lost.is_empty() {
+                return rank_trace(job, d, now, world, names.get(&d.rank));
+            }
+            let mut d = d.clone();
+            d.entries.extend(lost);
+            rank_trace(job, &d, now, world, names.get(&d.rank))
+        })
         .collect()
+}
+
+/// Most entries taken from fellow members for one group of one dump.
+const MAX_LOST_TAIL: i64 = 64;
+
+/// The work a dump says its rank had enqueued (`pg_status.last_enqueued_collective`, the
+/// group's work sequence) past the last entry it still holds: a dump cut short loses the tail of
+/// its ring, and without it the rank would read as never having entered what its peers wait in.
+/// - A collective comes from a fellow member's entry for the same (group, seq).
+/// - Point-to-point sequence numbers are the rank's own, so a lost send or receive is taken as
+///   the counterpart of what a peer still waits in with this rank (a pending `send p->me` is a
+///   pending `recv me<-p`), no more of them than the dump says were lost.
+///
+/// Each is pending: what had completed is in `last_completed_collective`.
+fn lost_tail(
+    d: &Dump,
+    dumps: &[Dump],
+    names: Option<&BTreeMap<i64, String>>,
+    by_instance: &BTreeMap<(&str, i64), &Entry>,
+) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for (id, (enqueued, completed)) in &d.pg_status {
+        let Some(name) = names.and_then(|m| m.get(id)) else {
+            continue;
+        };
+        let Some(g) = d.groups.get(name) else {
+            continue;
+        };
+        let mine: Vec<&Entry> = d.entries.iter().filter(|e| &e.pg_name == name).collect();
+        let held = mine
+            .iter()
+            .map(|e| {
+                if e.is_p2p {
+                    e.p2p_seq_id
+                } else {
+                    e.collective_seq_id
+                }
+            })
+            .max()
+            .unwrap_or(0)
+            .max(*completed);
+        let lost = enqueued.saturating_sub(held).clamp(0, MAX_LOST_TAIL);
+        if lost == 0 {
+            continue;
+        }
+        let pending = |e: &Entry| e.state != "completed";
+        let held_coll = mine
+            .iter()
+            .filter(|e| !e.is_p2p)
+            .map(|e| e.collective_seq_id)
+            .max()
+            .unwrap_or(0)
+            .max(*completed);
+        for seq in held_coll.saturating_add(1)..=held_coll.saturating_add(lost) {
+            if let Some(peer) = by_instance.get(&(name.as_str(), seq)) {
+                out.push(Entry {
+                    record_id: -1,
+                    pg_id: *id,
+                    state: "scheduled".into(),
+                    started_ns: None,
+                    completed_ns: None,
+                    duration_ms: None,
+                    ..(*peer).clone()
+                });
+            }
+        }
+        // Point-to-point: what peers wait in with this rank, less what it still holds.
+        let me = i64::from(g.comm_rank(d.rank));
+        let mut owed: BTreeMap<(Op, i64), Vec<&Entry>> = BTreeMap::new();
+        for other in dumps.iter().filter(|o| o.rank != d.rank) {
+            let them = i64::from(g.comm_rank(other.rank));
+            for e in other
+                .entries
+                .iter()
+                .filter(|e| &e.pg_name == name && pending(e))
+            {
+                match op_of(&e.profiling_name) {
+                    Some((Op::Send, Some(to))) if to == me => {
+                        owed.entry((Op::Recv, them)).or_default().push(e)
+                    }
+                    Some((Op::Recv, Some(from))) if from == me => {
+                        owed.entry((Op::Send, them)).or_default().push(e)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut budget = lost;
+        let mut next_seq = mine
+            .iter()
+            .filter(|e| e.is_p2p)
+            .map(|e| e.p2p_seq_id)
+            .max()
+            .unwrap_or(*completed);
+        for ((op, them), theirs) in owed {
+            let have = mine
+                .iter()
+                .filter(|e| pending(e) && op_of(&e.profiling_name) == Some((op, Some(them))))
+                .count();
+            for e in theirs.into_iter().skip(have) {
+                if budget == 0 {
+                    break;
+                }
+                budget -= 1;
+                next_seq += 1;
+                let arrow = if op == Op::Send { "->" } else { "<-" };
+                out.push(Entry {
+                    record_id: -1,
+                    pg_id: *id,
+                    profiling_name: format!("nccl:{} {me}{arrow}{them}", op.name()),
+                    p2p_seq_id: next_seq,
+                    state: "scheduled".into(),
+                    started_ns: None,
+                    completed_ns: None,
+                    duration_ms: None,
+                    is_p2p: true,
+                    ..e.clone()
+                });
+            }
+        }
+    }
+    out
 }
 
 fn rank_trace(

@@ -224,6 +224,32 @@ fn job_from_dir(path: &Path) -> String {
         .to_owned()
 }
 
+/// The files under `paths` when every trace among them is a commscope Parquet trace (companion
+/// files aside), with their rows in all: such a trace can be streamed rather than loaded.
+/// `None` when any other format (or an unreadable file) is among them.
+pub fn parquet_only(paths: &[PathBuf]) -> Result<Option<(Vec<PathBuf>, u64)>> {
+    let mut files = Vec::new();
+    for p in paths {
+        collect(p, &mut files, true)?;
+    }
+    let mut out = Vec::new();
+    let mut rows = 0u64;
+    for (f, explicit) in files {
+        match detect(&f) {
+            Ok(Some(Format::Parquet)) => match commscope_wire::parquet::num_rows(&f) {
+                Ok(n) => {
+                    rows = rows.saturating_add(n);
+                    out.push(f);
+                }
+                Err(_) => return Ok(None),
+            },
+            Ok(None) if !explicit && companion(&f) => {}
+            _ => return Ok(None),
+        }
+    }
+    Ok((!out.is_empty()).then_some((out, rows)))
+}
+
 /// Loads every trace under `paths`. A file that cannot be read, or only in part, is one
 /// warning and the rest still load. Fails only when a path does not exist or nothing at all
 /// is found.

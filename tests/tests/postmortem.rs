@@ -106,6 +106,43 @@ fn flight_recorder_dumps_name_the_missing_ranks_per_process_group() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{s}: {err}");
         assert!(!err.contains("warning"), "{s}: the dumps are whole: {err}");
+        check_missing_ranks(s, &v);
+        // The same dumps with a healthy rank's cut inside its ring's entries (a dump written
+        // while the node went down): its lost tail must not make it read as missing.
+        let missing: BTreeSet<i64> = references(s)
+            .iter()
+            .flat_map(|r| r.missing.clone())
+            .collect();
+        let healthy = [12, 8, 4]
+            .into_iter()
+            .find(|r| !missing.contains(r))
+            .expect("a healthy rank");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for e in std::fs::read_dir(&dir).expect("scenario").flatten() {
+            std::fs::copy(e.path(), tmp.path().join(e.file_name())).expect("copy");
+        }
+        let name = format!("_dump_{healthy}");
+        let cut = tmp.path().join(&name);
+        let bytes = std::fs::read(&cut).expect("dump");
+        let at = bytes
+            .windows(b"entries".len())
+            .position(|w| w == b"entries")
+            .expect("entries")
+            + 500;
+        std::fs::write(&cut, &bytes[..at]).expect("cut");
+        let (v, o) = analyze(&[tmp.path()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{s} cut: {err}");
+        assert_eq!(err.matches("warning").count(), 1, "{s} cut: {err}");
+        assert!(err.contains(&name), "{s} cut: {err}");
+        check_missing_ranks(s, &v);
+    }
+}
+
+/// `v` (analyze's JSON) holds exactly one hang finding per row of the scenario's reference,
+/// naming its missing ranks, its group and the hang front.
+fn check_missing_ranks(s: &str, v: &Value) {
+    {
         let found = v["findings"].as_array().expect("findings");
         let refs = references(s);
         // Exactly the reference's rows: an extra finding is an error.

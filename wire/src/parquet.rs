@@ -522,87 +522,133 @@ pub fn write_with_metadata(
     processes: &[ProcessTrace],
     metadata: &[(String, String)],
 ) -> Result<u64, Error> {
-    let p = path.display().to_string();
-    let tmp = path.with_extension("parquet.partial");
-    let file = std::fs::File::create(&tmp).map_err(|source| Error::Io {
-        path: tmp.display().to_string(),
-        source,
-    })?;
-    let kv: Vec<parquet::file::metadata::KeyValue> = metadata
-        .iter()
-        .map(|(k, v)| parquet::file::metadata::KeyValue::new(k.clone(), v.clone()))
-        .collect();
-    // Dictionaries only for the repetitive text columns: for counters and timestamps they cost
-    // a hash lookup per value and save nothing.
-    let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
-        .set_max_row_group_row_count(Some(1 << 20))
-        .set_key_value_metadata((!kv.is_empty()).then_some(kv))
-        .set_dictionary_enabled(false);
-    for col in [
-        "job",
-        "node",
-        "flavour",
-        "kind",
-        "op",
-        "comm",
-        "dtype",
-        "clock",
-        "library",
-        "event",
-        "comm_name",
-    ] {
-        props = props
-            .set_column_dictionary_enabled(parquet::schema::types::ColumnPath::from(col), true);
-    }
-    let props = props.build();
-    let schema = schema();
-    let mut w = ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|source| {
-        Error::Parquet {
-            path: p.clone(),
-            source,
-        }
-    })?;
-    let mut cols = Columns::default();
-    let mut rows = 0u64;
-    let flush = |cols: &mut Columns, w: &mut ArrowWriter<std::fs::File>| -> Result<(), Error> {
-        if cols.rows == 0 {
-            return Ok(());
-        }
-        let batch =
-            RecordBatch::try_new(schema.clone(), cols.finish()).map_err(|source| Error::Arrow {
-                path: p.clone(),
-                source,
-            })?;
-        w.write(&batch).map_err(|source| Error::Parquet {
-            path: p.clone(),
-            source,
-        })
-    };
+    let mut w = Writer::create(path, metadata)?;
     for proc in processes {
         for r in &proc.records {
-            cols.push(&proc.header, proc.clock, r);
-            rows += 1;
-            if cols.rows >= BATCH_ROWS {
-                flush(&mut cols, &mut w)?;
-            }
+            w.push(&proc.header, proc.clock, r)?;
         }
     }
-    flush(&mut cols, &mut w)?;
-    let file = w.into_inner().map_err(|source| Error::Parquet {
-        path: p.clone(),
-        source,
-    })?;
-    file.sync_all().map_err(|source| Error::Io {
-        path: tmp.display().to_string(),
-        source,
-    })?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-        path: p.clone(),
-        source,
-    })?;
-    Ok(rows)
+    w.finish()
+}
+
+/// Writes a Parquet trace record by record, a batch at a time (a trace of any length in
+/// bounded memory), to a temporary file renamed over `path` when [`Writer::finish`]ed.
+pub struct Writer {
+    path: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    schema: SchemaRef,
+    w: ArrowWriter<std::fs::File>,
+    cols: Columns,
+    rows: u64,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("path", &self.path).finish()
+    }
+}
+
+impl Writer {
+    /// Starts a trace at `path` with key-value `metadata` in its footer.
+    pub fn create(path: &Path, metadata: &[(String, String)]) -> Result<Writer, Error> {
+        let tmp = path.with_extension("parquet.partial");
+        let file = std::fs::File::create(&tmp).map_err(|source| Error::Io {
+            path: tmp.display().to_string(),
+            source,
+        })?;
+        let kv: Vec<parquet::file::metadata::KeyValue> = metadata
+            .iter()
+            .map(|(k, v)| parquet::file::metadata::KeyValue::new(k.clone(), v.clone()))
+            .collect();
+        // Dictionaries only for the repetitive text columns: for counters and timestamps they
+        // cost a hash lookup per value and save nothing.
+        let mut props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
+            .set_max_row_group_row_count(Some(1 << 20))
+            .set_key_value_metadata((!kv.is_empty()).then_some(kv))
+            .set_dictionary_enabled(false);
+        for col in [
+            "job",
+            "node",
+            "flavour",
+            "kind",
+            "op",
+            "comm",
+            "dtype",
+            "clock",
+            "library",
+            "event",
+            "comm_name",
+        ] {
+            props = props
+                .set_column_dictionary_enabled(parquet::schema::types::ColumnPath::from(col), true);
+        }
+        let schema = schema();
+        let w =
+            ArrowWriter::try_new(file, schema.clone(), Some(props.build())).map_err(|source| {
+                Error::Parquet {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?;
+        Ok(Writer {
+            path: path.to_owned(),
+            tmp,
+            schema,
+            w,
+            cols: Columns::default(),
+            rows: 0,
+        })
+    }
+
+    /// Adds one record of the process `header` (with its clock alignment).
+    pub fn push(
+        &mut self,
+        header: &Header,
+        clock: Option<ClockAlignment>,
+        r: &Record,
+    ) -> Result<(), Error> {
+        self.cols.push(header, clock, r);
+        self.rows += 1;
+        if self.cols.rows >= BATCH_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        if self.cols.rows == 0 {
+            return Ok(());
+        }
+        let p = self.path.display().to_string();
+        let batch =
+            RecordBatch::try_new(self.schema.clone(), self.cols.finish()).map_err(|source| {
+                Error::Arrow {
+                    path: p.clone(),
+                    source,
+                }
+            })?;
+        self.w
+            .write(&batch)
+            .map_err(|source| Error::Parquet { path: p, source })
+    }
+
+    /// Completes the file; returns its rows.
+    pub fn finish(mut self) -> Result<u64, Error> {
+        self.flush()?;
+        let p = self.path.display().to_string();
+        let file = self.w.into_inner().map_err(|source| Error::Parquet {
+            path: p.clone(),
+            source,
+        })?;
+        file.sync_all().map_err(|source| Error::Io {
+            path: self.tmp.display().to_string(),
+            source,
+        })?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path).map_err(|source| Error::Io { path: p, source })?;
+        Ok(self.rows)
+    }
 }
 
 /// The key-value metadata of a Parquet file (its footer only is read).
@@ -625,6 +671,15 @@ pub fn read_metadata(path: &Path) -> Result<std::collections::HashMap<String, St
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// The rows of a Parquet file (its footer only is read).
+pub fn num_rows(path: &Path) -> Result<u64, Error> {
+    Ok(open_builder(path)?
+        .metadata()
+        .file_metadata()
+        .num_rows()
+        .max(0) as u64)
 }
 
 /// Whether `bytes` start like a Parquet file.
@@ -682,15 +737,102 @@ fn opt_str(a: Option<&StringArray>, i: usize) -> &str {
 /// Reads a Parquet trace back into processes (grouped by job, node, pid and start time, in file
 /// order). Rows of kinds this version does not know are counted in the second value.
 pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
+    let mut out: Vec<ProcessTrace> = Vec::new();
+    let mut index: std::collections::HashMap<ProcessKey, usize> = Default::default();
+    let mut reader = Reader::open(path, None)?;
+    while reader.next_batch(&mut |p, rec| {
+        let slot = *index.entry(p.key()).or_insert_with(|| {
+            out.push(p.trace());
+            out.len() - 1
+        });
+        out[slot].records.push(rec);
+    })? {}
+    Ok((out, reader.unknown()))
+}
+
+/// Row ranges `[from, to)` of a file.
+pub type RowRanges = Vec<(u64, u64)>;
+
+/// What identifies a process in a trace: job, node, pid and start time.
+pub type ProcessKey = (String, String, u32, u64);
+
+/// The process a row belongs to, as its identity columns give it.
+#[derive(Debug)]
+pub struct RowProcess<'a> {
+    pub job: &'a str,
+    pub node: &'a str,
+    pub pid: u32,
+    pub start: u64,
+    pub rank: i32,
+    pub world_size: i32,
+    pub flavour: &'a str,
+    pub mono_anchor: u64,
+    pub real_anchor: u64,
+    pub clock: Option<ClockAlignment>,
+}
+
+impl RowProcess<'_> {
+    /// The process's key.
+    pub fn key(&self) -> ProcessKey {
+        (
+            self.job.to_owned(),
+            self.node.to_owned(),
+            self.pid,
+            self.start,
+        )
+    }
+
+    /// An empty trace of the process, its header and clock from this row.
+    pub fn trace(&self) -> ProcessTrace {
+        ProcessTrace {
+            header: Header {
+                version: crate::cst::FORMAT_VERSION,
+                job: self.job.to_owned(),
+                node: self.node.to_owned(),
+                pid: self.pid,
+                rank: self.rank,
+                world_size: self.world_size,
+                start_time: self.start,
+                mono_anchor: self.mono_anchor,
+                real_anchor: self.real_anchor,
+                flavour: self.flavour.to_owned(),
+                ..Default::default()
+            },
+            records: Vec::new(),
+            clock: self.clock,
+        }
+    }
+}
+
+/// Reads a Parquet trace batch by batch, whole or some row ranges of it: the one decoder of
+/// rows into records, for [`read`] and for drivers that stream a trace too big to hold.
+pub struct Reader {
+    path: String,
+    batches: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+    unknown: usize,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("path", &self.path).finish()
+    }
+}
+
+/// Opens a trace's footer, checking that it is a commscope trace this version reads.
+fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, Error> {
     let p = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|source| Error::Io {
         path: p.clone(),
         source,
     })?;
+    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+        .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
     let builder =
-        ParquetRecordBatchReaderBuilder::try_new(file).map_err(|source| Error::Parquet {
-            path: p.clone(),
-            source,
+        ParquetRecordBatchReaderBuilder::try_new_with_options(file, options).map_err(|source| {
+            Error::Parquet {
+                path: p.clone(),
+                source,
+            }
         })?;
     if let Some(v) = builder.schema().metadata().get("commscope.schema") {
         let found: u32 = v.parse().unwrap_or(u32::MAX);
@@ -703,35 +845,190 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
             reason: "no commscope schema metadata".into(),
         });
     }
-    let reader = builder
+    Ok(builder)
+}
+
+/// The row ranges `[from, to)` of each process in a trace, in file order of first appearance,
+/// with the process's empty trace (header and clock); only the identity columns are read.
+pub fn process_rows(path: &Path) -> Result<Vec<(ProcessTrace, RowRanges)>, Error> {
+    let p = path.display().to_string();
+    let builder = open_builder(path)?;
+    let mask = parquet::arrow::ProjectionMask::columns(
+        builder.parquet_schema(),
+        [
+            "job",
+            "node",
+            "pid",
+            "process_start",
+            "rank",
+            "world_size",
+            "flavour",
+            "mono_anchor_ns",
+            "real_anchor_ns",
+            "offset_ns",
+            "error_ns",
+        ],
+    );
+    let batches = builder
+        .with_projection(mask)
         .with_batch_size(BATCH_ROWS)
         .build()
         .map_err(|source| Error::Parquet {
             path: p.clone(),
             source,
         })?;
-    let mut out: Vec<ProcessTrace> = Vec::new();
-    let mut index: std::collections::HashMap<(String, String, u32, u64), usize> =
-        Default::default();
-    let mut unknown = 0usize;
-    for batch in reader {
+    let mut out: Vec<(ProcessTrace, RowRanges)> = Vec::new();
+    let mut index: std::collections::HashMap<ProcessKey, usize> = Default::default();
+    let mut row = 0u64;
+    let mut current: Option<usize> = None;
+    for batch in batches {
         let batch = batch.map_err(|source| Error::Arrow {
             path: p.clone(),
             source,
         })?;
+        let ids = Identity::of(&batch, &p)?;
+        for i in 0..batch.num_rows() {
+            let same = current.is_some_and(|slot| {
+                let h = &out[slot].0.header;
+                h.pid == ids.pid.value(i)
+                    && h.start_time == ids.start.value(i)
+                    && h.node == ids.node.value(i)
+                    && h.job == ids.job.value(i)
+            });
+            if same {
+                if let Some(r) = current.and_then(|s| out[s].1.last_mut()) {
+                    r.1 = row + 1;
+                }
+            } else {
+                let rp = ids.row(i);
+                let slot = *index.entry(rp.key()).or_insert_with(|| {
+                    out.push((rp.trace(), Vec::new()));
+                    out.len() - 1
+                });
+                out[slot].1.push((row, row + 1));
+                current = Some(slot);
+            }
+            row += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The identity columns of a batch.
+struct Identity<'a> {
+    job: &'a StringArray,
+    node: &'a StringArray,
+    pid: &'a UInt32Array,
+    start: &'a UInt64Array,
+    rank: &'a Int32Array,
+    world: &'a Int32Array,
+    flavour: Option<&'a StringArray>,
+    mono_anchor: Option<&'a UInt64Array>,
+    real_anchor: Option<&'a UInt64Array>,
+    offset: Option<&'a Int64Array>,
+    error: Option<&'a UInt64Array>,
+}
+
+impl<'a> Identity<'a> {
+    fn of(batch: &'a RecordBatch, path: &'a str) -> Result<Identity<'a>, Error> {
+        let c = Cols { batch, path };
+        Ok(Identity {
+            job: c.req::<StringArray>("job")?,
+            node: c.req::<StringArray>("node")?,
+            pid: c.req::<UInt32Array>("pid")?,
+            start: c.req::<UInt64Array>("process_start")?,
+            rank: c.req::<Int32Array>("rank")?,
+            world: c.req::<Int32Array>("world_size")?,
+            flavour: c.get::<StringArray>("flavour", false)?,
+            mono_anchor: c.get::<UInt64Array>("mono_anchor_ns", false)?,
+            real_anchor: c.get::<UInt64Array>("real_anchor_ns", false)?,
+            offset: c.get::<Int64Array>("offset_ns", false)?,
+            error: c.get::<UInt64Array>("error_ns", false)?,
+        })
+    }
+
+    fn row(&self, i: usize) -> RowProcess<'a> {
+        RowProcess {
+            job: self.job.value(i),
+            node: self.node.value(i),
+            pid: self.pid.value(i),
+            start: self.start.value(i),
+            rank: self.rank.value(i),
+            world_size: self.world.value(i),
+            flavour: opt_str(self.flavour, i),
+            mono_anchor: opt_u64(self.mono_anchor, i),
+            real_anchor: opt_u64(self.real_anchor, i),
+            clock: self
+                .offset
+                .filter(|a| !a.is_null(i))
+                .map(|a| ClockAlignment {
+                    offset_ns: a.value(i),
+                    error_ns: opt_u64(self.error, i),
+                }),
+        }
+    }
+}
+
+impl Reader {
+    /// Opens `path`, every row or only the row ranges `[from, to)` given, decoded `batch_rows`
+    /// at a time.
+    pub fn open(path: &Path, rows: Option<(&[(u64, u64)], usize)>) -> Result<Reader, Error> {
+        let p = path.display().to_string();
+        let mut builder = open_builder(path)?;
+        let mut batch_rows = BATCH_ROWS;
+        if let Some((ranges, n)) = rows {
+            let total = builder.metadata().file_metadata().num_rows().max(0) as usize;
+            let selection = parquet::arrow::arrow_reader::RowSelection::from_consecutive_ranges(
+                ranges
+                    .iter()
+                    .map(|&(a, b)| (a as usize).min(total)..(b as usize).min(total)),
+                total,
+            );
+            builder = builder.with_row_selection(selection);
+            batch_rows = n.max(1);
+        }
+        let batches = builder
+            .with_batch_size(batch_rows)
+            .build()
+            .map_err(|source| Error::Parquet {
+                path: p.clone(),
+                source,
+            })?;
+        Ok(Reader {
+            path: p,
+            batches,
+            unknown: 0,
+        })
+    }
+
+    /// Rows of kinds this version does not know, so far.
+    pub fn unknown(&self) -> usize {
+        self.unknown
+    }
+
+    /// Decodes the next batch, handing each row's process and record to `f`; false at the end.
+    pub fn next_batch(
+        &mut self,
+        f: &mut dyn FnMut(&RowProcess<'_>, Record),
+    ) -> Result<bool, Error> {
+        let Some(batch) = self.batches.next() else {
+            return Ok(false);
+        };
+        let p = self.path.as_str();
+        let batch = batch.map_err(|source| Error::Arrow {
+            path: p.to_owned(),
+            source,
+        })?;
+        let ids = Identity::of(&batch, p)?;
+        let rank = ids.rank;
+        let world = ids.world;
+        let pid = ids.pid;
+        let start = ids.start;
+        let mut dtypes = DtypeCodes::default();
         let c = Cols {
             batch: &batch,
-            path: &p,
+            path: p,
         };
-        let job = c.req::<StringArray>("job")?;
-        let node = c.req::<StringArray>("node")?;
-        let pid = c.req::<UInt32Array>("pid")?;
-        let start = c.req::<UInt64Array>("process_start")?;
-        let rank = c.req::<Int32Array>("rank")?;
-        let world = c.req::<Int32Array>("world_size")?;
-        let flavour = c.get::<StringArray>("flavour", false)?;
-        let mono_anchor = c.get::<UInt64Array>("mono_anchor_ns", false)?;
-        let real_anchor = c.get::<UInt64Array>("real_anchor_ns", false)?;
         let rec_seq = c.req::<UInt64Array>("rec_seq")?;
         let kind = c.req::<StringArray>("kind")?;
         let flags = c.req::<UInt32Array>("flags")?;
@@ -755,8 +1052,6 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let clock = c.get::<StringArray>("clock", false)?;
         // Written since NCCL calls are recorded; older files hold MPI calls only.
         let library = c.get::<StringArray>("library", false)?;
-        let offset = c.get::<Int64Array>("offset_ns", false)?;
-        let error = c.get::<UInt64Array>("error_ns", false)?;
         let comm_rank = c.get::<Int32Array>("comm_rank", false)?;
         let comm_size = c.get::<Int32Array>("comm_size", false)?;
         let event = c.get::<StringArray>("event", false)?;
@@ -793,41 +1088,14 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
         let link_steps_done = c.get::<UInt32Array>("link_steps_done", false)?;
 
         for i in 0..batch.num_rows() {
-            let key = (
-                job.value(i).to_owned(),
-                node.value(i).to_owned(),
-                pid.value(i),
-                start.value(i),
-            );
-            let slot = *index.entry(key).or_insert_with(|| {
-                out.push(ProcessTrace {
-                    header: Header {
-                        version: crate::cst::FORMAT_VERSION,
-                        job: job.value(i).to_owned(),
-                        node: node.value(i).to_owned(),
-                        pid: pid.value(i),
-                        rank: rank.value(i),
-                        world_size: world.value(i),
-                        start_time: start.value(i),
-                        mono_anchor: opt_u64(mono_anchor, i),
-                        real_anchor: opt_u64(real_anchor, i),
-                        flavour: opt_str(flavour, i).to_owned(),
-                        ..Default::default()
-                    },
-                    records: Vec::new(),
-                    clock: offset.filter(|a| !a.is_null(i)).map(|a| ClockAlignment {
-                        offset_ns: a.value(i),
-                        error_ns: opt_u64(error, i),
-                    }),
-                });
-                out.len() - 1
-            });
+            let row = ids.row(i);
             let fl = flags.value(i) as u16;
             let modulus = |i: usize| {
                 sample_modulus
                     .filter(|a| !a.is_null(i))
                     .map_or(1, |a| a.value(i))
             };
+            let dt = dtypes.code(opt_str(dtype_col, i));
             let call = || Call {
                 rec_seq: rec_seq.value(i),
                 op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
@@ -847,7 +1115,7 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                 rank: rank.value(i),
                 comm_rank: opt_i32(comm_rank, i, -1),
                 comm_size: opt_i32(comm_size, i, 0),
-                dtype: dtype_code(opt_str(dtype_col, i)),
+                dtype: dt,
                 clock: match opt_str(clock, i) {
                     "host-real" => Clock::HostReal as u8,
                     "gpu" => Clock::Gpu as u8,
@@ -963,20 +1231,43 @@ pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
                         .map_or(0, |a| a.value(i)),
                 }),
                 _ => {
-                    unknown += 1;
+                    self.unknown += 1;
                     continue;
                 }
             };
-            out[slot].records.push(rec);
+            f(&row, rec);
         }
+        Ok(true)
     }
-    Ok((out, unknown))
 }
 
 fn dtype_code(name: &str) -> u16 {
-    (0..=u16::MAX)
+    if name.is_empty() {
+        return dtype::NONE;
+    }
+    (0..=255u16)
+        .chain([dtype::DERIVED, dtype::MIXED])
         .find(|&c| dtype::name(c) == name)
         .unwrap_or(dtype::NONE)
+}
+
+/// [`dtype_code`] remembered for the last name seen (a batch repeats a few names).
+#[derive(Default)]
+struct DtypeCodes {
+    last: Option<(String, u16)>,
+}
+
+impl DtypeCodes {
+    fn code(&mut self, name: &str) -> u16 {
+        match &self.last {
+            Some((n, c)) if n == name => *c,
+            _ => {
+                let c = dtype_code(name);
+                self.last = Some((name.to_owned(), c));
+                c
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+//! Traces too big to hold in memory: the batch analysis streamed from Parquet files.
+//!
+//! Each process's rows are read in the order it wrote them by a cursor of its own (its row
+//! ranges, file after file), one batch at a time. Its replay ([`ProcessReplay`]) sees every
+//! record in that order, and a k-way merge on record time feeds the instance detectors as
+//! [`crate::batch`] does for a trace in memory. What is held is one batch per process, the
+//! replay's calls in flight and the detectors' bounded state, however long the trace.
+//!
+//! Records of one process are ordered by time within each batch; a process whose records run
+//! backwards in time across a batch boundary (never seen from the shim, which writes calls as
+//! they complete) is fed in file order there.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use commscope_wire::parquet::{self as pq, ProcessKey, ProcessTrace, Reader};
+use commscope_wire::record::Record;
+
+use crate::batch::{Analysis, Evaluator, Thresholds, conclude, dispatch, feed_time};
+use crate::replay::{ProcessReplay, add_rank, finish};
+use crate::stream::Detectors;
+use crate::view::{CommView, JobView};
+
+/// Rows each process's cursor decodes at a time.
+const CURSOR_ROWS: usize = 4096;
+
+/// One job's trace, analyzed as it streamed by.
+#[derive(Debug)]
+pub struct Streamed {
+    pub job: String,
+    pub analysis: Analysis,
+    /// Each process's header and clock (no records).
+    pub processes: Vec<ProcessTrace>,
+    /// Records read.
+    pub records: u64,
+}
+
+/// The analyses of every job in `files` (Parquet traces), and a warning
+/// (`FILE: what is wrong`) for each file that could not be read whole: what was read before
+/// the damage is kept. Fails only when no file can be opened at all.
+pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec<String>), String> {
+    let mut warnings = Vec::new();
+    // Per job, per process: its header and its parts (file, row ranges), in file order.
+    let mut jobs: BTreeMap<String, Vec<Cursor>> = BTreeMap::new();
+    let mut index: HashMap<ProcessKey, usize> = HashMap::new();
+    let mut opened = 0;
+    for f in files {
+        let rows = match pq::process_rows(f) {
+            Ok(r) => r,
+            Err(e) => {
+                warnings.push(format!("{}: {e}", f.display()));
+                continue;
+            }
+        };
+        opened += 1;
+        for (trace, ranges) in rows {
+            let key = (
+                trace.header.job.clone(),
+                trace.header.node.clone(),
+                trace.header.pid,
+                trace.header.start_time,
+            );
+            let cursors = jobs.entry(trace.header.job.clone()).or_default();
+            let i = *index.entry(key).or_insert_with(|| {
+                cursors.push(Cursor::new(trace));
+                cursors.len() - 1
+            });
+            cursors[i].parts.push_back((f.clone(), ranges));
+        }
+    }
+    if opened == 0 {
+        return Err(warnings.join("; "));
+    }
+    let mut out = Vec::new();
+    for (job, cursors) in jobs {
+        out.push(analyze_job(&job, cursors, th, &mut warnings));
+    }
+    Ok((out, warnings))
+}
+
+/// One process's rows, read in order.
+struct Cursor {
+    trace: ProcessTrace,
+    parts: VecDeque<(PathBuf, Vec<(u64, u64)>)>,
+    reader: Option<(PathBuf, Reader)>,
+    replay: ProcessReplay,
+    /// Decoded records with their feed time, in time order; records the detectors do not
+    /// take (heartbeats, `enter`s) are replayed only.
+    buf: VecDeque<(u64, Record)>,
+    records: u64,
+}
+
+impl Cursor {
+    fn new(trace: ProcessTrace) -> Cursor {
+        Cursor {
+            replay: ProcessReplay::new(&trace),
+            trace,
+            parts: VecDeque::new(),
+            reader: None,
+            buf: VecDeque::new(),
+            records: 0,
+        }
+    }
+
+    /// Decodes batches until one holds a record for the detectors; false when the process
+    /// has no more rows. A file that fails mid-way is one warning, and its remaining rows of
+    /// this process are skipped.
+    fn fill(&mut self, comms: &mut HashMap<u64, CommView>, warnings: &mut Vec<String>) -> bool {
+        while self.buf.is_empty() {
+            if self.reader.is_none() {
+                let Some((path, ranges)) = self.parts.pop_front() else {
+                    return false;
+                };
+                match Reader::open(&path, Some((&ranges, CURSOR_ROWS))) {
+                    Ok(r) => self.reader = Some((path, r)),
+                    Err(e) => {
+                        warn_once(warnings, &path, &e.to_string());
+                        continue;
+                    }
+                }
+            }
+            let Some((path, reader)) = self.reader.as_mut() else {
+                continue;
+            };
+            let mut batch: Vec<(u64, Record)> = Vec::with_capacity(CURSOR_ROWS);
+            let (trace, replay, records) = (&self.trace, &mut self.replay, &mut self.records);
+            let more = reader.next_batch(&mut |_, rec| {
+                *records += 1;
+                replay.record(trace, &rec, comms);
+                if let Some(t) = feed_time(trace, &rec) {
+                    batch.push((t, rec));
+                }
+            });
+            match more {
+                Ok(true) => {}
+                Ok(false) => self.reader = None,
+                Err(e) => {
+                    warn_once(warnings, &path.clone(), &e.to_string());
+                    self.reader = None;
+                }
+            }
+            batch.sort_by_key(|x| x.0);
+            self.buf.extend(batch);
+        }
+        true
+    }
+}
+
+fn warn_once(warnings: &mut Vec<String>, path: &Path, what: &str) {
+    let w = format!(
+        "{}: {what}; the rows before the damage are kept",
+        path.display()
+    );
+    if !warnings.contains(&w) {
+        warnings.push(w);
+    }
+}
+
+fn analyze_job(
+    job: &str,
+    mut cursors: Vec<Cursor>,
+    th: &Thresholds,
+    warnings: &mut Vec<String>,
+) -> Streamed {
+    let mut det = Detectors::new(job, th.tuning.clone());
+    let mut ev = Evaluator::default();
+    let mut comms: HashMap<u64, CommView> = HashMap::new();
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    for (i, c) in cursors.iter_mut().enumerate() {
+        det.rank_node(c.trace.header.rank, &c.trace.header.node);
+        if c.fill(&mut comms, warnings)
+            && let Some((t, _)) = c.buf.front()
+        {
+            heap.push(Reverse((*t, i)));
+        }
+    }
+    while let Some(Reverse((t, i))) = heap.pop() {
+        let c = &mut cursors[i];
+        if let Some((_, rec)) = c.buf.pop_front() {
+            ev.tick(&mut det, t);
+            dispatch(&mut det, &rec, t);
+        }
+        if c.fill(&mut comms, warnings)
+            && let Some((t, _)) = c.buf.front()
+        {
+            heap.push(Reverse((*t, i)));
+        }
+    }
+    let mut view = JobView {
+        job: job.to_owned(),
+        live: false,
+        comms,
+        ..Default::default()
+    };
+    let mut processes = Vec::with_capacity(cursors.len());
+    let mut records = 0;
+    for c in cursors {
+        records += c.records;
+        add_rank(&mut view, c.replay.finish(&c.trace));
+        processes.push(c.trace);
+    }
+    let view = finish(view);
+    Streamed {
+        job: job.to_owned(),
+        analysis: conclude(view, det, ev, th),
+        processes,
+        records,
+    }
+}
