@@ -7,9 +7,43 @@
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
 #   scripts/bench.sh nccl [CALLS]           host-side cost the shim adds per NCCL call (test doubles)
 #   scripts/bench.sh plugin [OPS]           cost of the profiler plugin's callbacks per NCCL operation
+#   scripts/bench.sh postmortem [RECORDS]   analyze and report on a generated Parquet trace
+#                                           (default 100,000,000 records): wall time, peak memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
+  postmortem)
+    # A 256-rank job trace (gen-trace: rank 37 computes 30 % slower), generated once into a
+    # cache outside the clone; then `analyze` and `report` on it, each timed by GNU time for
+    # wall clock and peak resident memory.
+    records=${2:-100000000}
+    cargo build --release --quiet -p commscope -p commscope-sim
+    cache="${COMMSCOPE_CACHE:-/var/cache/commscope}/bench"
+    mkdir -p "$cache"
+    trace="$cache/postmortem-$records.parquet"
+    if [ ! -f "$trace" ]; then
+      target/release/gen-trace --records "$records" "$trace"
+    fi
+    command -v /usr/bin/time >/dev/null || { echo "postmortem: needs GNU time (apt-get install time)"; exit 1; }
+    echo "trace: $trace ($(du -h "$trace" | cut -f1), $(nproc) CPUs)"
+    out=$(mktemp -d)
+    trap 'rm -rf "$out"' EXIT
+    measure() {
+      local name=$1
+      shift
+      /usr/bin/time -f "%e %M" -o "$out/time" "$@" > "$out/$name.out" 2> "$out/$name.err" || {
+        cat "$out/$name.err"
+        exit 1
+      }
+      read -r secs kib < "$out/time"
+      awk -v n="$name" -v s="$secs" -v k="$kib" 'BEGIN { printf "%s: %.1f s wall, %.2f GiB peak RSS\n", n, s, k / 1048576 }'
+    }
+    measure analyze target/release/commscope analyze "$trace"
+    sed 's/^/  /' "$out/analyze.out"
+    measure report target/release/commscope report "$trace" -o "$out/report.html"
+    sed 's/^/  /' "$out/report.err"
+    exit 0
+    ;;
   nccl)
     # The NCCL and CUDA test doubles in no-op mode (collectives return at once, events complete
     # when recorded), so what is measured is the time inside ncclAllReduce: the double's few ns

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium time; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

@@ -18,10 +18,13 @@ use commscope_wire::op::{Op, busbw_factor};
 use commscope_wire::parquet::ProcessTrace;
 use polars::prelude::*;
 
-/// (comm, rank, time bin, completed through, the bin's last completion in ns).
-pub type ProgressRow = (u64, i32, u64, u64, u64);
+/// (comm, rank, time bin, completed through, the bin's last completion in ns, calls).
+pub type ProgressRow = (u64, i32, u64, u64, u64, u64);
 /// (rank, start ns, end ns, op, seq).
 pub type WindowCall = (i32, u64, u64, String, u64);
+
+/// (op, communicator size, message bytes, bandwidth bin, calls).
+pub type BandwidthRow = (String, i32, u64, i64, u64);
 
 /// Why a query failed.
 pub type Error = PolarsError;
@@ -156,231 +159,30 @@ impl Calls {
         Ok((rows, start))
     }
 
-    /// Mean lateness (ms) of each rank row and time column: each collective instance's members
-    /// against its first arrival. `row_of` maps ranks to rows; columns are `bin_ns` wide from
-    /// `start`, the last one open-ended at `cols - 1`.
-    pub fn lateness(
-        &self,
-        row_of: &[(i32, u32)],
-        start: u64,
-        bin_ns: u64,
-        cols: u32,
-    ) -> Result<Vec<(usize, usize, f64)>, Error> {
-        let collective = col("op")
-            .neq(lit(""))
-            .and(col("op").neq(lit("none")))
-            .and(col("comm_size").gt_eq(lit(2)))
-            .and(p2p(col("op")).not());
-        let calls = self.calls()?.filter(collective);
-        let first = calls
-            .clone()
-            .group_by([col("comm_id"), col("seq")])
-            .agg([col("a").min().alias("first"), len().alias("n")])
-            .filter(col("n").gt_eq(lit(2)));
-        let rows = DataFrame::new_infer_height(vec![
-            Column::new(
-                "rank".into(),
-                row_of.iter().map(|x| x.0).collect::<Vec<i32>>(),
-            ),
-            Column::new(
-                "row".into(),
-                row_of.iter().map(|x| x.1).collect::<Vec<u32>>(),
-            ),
-        ])?;
-        let q = calls
-            .join(
-                first,
-                cols_of(&["comm_id", "seq"]),
-                cols_of(&["comm_id", "seq"]),
-                JoinArgs::new(JoinType::Inner),
-            )
-            .inner_join(rows.lazy(), col("rank"), col("rank"))
-            .filter(col("a").gt_eq(lit(start as i64)))
-            .with_columns([
-                ((col("a") - lit(start as i64)) / lit(bin_ns.max(1) as i64))
-                    .clip_max(lit(i64::from(cols) - 1))
-                    .alias("col"),
-                ((col("a") - col("first")).cast(DataType::Float64) / lit(1e6)).alias("late_ms"),
-            ])
-            .group_by([col("col"), col("row")])
-            .agg([col("late_ms").mean()]);
-        let df = collect(q)?;
-        let c = df.column("col")?.cast(&DataType::Int64)?;
-        let r = df.column("row")?.cast(&DataType::Int64)?;
-        let m = df.column("late_ms")?.cast(&DataType::Float64)?;
-        let (c, r, m) = (c.i64()?, r.i64()?, m.f64()?);
-        let mut out: Vec<(usize, usize, f64)> = (0..df.height())
-            .filter_map(|i| {
-                Some((
-                    c.get(i)?.max(0) as usize,
-                    r.get(i)?.max(0) as usize,
-                    m.get(i)?,
-                ))
-            })
-            .collect();
-        out.sort_by_key(|x| (x.0, x.1));
-        Ok(out)
-    }
-
-    /// The communicators with the most collective calls, most first: (comm, calls).
-    pub fn busiest_comms(&self, n: usize) -> Result<Vec<(u64, u64)>, Error> {
-        let q = self
-            .calls()?
-            .filter(p2p(col("op")).not())
-            .group_by([col("comm_id")])
-            .agg([len().cast(DataType::UInt64).alias("n")]);
-        let df = collect(q)?;
-        let ids = df.column("comm_id")?.cast(&DataType::UInt64)?;
-        let ns = df.column("n")?.cast(&DataType::UInt64)?;
-        let (ids, ns) = (ids.u64()?, ns.u64()?);
-        let mut out: Vec<(u64, u64)> = (0..df.height())
-            .filter_map(|i| Some((ids.get(i)?, ns.get(i)?)))
-            .collect();
-        out.sort_by_key(|(c, n)| (std::cmp::Reverse(*n), *c));
-        out.truncate(n);
-        Ok(out)
-    }
-
-    /// Per communicator in `comms`, rank and time bin (`bin_ns` wide from `start`): the
-    /// collectives completed through (seq + 1) and the bin's last completion (ns). Sorted by
-    /// communicator, bin.
-    pub fn progress(
-        &self,
-        comms: &[u64],
-        start: u64,
-        bin_ns: u64,
-    ) -> Result<Vec<ProgressRow>, Error> {
-        let keep = comms
-            .iter()
-            .fold(lit(false), |e, c| e.or(col("comm_id").eq(lit(*c as i64))));
-        let q = self
-            .calls()?
-            .filter(p2p(col("op")).not().and(keep))
-            .with_columns([((col("b") - lit(start as i64)).clip_min(lit(0i64))
-                / lit(bin_ns.max(1) as i64))
-            .alias("bin")])
-            .group_by([col("comm_id"), col("rank"), col("bin")])
-            .agg([
-                (col("seq") + lit(1i64)).max().alias("through"),
-                col("b").max().alias("last"),
-            ]);
-        let df = collect(q)?;
-        let get = |n: &str| df.column(n).and_then(|c| c.cast(&DataType::Int64));
-        let (c, r, bin, th, last) = (
-            get("comm_id")?,
-            get("rank")?,
-            get("bin")?,
-            get("through")?,
-            get("last")?,
-        );
-        let (c, r, bin, th, last) = (c.i64()?, r.i64()?, bin.i64()?, th.i64()?, last.i64()?);
-        let mut out: Vec<ProgressRow> = (0..df.height())
-            .filter_map(|i| {
-                Some((
-                    c.get(i)? as u64,
-                    r.get(i)? as i32,
-                    bin.get(i)?.max(0) as u64,
-                    th.get(i)?.max(0) as u64,
-                    last.get(i)?.max(0) as u64,
-                ))
-            })
-            .collect();
-        out.sort_by_key(|x| (x.0, x.2, x.1));
-        Ok(out)
-    }
-
-    /// Call durations per op, in bins of a quarter decade from 1 µs: (op, bin, calls).
-    pub fn durations(&self) -> Result<Vec<(String, i32, u64)>, Error> {
-        let us = (col("span_ns").cast(DataType::Float64) / lit(1e3)).clip_min(lit(1.0));
-        let q = self
-            .calls()?
-            .with_columns([(us.log(lit(10.0)) * lit(4.0))
-                .floor()
-                .cast(DataType::Int32)
-                .alias("bin")])
-            .group_by([col("op"), col("bin")])
-            .agg([len().cast(DataType::UInt64).alias("n")]);
-        let df = collect(q)?;
-        let op = df.column("op")?.cast(&DataType::String)?;
-        let bin = df.column("bin")?.cast(&DataType::Int32)?;
-        let n = df.column("n")?.cast(&DataType::UInt64)?;
-        let (op, bin, n) = (op.str()?, bin.i32()?, n.u64()?);
-        let mut out: Vec<(String, i32, u64)> = (0..df.height())
-            .filter_map(|i| Some((op.get(i)?.to_owned(), bin.get(i)?, n.get(i)?)))
-            .collect();
-        out.sort();
-        Ok(out)
-    }
-
-    /// Median bus bandwidth (GB/s) per op and message size, with the calls measured: nccl-tests'
-    /// factor ([`busbw_factor`]) for each op and communicator size.
-    pub fn busbw(&self) -> Result<Vec<(String, u64, f64, u64)>, Error> {
-        let measured = self.calls()?.filter(
-            col("span_ns")
-                .gt(lit(0i64))
-                .and(col("bytes").gt(lit(0i64)))
-                .and(p2p(col("op")).not().or(col("op").eq(lit("sendrecv")))),
-        );
-        // The factor of each (op, size) present, from the one definition of it.
-        let shapes = collect(
-            measured
-                .clone()
-                .group_by([col("op"), col("comm_size")])
-                .agg([len()]),
-        )?;
-        let sop = shapes.column("op")?.cast(&DataType::String)?;
-        let ssz = shapes.column("comm_size")?.cast(&DataType::Int32)?;
-        let (sop, ssz) = (sop.str()?, ssz.i32()?);
-        let (mut fo, mut fs, mut ff) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..shapes.height() {
-            let (Some(o), Some(n)) = (sop.get(i), ssz.get(i)) else {
-                continue;
-            };
-            if let Some(f) = Op::from_name(o).and_then(|op| busbw_factor(op, n)) {
-                fo.push(o.to_owned());
-                fs.push(n);
-                ff.push(f);
-            }
-        }
-        let factors = DataFrame::new_infer_height(vec![
-            Column::new("op".into(), fo),
-            Column::new("comm_size".into(), fs),
-            Column::new("factor".into(), ff),
-        ])?;
-        let q = measured
-            .join(
-                factors.lazy(),
-                cols_of(&["op", "comm_size"]),
-                cols_of(&["op", "comm_size"]),
-                JoinArgs::new(JoinType::Inner),
-            )
-            .with_columns([(col("bytes").cast(DataType::Float64)
-                / col("span_ns").cast(DataType::Float64)
-                * col("factor"))
-            .alias("gbs")])
-            .group_by([col("op"), col("bytes")])
-            .agg([
-                col("gbs").median().alias("median"),
-                len().cast(DataType::UInt64).alias("n"),
-            ]);
-        let df = collect(q)?;
-        let op = df.column("op")?.cast(&DataType::String)?;
-        let bytes = df.column("bytes")?.cast(&DataType::Int64)?;
-        let med = df.column("median")?.cast(&DataType::Float64)?;
-        let n = df.column("n")?.cast(&DataType::UInt64)?;
-        let (op, bytes, med, n) = (op.str()?, bytes.i64()?, med.f64()?, n.u64()?);
-        let mut out: Vec<(String, u64, f64, u64)> = (0..df.height())
-            .filter_map(|i| {
-                Some((
-                    op.get(i)?.to_owned(),
-                    bytes.get(i)?.max(0) as u64,
-                    med.get(i)?,
-                    n.get(i)?,
-                ))
-            })
-            .collect();
-        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        Ok(out)
+    /// Every table of the report; progress bins are `progress_bin_ns` wide from `start`.
+    pub fn tables(&self, start: u64, progress_bin_ns: u64) -> Result<Tables, Error> {
+        let calls = self.calls()?;
+        let plans = [
+            progress_plan(calls.clone(), start, progress_bin_ns),
+            durations_plan(calls.clone()),
+            bandwidth_plan(calls),
+        ];
+        // One query at a time: plans collected together share their scan, and the engine
+        // buffers what one has read ahead of another (memory growing with the trace).
+        let mut dfs = plans
+            .into_iter()
+            .map(collect)
+            .collect::<Result<Vec<DataFrame>, Error>>()?
+            .into_iter();
+        let mut next = || {
+            dfs.next()
+                .ok_or_else(|| polars_err!(ComputeError: "a table is missing"))
+        };
+        Ok(Tables {
+            progress: progress_rows(&next()?)?,
+            durations: durations_rows(&next()?)?,
+            bandwidth: bandwidth_rows(&next()?)?,
+        })
     }
 
     /// The calls of `ranks` that overlap `[from, to]`, earliest first, `per_rank` at most each:
@@ -437,16 +239,177 @@ impl Calls {
     }
 }
 
+/// The report's tables ([`Calls::tables`]).
+#[derive(Debug, Default)]
+pub struct Tables {
+    /// Per communicator, rank and time bin: collectives completed through and the bin's last
+    /// completion; by communicator and bin.
+    pub progress: Vec<ProgressRow>,
+    /// (op, quarter-decade bin from 1 µs, calls).
+    pub durations: Vec<(String, i32, u64)>,
+    /// (op, communicator size, message bytes, bandwidth bin, calls): algorithm bandwidth in
+    /// bins of 1 % ([`bandwidth_of_bin`]).
+    pub bandwidth: Vec<BandwidthRow>,
+}
+
+/// Bandwidth bins per decade (a bin is 1/100 of a decade: about 2.3 % wide).
+const BW_BINS_PER_DECADE: f64 = 100.0;
+
+/// The middle of a bandwidth bin, GB/s.
+pub fn bandwidth_of_bin(bin: i64) -> f64 {
+    10f64.powf((bin as f64 + 0.5) / BW_BINS_PER_DECADE)
+}
+
+fn progress_plan(calls: LazyFrame, start: u64, bin_ns: u64) -> LazyFrame {
+    calls
+        .filter(p2p(col("op")).not())
+        .with_columns([((col("b") - lit(start as i64)).clip_min(lit(0i64))
+            / lit(bin_ns.max(1) as i64))
+        .alias("bin")])
+        .group_by([col("comm_id"), col("rank"), col("bin")])
+        .agg([
+            (col("seq") + lit(1i64)).max().alias("through"),
+            col("b").max().alias("last"),
+            len().cast(DataType::UInt64).alias("n"),
+        ])
+}
+
+fn durations_plan(calls: LazyFrame) -> LazyFrame {
+    let us = (col("span_ns").cast(DataType::Float64) / lit(1e3)).clip_min(lit(1.0));
+    calls
+        .with_columns([(us.log(lit(10.0)) * lit(4.0))
+            .floor()
+            .cast(DataType::Int32)
+            .alias("bin")])
+        .group_by([col("op"), col("bin")])
+        .agg([len().cast(DataType::UInt64).alias("n")])
+}
+
+/// Algorithm bandwidth histograms per op, communicator size and message size: a median from
+/// them needs no call's value held (the bus factor is applied per communicator size after).
+fn bandwidth_plan(calls: LazyFrame) -> LazyFrame {
+    let gbs = col("bytes").cast(DataType::Float64) / col("span_ns").cast(DataType::Float64);
+    calls
+        .filter(
+            col("span_ns")
+                .gt(lit(0i64))
+                .and(col("bytes").gt(lit(0i64)))
+                .and(p2p(col("op")).not().or(col("op").eq(lit("sendrecv")))),
+        )
+        .with_columns([(gbs.log(lit(10.0)) * lit(BW_BINS_PER_DECADE))
+            .floor()
+            .cast(DataType::Int64)
+            .alias("bin")])
+        .group_by([col("op"), col("comm_size"), col("bytes"), col("bin")])
+        .agg([len().cast(DataType::UInt64).alias("n")])
+}
+
+fn i64_col(df: &DataFrame, name: &str) -> Result<Vec<Option<i64>>, Error> {
+    let c = df.column(name)?.cast(&DataType::Int64)?;
+    let a = c.i64()?;
+    Ok((0..a.len()).map(|i| a.get(i)).collect())
+}
+
+fn str_col(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>, Error> {
+    let c = df.column(name)?.cast(&DataType::String)?;
+    let a = c.str()?;
+    Ok((0..a.len()).map(|i| a.get(i).map(str::to_owned)).collect())
+}
+
+fn progress_rows(df: &DataFrame) -> Result<Vec<ProgressRow>, Error> {
+    let (c, r, bin, th, last, n) = (
+        i64_col(df, "comm_id")?,
+        i64_col(df, "rank")?,
+        i64_col(df, "bin")?,
+        i64_col(df, "through")?,
+        i64_col(df, "last")?,
+        i64_col(df, "n")?,
+    );
+    let mut out: Vec<ProgressRow> = (0..df.height())
+        .filter_map(|i| {
+            Some((
+                c[i]? as u64,
+                r[i]? as i32,
+                bin[i]?.max(0) as u64,
+                th[i]?.max(0) as u64,
+                last[i]?.max(0) as u64,
+                n[i]?.max(0) as u64,
+            ))
+        })
+        .collect();
+    out.sort_by_key(|x| (x.0, x.2, x.1));
+    Ok(out)
+}
+
+fn durations_rows(df: &DataFrame) -> Result<Vec<(String, i32, u64)>, Error> {
+    let (op, bin, n) = (str_col(df, "op")?, i64_col(df, "bin")?, i64_col(df, "n")?);
+    let mut out: Vec<(String, i32, u64)> = (0..df.height())
+        .filter_map(|i| Some((op[i].clone()?, bin[i]? as i32, n[i]?.max(0) as u64)))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn bandwidth_rows(df: &DataFrame) -> Result<Vec<BandwidthRow>, Error> {
+    let (op, size, bytes, bin, n) = (
+        str_col(df, "op")?,
+        i64_col(df, "comm_size")?,
+        i64_col(df, "bytes")?,
+        i64_col(df, "bin")?,
+        i64_col(df, "n")?,
+    );
+    let mut out: Vec<BandwidthRow> = (0..df.height())
+        .filter_map(|i| {
+            Some((
+                op[i].clone()?,
+                size[i]? as i32,
+                bytes[i]?.max(0) as u64,
+                bin[i]?,
+                n[i]?.max(0) as u64,
+            ))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Median bus bandwidth (GB/s) per op and message size, with the calls measured, from the
+/// algorithm-bandwidth histograms: nccl-tests' factor ([`busbw_factor`]) for each op and
+/// communicator size, applied to each bin.
+pub fn busbw_medians(bandwidth: &[BandwidthRow]) -> Vec<(String, u64, f64, u64)> {
+    let mut by: std::collections::BTreeMap<(&str, u64), Vec<(f64, u64)>> = Default::default();
+    for (op, size, bytes, bin, n) in bandwidth {
+        let Some(f) = Op::from_name(op).and_then(|o| busbw_factor(o, *size)) else {
+            continue;
+        };
+        by.entry((op.as_str(), *bytes))
+            .or_default()
+            .push((bandwidth_of_bin(*bin) * f, *n));
+    }
+    by.into_iter()
+        .map(|((op, bytes), mut bins)| {
+            bins.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let total: u64 = bins.iter().map(|b| b.1).sum();
+            let mut seen = 0;
+            let mut median = 0.0;
+            for (v, n) in &bins {
+                seen += n;
+                if seen * 2 > total {
+                    median = *v;
+                    break;
+                }
+            }
+            (op.to_owned(), bytes, median, total)
+        })
+        .collect()
+}
+
 /// Whether the op column names a point-to-point operation.
 fn p2p(op: Expr) -> Expr {
     Op::ALL
         .iter()
         .filter(|o| o.is_p2p())
         .fold(lit(false), |e, o| e.or(op.clone().eq(lit(o.name()))))
-}
-
-fn cols_of(names: &[&str]) -> Vec<Expr> {
-    names.iter().map(|n| col(*n)).collect()
 }
 
 /// Runs a query on the streaming engine.
@@ -468,4 +431,89 @@ fn i64_at(df: &DataFrame, name: &str, i: usize) -> i64 {
         .ok()
         .and_then(|c| c.i64().ok().and_then(|a| a.get(i)))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commscope_wire::cst::Header;
+    use commscope_wire::record::{Call, Record};
+
+    const MS: u64 = 1_000_000;
+
+    /// Two ranks, ten all-reduces of 1 MiB 100 ms apart; rank 1 arrives 3 ms after rank 0 and
+    /// both leave together 2 ms later.
+    fn job() -> Vec<ProcessTrace> {
+        (0..2)
+            .map(|rank| ProcessTrace {
+                header: Header {
+                    job: "j".into(),
+                    node: format!("n{rank}"),
+                    pid: 10 + rank as u32,
+                    rank,
+                    world_size: 2,
+                    ..Default::default()
+                },
+                records: (0..10u64)
+                    .map(|seq| {
+                        let t0 = 1_000 * MS + seq * 100 * MS;
+                        Record::Call(Call {
+                            op: Op::Allreduce as u8,
+                            comm_id: 0xc,
+                            seq,
+                            bytes: 1 << 20,
+                            peer: -1,
+                            rank,
+                            comm_rank: rank,
+                            comm_size: 2,
+                            t_enter: t0 + rank as u64 * 3 * MS,
+                            t_exit: t0 + 5 * MS,
+                            rec_seq: seq + 1,
+                            ..Default::default()
+                        })
+                    })
+                    .collect(),
+                clock: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_report_tables_hold_what_the_calls_say() {
+        let calls = Calls::of(&job()).expect("calls");
+        let (rows, start) = calls.extent().expect("extent");
+        assert_eq!((rows, start), (20, 1_000 * MS));
+        let t = calls.tables(start, 500 * MS).expect("tables");
+        // 5 ms (rank 0) and 2 ms (rank 1): bins of a quarter decade from 1 µs.
+        let bin = |us: f64| (us.log10() * 4.0).floor() as i32;
+        let mut want = vec![
+            ("allreduce".to_owned(), bin(2000.0), 10),
+            ("allreduce".to_owned(), bin(5000.0), 10),
+        ];
+        want.sort();
+        assert_eq!(t.durations, want);
+        // Progress: both ranks through seq 4 in the first 500 ms bin, through 9 in the second.
+        let through: Vec<(i32, u64, u64)> = t.progress.iter().map(|r| (r.1, r.2, r.3)).collect();
+        assert_eq!(through, vec![(0, 0, 5), (1, 0, 5), (0, 1, 10), (1, 1, 10)]);
+        // Bus bandwidth: factor 2 (n-1)/n = 1 for two ranks; the median is rank 0's 5 ms or
+        // rank 1's 2 ms call, within a bin (2.3 %).
+        let med = busbw_medians(&t.bandwidth);
+        assert_eq!(med.len(), 1);
+        let (op, bytes, gbs, n) = &med[0];
+        assert_eq!((op.as_str(), *bytes, *n), ("allreduce", 1 << 20, 20));
+        let slow = (1u64 << 20) as f64 / (5 * MS) as f64;
+        let fast = (1u64 << 20) as f64 / (2 * MS) as f64;
+        assert!(
+            (gbs / slow - 1.0).abs() < 0.025 || (gbs / fast - 1.0).abs() < 0.025,
+            "{gbs} GB/s"
+        );
+        // The calls of rank 1 around 1.2 s.
+        let w = calls
+            .window(&[1], 1_200 * MS, 1_250 * MS, 10)
+            .expect("window");
+        assert_eq!(
+            w,
+            vec![(1, 1_203 * MS, 1_205 * MS, "allreduce".to_owned(), 2)]
+        );
+    }
 }

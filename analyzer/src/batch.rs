@@ -8,6 +8,7 @@ use commscope_wire::record::{CommEvent, ProcessEvent, Record};
 use crate::detectors::Liveness;
 use crate::detectors::slow_rank::RankHealth;
 use crate::finding::{Finding, Kind, Tracker};
+use crate::lateness::{Lateness, LatenessMap};
 use crate::stream::{Detectors, Shape, Tuning};
 use crate::view::JobView;
 
@@ -49,7 +50,7 @@ pub fn slow_rank_view(
     tuning: &Tuning,
 ) -> Vec<(i32, f64, f64, f64, f64)> {
     let mut det = Detectors::new("", tuning.clone());
-    feed_in_time_order(processes, &mut det, |_, _| {});
+    feed_in_time_order(processes, &mut det, |_, _, _, _| {});
     if std::env::var_os("COMMSCOPE_EXPLAIN_CADENCE").is_some() {
         for (c, o, n, a, b) in det.debug_cadence() {
             eprintln!(
@@ -59,6 +60,17 @@ pub fn slow_rank_view(
         }
     }
     det.debug_ranks()
+}
+
+/// When a call started, on the trace's common base: its GPU interval's start when it has one
+/// (host-mono clock), else when it was entered.
+pub fn call_start(p: &ProcessTrace, c: &commscope_wire::record::Call) -> u64 {
+    let clock = if c.has_gpu_time() {
+        Clock::HostMono
+    } else {
+        c.clock()
+    };
+    real_time(p, c.span().0, clock)
 }
 
 /// When a record reaches the instance detectors (its time on the trace's common base), or
@@ -99,7 +111,7 @@ pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64) {
 fn feed_in_time_order(
     processes: &[ProcessTrace],
     det: &mut Detectors,
-    mut tick: impl FnMut(&mut Detectors, u64),
+    mut tick: impl FnMut(&mut Detectors, u64, &ProcessTrace, &Record),
 ) {
     let mut order: Vec<(u64, u32, u32)> = Vec::new();
     for (pi, p) in processes.iter().enumerate() {
@@ -112,8 +124,10 @@ fn feed_in_time_order(
     }
     order.sort_unstable();
     for (t, pi, ri) in order {
-        tick(det, t);
-        dispatch(det, &processes[pi as usize].records[ri as usize], t);
+        let p = &processes[pi as usize];
+        let r = &p.records[ri as usize];
+        tick(det, t, p, r);
+        dispatch(det, r, t);
     }
 }
 
@@ -183,6 +197,8 @@ pub struct Analysis {
     pub step: Option<(f64, String)>,
     /// Link totals per node pair (NCCL's profiler plugin), most bytes first.
     pub links: Vec<crate::links::NodePair>,
+    /// How late each rank arrived at its collectives, over time.
+    pub lateness: LatenessMap,
 }
 
 /// Runs every detector over one job's trace: the liveness detectors over its replayed view,
@@ -204,8 +220,14 @@ pub fn analysis_at(job: &str, cut: &[ProcessTrace], th: &Thresholds, t_ns: u64) 
 fn analysis_of(job: &str, processes: &[ProcessTrace], view: JobView, th: &Thresholds) -> Analysis {
     let mut det = Detectors::new(job, th.tuning.clone());
     let mut ev = Evaluator::default();
-    feed_in_time_order(processes, &mut det, |det, t| ev.tick(det, t));
-    conclude(view, det, ev, th)
+    let mut late = Lateness::default();
+    feed_in_time_order(processes, &mut det, |det, t, p, r| {
+        ev.tick(det, t);
+        if let Record::Call(c) = r {
+            late.call(c, call_start(p, c), t);
+        }
+    });
+    conclude(view, det, ev, late, th)
 }
 
 /// The analysis once every record has been fed to `det` through `ev`, and `view` replayed.
@@ -213,6 +235,7 @@ pub(crate) fn conclude(
     view: JobView,
     mut det: Detectors,
     ev: Evaluator,
+    late: Lateness,
     th: &Thresholds,
 ) -> Analysis {
     // Collectives never completed join the mismatch check at the end.
@@ -246,6 +269,7 @@ pub(crate) fn conclude(
         health: det.health(),
         step: det.step(),
         links: det.node_pairs(),
+        lateness: late.finish(),
     }
 }
 

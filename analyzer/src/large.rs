@@ -14,16 +14,22 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-use commscope_wire::parquet::{self as pq, ProcessKey, ProcessTrace, Reader};
+use commscope_wire::parquet::{self as pq, Footer, ProcessKey, ProcessTrace, Reader};
 use commscope_wire::record::Record;
 
-use crate::batch::{Analysis, Evaluator, Thresholds, conclude, dispatch, feed_time};
+use crate::batch::{Analysis, Evaluator, Thresholds, call_start, conclude, dispatch, feed_time};
+use crate::lateness::Lateness;
 use crate::replay::{ProcessReplay, add_rank, finish};
 use crate::stream::Detectors;
 use crate::view::{CommView, JobView};
 
+/// A record with its feed time and, for a call, its start ([`call_start`]).
+type Fed = (u64, u64, Record);
+
+/// Records handed to the detectors' thread at a time.
+const CHUNK: usize = 8192;
 /// Rows each process's cursor decodes at a time.
-const CURSOR_ROWS: usize = 4096;
+const CURSOR_ROWS: usize = 1024;
 
 /// One job's trace, analyzed as it streamed by.
 #[derive(Debug)]
@@ -46,7 +52,7 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
     let mut index: HashMap<ProcessKey, usize> = HashMap::new();
     let mut opened = 0;
     for f in files {
-        let rows = match pq::process_rows(f) {
+        let rows = match pq::process_rows(f).and_then(|r| Ok((r, Footer::read(f)?))) {
             Ok(r) => r,
             Err(e) => {
                 warnings.push(format!("{}: {e}", f.display()));
@@ -54,6 +60,7 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
             }
         };
         opened += 1;
+        let (rows, footer) = rows;
         for (trace, ranges) in rows {
             let key = (
                 trace.header.job.clone(),
@@ -66,7 +73,9 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
                 cursors.push(Cursor::new(trace));
                 cursors.len() - 1
             });
-            cursors[i].parts.push_back((f.clone(), ranges));
+            cursors[i]
+                .parts
+                .push_back((f.clone(), footer.clone(), ranges));
         }
     }
     if opened == 0 {
@@ -82,12 +91,14 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
 /// One process's rows, read in order.
 struct Cursor {
     trace: ProcessTrace,
-    parts: VecDeque<(PathBuf, Vec<(u64, u64)>)>,
+    parts: VecDeque<(PathBuf, Footer, pq::RowRanges)>,
     reader: Option<(PathBuf, Reader)>,
     replay: ProcessReplay,
     /// Decoded records with their feed time, in time order; records the detectors do not
     /// take (heartbeats, `enter`s) are replayed only.
-    buf: VecDeque<(u64, Record)>,
+    buf: VecDeque<Fed>,
+    /// The batch being decoded (kept for its allocation).
+    batch: Vec<Fed>,
     records: u64,
 }
 
@@ -98,7 +109,8 @@ impl Cursor {
             trace,
             parts: VecDeque::new(),
             reader: None,
-            buf: VecDeque::new(),
+            buf: VecDeque::with_capacity(CURSOR_ROWS),
+            batch: Vec::with_capacity(CURSOR_ROWS),
             records: 0,
         }
     }
@@ -109,10 +121,10 @@ impl Cursor {
     fn fill(&mut self, comms: &mut HashMap<u64, CommView>, warnings: &mut Vec<String>) -> bool {
         while self.buf.is_empty() {
             if self.reader.is_none() {
-                let Some((path, ranges)) = self.parts.pop_front() else {
+                let Some((path, footer, ranges)) = self.parts.pop_front() else {
                     return false;
                 };
-                match Reader::open(&path, Some((&ranges, CURSOR_ROWS))) {
+                match Reader::open_with(&path, &footer, Some((&ranges, CURSOR_ROWS))) {
                     Ok(r) => self.reader = Some((path, r)),
                     Err(e) => {
                         warn_once(warnings, &path, &e.to_string());
@@ -123,13 +135,17 @@ impl Cursor {
             let Some((path, reader)) = self.reader.as_mut() else {
                 continue;
             };
-            let mut batch: Vec<(u64, Record)> = Vec::with_capacity(CURSOR_ROWS);
+            let mut batch = std::mem::take(&mut self.batch);
             let (trace, replay, records) = (&self.trace, &mut self.replay, &mut self.records);
             let more = reader.next_batch(&mut |_, rec| {
                 *records += 1;
                 replay.record(trace, &rec, comms);
                 if let Some(t) = feed_time(trace, &rec) {
-                    batch.push((t, rec));
+                    let a = match &rec {
+                        Record::Call(c) => call_start(trace, c),
+                        _ => 0,
+                    };
+                    batch.push((t, a, rec));
                 }
             });
             match more {
@@ -140,8 +156,11 @@ impl Cursor {
                     self.reader = None;
                 }
             }
-            batch.sort_by_key(|x| x.0);
-            self.buf.extend(batch);
+            if !batch.is_sorted_by_key(|x| x.0) {
+                batch.sort_by_key(|x| x.0);
+            }
+            self.buf.extend(batch.drain(..));
+            self.batch = batch;
         }
         true
     }
@@ -164,29 +183,59 @@ fn analyze_job(
     warnings: &mut Vec<String>,
 ) -> Streamed {
     let mut det = Detectors::new(job, th.tuning.clone());
-    let mut ev = Evaluator::default();
+    for c in &cursors {
+        det.rank_node(c.trace.header.rank, &c.trace.header.node);
+    }
     let mut comms: HashMap<u64, CommView> = HashMap::new();
+    // Two stages on two threads: this one decodes, replays and merges; the detectors take
+    // the merged records in chunks, in time order.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Fed>>(8);
+    let detect = std::thread::spawn(move || {
+        let mut ev = Evaluator::default();
+        let mut late = Lateness::default();
+        for chunk in rx {
+            for (t, a, rec) in chunk {
+                ev.tick(&mut det, t);
+                if let Record::Call(c) = &rec {
+                    late.call(c, a, t);
+                }
+                dispatch(&mut det, &rec, t);
+            }
+        }
+        (det, ev, late)
+    });
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     for (i, c) in cursors.iter_mut().enumerate() {
-        det.rank_node(c.trace.header.rank, &c.trace.header.node);
         if c.fill(&mut comms, warnings)
-            && let Some((t, _)) = c.buf.front()
+            && let Some((t, _, _)) = c.buf.front()
         {
             heap.push(Reverse((*t, i)));
         }
     }
-    while let Some(Reverse((t, i))) = heap.pop() {
+    let mut chunk = Vec::with_capacity(CHUNK);
+    while let Some(Reverse((_, i))) = heap.pop() {
         let c = &mut cursors[i];
-        if let Some((_, rec)) = c.buf.pop_front() {
-            ev.tick(&mut det, t);
-            dispatch(&mut det, &rec, t);
+        if let Some(x) = c.buf.pop_front() {
+            chunk.push(x);
+            if chunk.len() == CHUNK {
+                let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                if tx.send(full).is_err() {
+                    break;
+                }
+            }
         }
         if c.fill(&mut comms, warnings)
-            && let Some((t, _)) = c.buf.front()
+            && let Some((t, _, _)) = c.buf.front()
         {
             heap.push(Reverse((*t, i)));
         }
     }
+    let _ = tx.send(chunk);
+    drop(tx);
+    let (det, ev, late) = match detect.join() {
+        Ok(x) => x,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
     let mut view = JobView {
         job: job.to_owned(),
         live: false,
@@ -203,7 +252,7 @@ fn analyze_job(
     let view = finish(view);
     Streamed {
         job: job.to_owned(),
-        analysis: conclude(view, det, ev, th),
+        analysis: conclude(view, det, ev, late, th),
         processes,
         records,
     }

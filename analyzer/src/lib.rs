@@ -16,6 +16,7 @@ pub mod batch;
 pub mod detectors;
 pub mod finding;
 pub mod large;
+pub mod lateness;
 pub mod links;
 pub mod postmortem;
 

@@ -148,6 +148,9 @@ pub fn report(
             timeline: timeline(&ranks, calls, analysis, f, start, end)?,
         });
     }
+    let rank_list: Vec<i32> = ranks.iter().copied().collect();
+    let progress_bin = (end - start).max(1).div_ceil(PROGRESS_POINTS as u64).max(1);
+    let t = calls.tables(start, progress_bin)?;
     Ok(JobReport {
         job: job.to_owned(),
         ranks: ranks.len(),
@@ -158,10 +161,10 @@ pub fn report(
         libraries: libraries.into_iter().collect(),
         step_s: analysis.step.as_ref().map(|x| x.0),
         findings,
-        heatmap: heatmap(calls, &ranks, start, end)?,
-        progress: progress(calls, analysis, start, end)?,
-        durations: durations(calls)?,
-        busbw: busbw(calls)?,
+        heatmap: heatmap(analysis, &rank_list, start, end),
+        progress: progress(&t.progress, analysis, start),
+        durations: durations(t.durations),
+        busbw: busbw(&t.bandwidth),
         links: analysis
             .links
             .iter()
@@ -180,21 +183,15 @@ pub fn report(
     })
 }
 
-fn heatmap(
-    calls: &Calls,
-    ranks: &BTreeSet<i32>,
-    start: u64,
-    end: u64,
-) -> Result<Heatmap, aggregate::Error> {
-    let ranks: Vec<i32> = ranks.iter().copied().collect();
+fn heatmap(analysis: &Analysis, ranks: &[i32], start: u64, end: u64) -> Heatmap {
     if ranks.is_empty() || end <= start {
-        return Ok(Heatmap::default());
+        return Heatmap::default();
     }
     let per_row = ranks.len().div_ceil(HEAT_ROWS).max(1);
-    let row_of: Vec<(i32, u32)> = ranks
+    let row_of: HashMap<i32, usize> = ranks
         .iter()
         .enumerate()
-        .map(|(i, r)| (*r, (i / per_row) as u32))
+        .map(|(i, r)| (*r, i / per_row))
         .collect();
     let rows: Vec<String> = ranks
         .chunks(per_row)
@@ -203,34 +200,45 @@ fn heatmap(
             _ => format!("ranks {}–{}", c[0], c[c.len() - 1]),
         })
         .collect();
+    // The lateness map's bins (a second or more) into the chart's columns.
     let bin_ns = (end - start).div_ceil(HEAT_COLS as u64).max(1);
-    let cells = calls.lateness(&row_of, start, bin_ns, HEAT_COLS as u32)?;
+    let m = &analysis.lateness;
+    let mut sum: BTreeMap<(usize, usize), (u64, u64)> = BTreeMap::new();
+    for (b, rank, late, n) in &m.cells {
+        let Some(row) = row_of.get(rank) else {
+            continue;
+        };
+        let at = b.saturating_mul(m.bin_ns).saturating_add(m.bin_ns / 2);
+        let col = ((at.saturating_sub(start) / bin_ns) as usize).min(HEAT_COLS - 1);
+        let e = sum.entry((col, *row)).or_default();
+        e.0 += late;
+        e.1 += n;
+    }
+    let cells: Vec<(usize, usize, f64)> = sum
+        .into_iter()
+        .filter(|(_, (_, n))| *n > 0)
+        .map(|((c, r), (late, n))| (c, r, late as f64 / n as f64 / 1e6))
+        .collect();
     let max_ms = cells.iter().map(|c| c.2).fold(0.0, f64::max);
-    Ok(Heatmap {
+    Heatmap {
         rows,
         bin_s: bin_ns as f64 / 1e9,
         cells,
         max_ms,
-    })
+    }
 }
 
-fn progress(
-    calls: &Calls,
-    analysis: &Analysis,
-    start: u64,
-    end: u64,
-) -> Result<Vec<Progress>, aggregate::Error> {
-    let busiest = calls.busiest_comms(PROGRESS_COMMS)?;
-    let comms: Vec<u64> = busiest.iter().map(|x| x.0).collect();
-    let bin = end
-        .saturating_sub(start)
-        .max(1)
-        .div_ceil(PROGRESS_POINTS as u64)
-        .max(1);
-    // (comm, rank, bin, completed through, last completion), by comm and bin.
-    let rows = calls.progress(&comms, start, bin)?;
+fn progress(rows: &[aggregate::ProgressRow], analysis: &Analysis, start: u64) -> Vec<Progress> {
+    // The communicators with the most collective calls.
+    let mut calls: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in rows {
+        *calls.entry(r.0).or_default() += r.5;
+    }
+    let mut busiest: Vec<(u64, u64)> = calls.into_iter().collect();
+    busiest.sort_by_key(|(c, n)| (std::cmp::Reverse(*n), *c));
+    busiest.truncate(PROGRESS_COMMS);
     let mut out = Vec::new();
-    for comm in &comms {
+    for (comm, _) in &busiest {
         let members = analysis.view.members(*comm);
         let mut done: BTreeMap<i32, u64> = members.iter().map(|m| (*m, 0)).collect();
         let mut points: Vec<(f64, u64, u64)> = Vec::new();
@@ -261,33 +269,31 @@ fn progress(
             points,
         });
     }
-    Ok(out)
+    out
 }
 
-fn durations(calls: &Calls) -> Result<Vec<Durations>, aggregate::Error> {
+fn durations(rows: Vec<(String, i32, u64)>) -> Vec<Durations> {
     let mut hist: BTreeMap<String, Vec<(f64, f64, u64)>> = BTreeMap::new();
-    for (op, b, n) in calls.durations()? {
+    for (op, b, n) in rows {
         hist.entry(op).or_default().push((
             10f64.powf(f64::from(b) / 4.0),
             10f64.powf(f64::from(b + 1) / 4.0),
             n,
         ));
     }
-    Ok(hist
-        .into_iter()
+    hist.into_iter()
         .map(|(op, bins)| Durations { op, bins })
-        .collect())
+        .collect()
 }
 
-fn busbw(calls: &Calls) -> Result<Vec<BusBw>, aggregate::Error> {
+fn busbw(bandwidth: &[aggregate::BandwidthRow]) -> Vec<BusBw> {
     let mut by: BTreeMap<String, Vec<(u64, f64, u64)>> = BTreeMap::new();
-    for (op, bytes, gbs, n) in calls.busbw()? {
+    for (op, bytes, gbs, n) in aggregate::busbw_medians(bandwidth) {
         by.entry(op).or_default().push((bytes, gbs, n));
     }
-    Ok(by
-        .into_iter()
+    by.into_iter()
         .map(|(op, points)| BusBw { op, points })
-        .collect())
+        .collect()
 }
 
 /// The slow-rank detector's blame ([`crate::detectors::slow_rank::RankHealth`]): the share of

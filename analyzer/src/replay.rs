@@ -3,7 +3,7 @@
 //! it ended, and when it was last heard from. "Now" is the last moment any process was heard
 //! from.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use commscope_wire::op::{Clock, flags};
 use commscope_wire::parquet::ProcessTrace;
@@ -138,8 +138,8 @@ fn call_key(c: &Call) -> CallKey {
 pub struct ProcessReplay {
     r: RankView,
     enters: BTreeMap<CallKey, Call>,
+    /// The last completed calls, newest last (searched only for a late `enter`, which is rare).
     recent: std::collections::VecDeque<CallKey>,
-    recent_set: BTreeSet<CallKey>,
     exit: Option<Ending>,
     /// The last own heartbeat: (time, calls in flight), and the last completed call's end.
     last_beat: (u64, u32),
@@ -157,7 +157,6 @@ impl ProcessReplay {
             },
             enters: BTreeMap::new(),
             recent: Default::default(),
-            recent_set: BTreeSet::new(),
             exit: None,
             last_beat: (0, 0),
             last_exit: 0,
@@ -211,7 +210,7 @@ impl ProcessReplay {
             Record::Enter(c) => {
                 let key = call_key(c);
                 // Completed already (its `enter` written late): not in flight.
-                if !self.recent_set.contains(&key) {
+                if !self.recent.iter().rev().any(|k| *k == key) {
                     self.enters.insert(key, *c);
                 }
                 // Written once the call had been in flight that long: alive then.
@@ -225,14 +224,10 @@ impl ProcessReplay {
                 self.last_exit = self.last_exit.max(t);
                 let key = call_key(c);
                 self.enters.remove(&key);
-                if self.recent_set.insert(key) {
-                    self.recent.push_back(key);
-                    if self.recent.len() > RECENT_COMPLETED
-                        && let Some(old) = self.recent.pop_front()
-                    {
-                        self.recent_set.remove(&old);
-                    }
+                if self.recent.len() == RECENT_COMPLETED {
+                    self.recent.pop_front();
                 }
+                self.recent.push_back(key);
                 let cv = comms.entry(c.comm_id).or_default();
                 if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                     cv.longest_ns = cv.longest_ns.max(c.duration_ns());

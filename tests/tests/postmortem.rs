@@ -521,3 +521,53 @@ fn the_perfetto_export_is_a_chrome_trace_with_a_track_per_rank() {
         .expect("rank 2's track");
     assert_eq!(instants[0]["pid"], rank2["pid"]);
 }
+
+/// A Parquet trace too big to load is streamed through the detectors and aggregated by polars
+/// from its file: on the same trace, the streamed analysis and report are the loaded ones.
+#[test]
+fn a_streamed_parquet_trace_gives_what_the_loaded_one_gives() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = slow_rank_trace(&tmp.path().join("t"));
+    let parquet = tmp.path().join("job.parquet");
+    let o = commscope()
+        .args(["trace", "merge"])
+        .arg(&dir)
+        .arg("-o")
+        .arg(&parquet)
+        .output()
+        .expect("merge");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run = |stream: bool, args: &[&str]| {
+        let mut c = commscope();
+        c.args(args).arg(&parquet);
+        // 0: every Parquet trace streams; the default bound is far above this one.
+        if stream {
+            c.env("COMMSCOPE_STREAM_ROWS", "0");
+        }
+        let o = c.output().expect("commscope");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+    let loaded: Value =
+        serde_json::from_slice(&run(false, &["analyze", "--format", "json"]).stdout).expect("json");
+    let streamed: Value =
+        serde_json::from_slice(&run(true, &["analyze", "--format", "json"]).stdout).expect("json");
+    assert_eq!(loaded, streamed);
+    let found = loaded["findings"].as_array().expect("findings");
+    assert_eq!(found.len(), 1, "{loaded:#}");
+    assert_eq!(found[0]["kind"], "slow-rank", "{loaded:#}");
+    assert_eq!(found[0]["ranks"], serde_json::json!([2]), "{loaded:#}");
+    let pages: Vec<String> = [false, true]
+        .into_iter()
+        .map(|stream| {
+            let page = tmp.path().join(format!("report-{stream}.html"));
+            run(stream, &["report", "-o", page.to_str().expect("utf-8")]);
+            std::fs::read_to_string(&page).expect("report")
+        })
+        .collect();
+    assert!(pages[0].contains("slow-rank"));
+    assert!(
+        pages[0] == pages[1],
+        "the streamed report differs from the loaded one"
+    );
+}

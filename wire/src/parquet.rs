@@ -14,7 +14,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use crate::cst::Header;
@@ -563,8 +563,15 @@ impl Writer {
         // Dictionaries only for the repetitive text columns: for counters and timestamps they
         // cost a hash lookup per value and save nothing.
         let mut props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
-            .set_max_row_group_row_count(Some(1 << 20))
+            // Snappy: a trace is read far more often than it is stored for long, and zstd
+            // costs a fresh decoder context per page on the read side (a fifth of the time of
+            // streaming a large trace, measured: docs/performance.md).
+            .set_compression(Compression::SNAPPY)
+            // Row groups of 256 Ki rows: what a scanning engine holds in flight is a few of
+            // them.
+            .set_max_row_group_row_count(Some(1 << 18))
+            // Small pages: a reader streaming a process's rows holds one page per column.
+            .set_data_page_row_count_limit(8192)
             .set_key_value_metadata((!kv.is_empty()).then_some(kv))
             .set_dictionary_enabled(false);
         for col in [
@@ -810,6 +817,9 @@ pub struct Reader {
     path: String,
     batches: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
     unknown: usize,
+    /// Every row, with its process's identity (else one process's rows, whose identity the
+    /// caller knows: job and node are not read).
+    full: bool,
 }
 
 impl std::fmt::Debug for Reader {
@@ -818,22 +828,43 @@ impl std::fmt::Debug for Reader {
     }
 }
 
+/// A trace file's footer (schema, row groups, page index), read once and shared by every
+/// reader of the file ([`Reader::open_with`]).
+#[derive(Clone, Debug)]
+pub struct Footer(parquet::arrow::arrow_reader::ArrowReaderMetadata);
+
+impl Footer {
+    /// Reads the footer of `path`.
+    pub fn read(path: &Path) -> Result<Footer, Error> {
+        let p = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|source| Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+        let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&file, options)
+            .map_err(|source| Error::Parquet { path: p, source })?;
+        Ok(Footer(meta))
+    }
+}
+
 /// Opens a trace's footer, checking that it is a commscope trace this version reads.
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, Error> {
+    open_with(path, &Footer::read(path)?)
+}
+
+/// Opens a trace whose footer was read, checking that it is a commscope trace this version reads.
+fn open_with(
+    path: &Path,
+    footer: &Footer,
+) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>, Error> {
     let p = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|source| Error::Io {
         path: p.clone(),
         source,
     })?;
-    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
-        .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new_with_options(file, options).map_err(|source| {
-            Error::Parquet {
-                path: p.clone(),
-                source,
-            }
-        })?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.0.clone());
     if let Some(v) = builder.schema().metadata().get("commscope.schema") {
         let found: u32 = v.parse().unwrap_or(u32::MAX);
         if found > SCHEMA_VERSION {
@@ -886,14 +917,15 @@ pub fn process_rows(path: &Path) -> Result<Vec<(ProcessTrace, RowRanges)>, Error
             path: p.clone(),
             source,
         })?;
-        let ids = Identity::of(&batch, &p)?;
+        let ids = Identity::of(&batch, &p, true)?;
         for i in 0..batch.num_rows() {
+            // A run of one process's rows: same pid, start time and rank (the strings are
+            // compared where a run starts).
             let same = current.is_some_and(|slot| {
                 let h = &out[slot].0.header;
                 h.pid == ids.pid.value(i)
                     && h.start_time == ids.start.value(i)
-                    && h.node == ids.node.value(i)
-                    && h.job == ids.job.value(i)
+                    && h.rank == ids.rank.value(i)
             });
             if same {
                 if let Some(r) = current.and_then(|s| out[s].1.last_mut()) {
@@ -916,8 +948,9 @@ pub fn process_rows(path: &Path) -> Result<Vec<(ProcessTrace, RowRanges)>, Error
 
 /// The identity columns of a batch.
 struct Identity<'a> {
-    job: &'a StringArray,
-    node: &'a StringArray,
+    /// Absent when only one process's rows are read ([`Reader::open_with`] with row ranges).
+    job: Option<&'a StringArray>,
+    node: Option<&'a StringArray>,
     pid: &'a UInt32Array,
     start: &'a UInt64Array,
     rank: &'a Int32Array,
@@ -930,11 +963,11 @@ struct Identity<'a> {
 }
 
 impl<'a> Identity<'a> {
-    fn of(batch: &'a RecordBatch, path: &'a str) -> Result<Identity<'a>, Error> {
+    fn of(batch: &'a RecordBatch, path: &'a str, full: bool) -> Result<Identity<'a>, Error> {
         let c = Cols { batch, path };
         Ok(Identity {
-            job: c.req::<StringArray>("job")?,
-            node: c.req::<StringArray>("node")?,
+            job: c.get::<StringArray>("job", full)?,
+            node: c.get::<StringArray>("node", full)?,
             pid: c.req::<UInt32Array>("pid")?,
             start: c.req::<UInt64Array>("process_start")?,
             rank: c.req::<Int32Array>("rank")?,
@@ -949,8 +982,8 @@ impl<'a> Identity<'a> {
 
     fn row(&self, i: usize) -> RowProcess<'a> {
         RowProcess {
-            job: self.job.value(i),
-            node: self.node.value(i),
+            job: opt_str(self.job, i),
+            node: opt_str(self.node, i),
             pid: self.pid.value(i),
             start: self.start.value(i),
             rank: self.rank.value(i),
@@ -971,10 +1004,21 @@ impl<'a> Identity<'a> {
 
 impl Reader {
     /// Opens `path`, every row or only the row ranges `[from, to)` given, decoded `batch_rows`
-    /// at a time.
+    /// at a time. Row ranges are one process's: its records are decoded without the columns
+    /// only summaries read (data types, element counts, drop counters, clock alignment, which
+    /// the process's header holds).
     pub fn open(path: &Path, rows: Option<(&[(u64, u64)], usize)>) -> Result<Reader, Error> {
+        Reader::open_with(path, &Footer::read(path)?, rows)
+    }
+
+    /// [`Reader::open`] with the file's footer already read.
+    pub fn open_with(
+        path: &Path,
+        footer: &Footer,
+        rows: Option<(&[(u64, u64)], usize)>,
+    ) -> Result<Reader, Error> {
         let p = path.display().to_string();
-        let mut builder = open_builder(path)?;
+        let mut builder = open_with(path, footer)?;
         let mut batch_rows = BATCH_ROWS;
         if let Some((ranges, n)) = rows {
             let total = builder.metadata().file_metadata().num_rows().max(0) as usize;
@@ -984,7 +1028,37 @@ impl Reader {
                     .map(|&(a, b)| (a as usize).min(total)..(b as usize).min(total)),
                 total,
             );
-            builder = builder.with_row_selection(selection);
+            // A process's rows: its identity is known, and what only summaries read is left.
+            let skip = [
+                "job",
+                "node",
+                "flavour",
+                "mono_anchor_ns",
+                "real_anchor_ns",
+                "comm",
+                "count",
+                "dtype",
+                "offset_ns",
+                "error_ns",
+                "remote_size",
+                "device",
+                "dropped_ring_full",
+                "dropped_in_flight",
+                "dropped_other",
+                "produced",
+            ];
+            let names: Vec<String> = builder
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .filter(|n| !skip.contains(&n.as_str()))
+                .collect();
+            let mask = parquet::arrow::ProjectionMask::columns(
+                builder.parquet_schema(),
+                names.iter().map(String::as_str),
+            );
+            builder = builder.with_row_selection(selection).with_projection(mask);
             batch_rows = n.max(1);
         }
         let batches = builder
@@ -998,6 +1072,7 @@ impl Reader {
             path: p,
             batches,
             unknown: 0,
+            full: rows.is_none(),
         })
     }
 
@@ -1019,12 +1094,13 @@ impl Reader {
             path: p.to_owned(),
             source,
         })?;
-        let ids = Identity::of(&batch, p)?;
+        let ids = Identity::of(&batch, p, self.full)?;
         let rank = ids.rank;
         let world = ids.world;
         let pid = ids.pid;
         let start = ids.start;
-        let mut dtypes = DtypeCodes::default();
+        let mut dtypes = Codes::new(dtype_code);
+        let mut ops = Codes::new(op_code);
         let c = Cols {
             batch: &batch,
             path: p,
@@ -1095,10 +1171,17 @@ impl Reader {
                     .filter(|a| !a.is_null(i))
                     .map_or(1, |a| a.value(i))
             };
-            let dt = dtypes.code(opt_str(dtype_col, i));
+            let k = kind.value(i);
+            let with_op = matches!(k, "call" | "enter" | "skip" | "link");
+            let dt = if matches!(k, "call" | "enter") && dtype_col.is_some() {
+                dtypes.code(opt_str(dtype_col, i))
+            } else {
+                dtype::NONE
+            };
+            let opc = if with_op { ops.code(opt_str(op, i)) } else { 0 };
             let call = || Call {
                 rec_seq: rec_seq.value(i),
-                op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                op: opc,
                 flags: fl,
                 status: opt_i32(status, i, 0),
                 comm_id: opt_u64(comm_id, i),
@@ -1127,7 +1210,7 @@ impl Reader {
                 op_seq2: opt_u64(op_seq2, i),
                 sample_shift: crate::sampling::shift_of(modulus(i)),
             };
-            let rec = match kind.value(i) {
+            let rec = match k {
                 "call" => Record::Call(call()),
                 "enter" => Record::Enter(call()),
                 "comm" => {
@@ -1192,7 +1275,7 @@ impl Reader {
                     rec_seq: rec_seq.value(i),
                     from_rec_seq: opt_u64(skip_from_rec_seq, i),
                     through_rec_seq: opt_u64(skip_through_rec_seq, i),
-                    op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                    op: opc,
                     flags: fl,
                     comm_id: opt_u64(comm_id, i),
                     first_seq: opt_u64(skip_first_seq, i),
@@ -1209,7 +1292,7 @@ impl Reader {
                 }),
                 "link" => Record::Link(crate::record::Link {
                     rec_seq: rec_seq.value(i),
-                    op: Op::from_name(opt_str(op, i)).map(|o| o as u8).unwrap_or(0),
+                    op: opc,
                     flags: fl,
                     comm_id: opt_u64(comm_id, i),
                     seq: opt_u64(seq, i),
@@ -1251,23 +1334,39 @@ fn dtype_code(name: &str) -> u16 {
         .unwrap_or(dtype::NONE)
 }
 
-/// [`dtype_code`] remembered for the last name seen (a batch repeats a few names).
-#[derive(Default)]
-struct DtypeCodes {
-    last: Option<(String, u16)>,
+/// Codes of the names a column holds (a handful: ops, data types), each looked up once, so a
+/// row costs a compare or two rather than a search of every name.
+struct Codes<T> {
+    seen: Vec<(String, T)>,
+    lookup: fn(&str) -> T,
 }
 
-impl DtypeCodes {
-    fn code(&mut self, name: &str) -> u16 {
-        match &self.last {
-            Some((n, c)) if n == name => *c,
-            _ => {
-                let c = dtype_code(name);
-                self.last = Some((name.to_owned(), c));
-                c
-            }
+impl<T: Copy> Codes<T> {
+    fn new(lookup: fn(&str) -> T) -> Codes<T> {
+        Codes {
+            seen: Vec::new(),
+            lookup,
         }
     }
+
+    fn code(&mut self, name: &str) -> T {
+        if let Some((_, c)) = self
+            .seen
+            .iter()
+            .find(|(n, _)| n.len() == name.len() && n.as_bytes() == name.as_bytes())
+        {
+            return *c;
+        }
+        let c = (self.lookup)(name);
+        if self.seen.len() < 64 {
+            self.seen.push((name.to_owned(), c));
+        }
+        c
+    }
+}
+
+fn op_code(name: &str) -> u8 {
+    Op::from_name(name).map_or(0, |o| o as u8)
 }
 
 #[cfg(test)]
