@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use commscope_analyzer::aggregate::Calls;
 use commscope_analyzer::postmortem;
 use commscope_wire::op::Clock;
 use commscope_wire::record::Record;
@@ -141,16 +142,50 @@ fn explain(job: &traces::Job, th: &commscope_analyzer::Thresholds) {
     }
 }
 
-/// `commscope report PATH… -o FILE.html`.
+/// `commscope report PATH… -o FILE.html`. A streamed trace is aggregated by polars while the
+/// detectors read it (when its files' footers name its jobs).
 pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
+    // (job, its calls, their aggregates) computed beside the analysis.
+    type Early = Vec<(String, Calls, postmortem::Aggregates)>;
+    let early: Option<std::thread::JoinHandle<Result<Early>>> = traces::streamed_files(paths)?
+        .and_then(|files| Some((traces::jobs_of(&files)?, files)))
+        .map(|(jobs, files)| {
+            std::thread::spawn(move || {
+                jobs.into_iter()
+                    .map(|job| {
+                        let calls = Calls::scan(files.clone(), &job);
+                        let agg = postmortem::aggregate(&calls).with_context(|| {
+                            format!("failed to aggregate the calls of job {job}")
+                        })?;
+                        Ok((job, calls, agg))
+                    })
+                    .collect()
+            })
+        });
     let (jobs, warnings) = traces::analyzed(paths, &th)?;
+    let mut early: Early = match early.map(|h| h.join()) {
+        Some(Ok(r)) => r?,
+        Some(Err(panic)) => std::panic::resume_unwind(panic),
+        None => Vec::new(),
+    };
     let mut reports = Vec::with_capacity(jobs.len());
     for j in &jobs {
-        let calls = j.calls()?;
+        let (calls, agg) = match early.iter().position(|e| e.0 == j.job) {
+            Some(i) => {
+                let (_, calls, agg) = early.swap_remove(i);
+                (calls, agg)
+            }
+            None => {
+                let calls = j.calls()?;
+                let agg = postmortem::aggregate(&calls)
+                    .with_context(|| format!("failed to aggregate the calls of job {}", j.job))?;
+                (calls, agg)
+            }
+        };
         reports.push(
-            postmortem::report(&j.job, &j.processes, &calls, &j.analysis)
-                .with_context(|| format!("failed to aggregate the calls of job {}", j.job))?,
+            postmortem::report(&j.job, &j.processes, &calls, agg, &j.analysis)
+                .with_context(|| format!("failed to draw the timelines of job {}", j.job))?,
         );
     }
     let sources: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();

@@ -72,11 +72,26 @@ impl Job {
     }
 }
 
+/// The Parquet files under `paths` when they make a trace to stream rather than load.
+pub fn streamed_files(paths: &[PathBuf]) -> Result<Option<Vec<PathBuf>>> {
+    Ok(commscope_import::parquet_only(paths)?
+        .filter(|(_, rows)| *rows >= stream_rows())
+        .map(|(files, _)| files))
+}
+
+/// The jobs of Parquet `files` when their footers tell.
+pub fn jobs_of(files: &[PathBuf]) -> Option<Vec<String>> {
+    let mut jobs = std::collections::BTreeSet::new();
+    for f in files {
+        let footer = commscope_wire::parquet::Footer::read(f).ok()?;
+        jobs.extend(commscope_wire::parquet::jobs_in_footer(&footer)?);
+    }
+    Some(jobs.into_iter().collect())
+}
+
 /// Every job under `paths`, analyzed, and the warnings printed. Fails when nothing could be read.
 pub fn analyzed(paths: &[PathBuf], th: &Thresholds) -> Result<(Vec<Job>, Vec<String>)> {
-    if let Some((files, rows)) = commscope_import::parquet_only(paths)?
-        && rows >= stream_rows()
-    {
+    if let Some(files) = streamed_files(paths)? {
         let (streamed, warnings) =
             commscope_analyzer::large::analyze(&files, th).map_err(anyhow::Error::msg)?;
         for w in &warnings {

@@ -126,37 +126,53 @@ impl Calls {
         ]))
     }
 
-    /// Rows of all kinds, and the first time any call, `enter` or heartbeat carries (ns on
-    /// the common base; 0 when none does).
-    pub fn extent(&self) -> Result<(u64, u64), Error> {
+    /// Rows of all kinds, and the first and last times any call, `enter` or heartbeat carries
+    /// (ns on the common base; 0 when none does).
+    pub fn extent(&self) -> Result<(u64, u64, u64), Error> {
         let host_real = col("clock").eq(lit("host-real")).fill_null(lit(false));
-        let t = when(col("kind").eq(lit("heartbeat")))
+        let gpu = u64c("gpu_start_ns")
+            .gt(lit(0i64))
+            .and(u64c("gpu_end_ns").gt_eq(u64c("gpu_start_ns")));
+        let real = gpu.clone().not().and(host_real.clone());
+        let beat = col("kind").eq(lit("heartbeat"));
+        let call = col("kind").eq(lit("call"));
+        let first = when(beat.clone())
             .then(on_base(u64c("t_ns"), lit(false)))
-            .when(col("kind").eq(lit("call")).or(col("kind").eq(lit("enter"))))
+            .when(call.clone().or(col("kind").eq(lit("enter"))))
             .then(on_base(
-                when(
-                    u64c("gpu_start_ns")
-                        .gt(lit(0i64))
-                        .and(u64c("gpu_end_ns").gt_eq(u64c("gpu_start_ns"))),
-                )
-                .then(u64c("gpu_start_ns"))
-                .otherwise(u64c("t_enter_ns")),
-                host_real,
+                when(gpu.clone())
+                    .then(u64c("gpu_start_ns"))
+                    .otherwise(u64c("t_enter_ns")),
+                real.clone(),
             ))
+            .otherwise(lit(0i64));
+        let last = when(beat)
+            .then(on_base(u64c("t_ns"), lit(false)))
+            .when(call)
+            .then(on_base(
+                when(gpu)
+                    .then(u64c("gpu_end_ns"))
+                    .otherwise(u64c("t_exit_ns")),
+                real,
+            ))
+            .when(col("kind").eq(lit("enter")))
+            .then(on_base(u64c("t_enter_ns"), host_real))
             .otherwise(lit(0i64));
         let df = collect(
             self.rows()?.select([
                 len().cast(DataType::UInt64).alias("rows"),
-                when(t.clone().gt(lit(0i64)))
-                    .then(t)
+                when(first.clone().gt(lit(0i64)))
+                    .then(first)
                     .otherwise(lit(NULL).cast(DataType::Int64))
                     .min()
                     .alias("start"),
+                last.max().alias("end"),
             ]),
         )?;
         let rows = u64_at(&df, "rows", 0);
         let start = i64_at(&df, "start", 0).max(0) as u64;
-        Ok((rows, start))
+        let end = i64_at(&df, "end", 0).max(0) as u64;
+        Ok((rows, start, end.max(start)))
     }
 
     /// Every table of the report; progress bins are `progress_bin_ns` wide from `start`.
@@ -481,8 +497,8 @@ mod tests {
     #[test]
     fn the_report_tables_hold_what_the_calls_say() {
         let calls = Calls::of(&job()).expect("calls");
-        let (rows, start) = calls.extent().expect("extent");
-        assert_eq!((rows, start), (20, 1_000 * MS));
+        let (rows, start, end) = calls.extent().expect("extent");
+        assert_eq!((rows, start, end), (20, 1_000 * MS, 1_905 * MS));
         let t = calls.tables(start, 500 * MS).expect("tables");
         // 5 ms (rank 0) and 2 ms (rank 1): bins of a quarter decade from 1 µs.
         let bin = |us: f64| (us.log10() * 4.0).floor() as i32;

@@ -23,8 +23,10 @@ use crate::replay::{ProcessReplay, add_rank, finish};
 use crate::stream::Detectors;
 use crate::view::{CommView, JobView};
 
-/// A record with its feed time and, for a call, its start ([`call_start`]).
-type Fed = (u64, u64, Record);
+/// A record with its feed time and, for a call, its start ([`call_start`]), as a cursor holds it.
+type Buffered = (u64, u64, Record);
+/// A merged record: feed time, process index, call start, the record.
+type Fed = (u64, usize, u64, Record);
 
 /// Records handed to the detectors' thread at a time.
 const CHUNK: usize = 8192;
@@ -96,9 +98,9 @@ struct Cursor {
     replay: ProcessReplay,
     /// Decoded records with their feed time, in time order; records the detectors do not
     /// take (heartbeats, `enter`s) are replayed only.
-    buf: VecDeque<Fed>,
+    buf: VecDeque<Buffered>,
     /// The batch being decoded (kept for its allocation).
-    batch: Vec<Fed>,
+    batch: Vec<Buffered>,
     records: u64,
 }
 
@@ -178,7 +180,7 @@ fn warn_once(warnings: &mut Vec<String>, path: &Path, what: &str) {
 
 fn analyze_job(
     job: &str,
-    mut cursors: Vec<Cursor>,
+    cursors: Vec<Cursor>,
     th: &Thresholds,
     warnings: &mut Vec<String>,
 ) -> Streamed {
@@ -186,65 +188,74 @@ fn analyze_job(
     for c in &cursors {
         det.rank_node(c.trace.header.rank, &c.trace.header.node);
     }
+    // Decoders on threads of their own, each merging its share of the processes in time
+    // order; this thread merges their streams and runs the detectors. Ties in time go in
+    // process order, as for a trace in memory.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, DECODERS)
+        .min(cursors.len().max(1));
+    let mut shares: Vec<Vec<(usize, Cursor)>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, c) in cursors.into_iter().enumerate() {
+        shares[i % workers].push((i, c));
+    }
+    let mut receivers = Vec::with_capacity(workers);
+    let mut decoders = Vec::with_capacity(workers);
+    for share in shares {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Fed>>(4);
+        decoders.push(std::thread::spawn(move || decode(share, tx)));
+        receivers.push(rx);
+    }
+    let mut streams: Vec<Stream> = receivers.into_iter().map(Stream::new).collect();
+    let mut ev = Evaluator::default();
+    let mut late = Lateness::default();
+    let mut heads: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
+    for (s, st) in streams.iter_mut().enumerate() {
+        if let Some((t, pi, _, _)) = st.peek() {
+            heads.push(Reverse((*t, *pi, s)));
+        }
+    }
+    while let Some(Reverse((_, _, s))) = heads.pop() {
+        let st = &mut streams[s];
+        if let Some((t, _, a, rec)) = st.next() {
+            ev.tick(&mut det, t);
+            if let Record::Call(c) = &rec {
+                late.call(c, a, t);
+            }
+            dispatch(&mut det, &rec, t);
+        }
+        if let Some((t, pi, _, _)) = st.peek() {
+            heads.push(Reverse((*t, *pi, s)));
+        }
+    }
+    drop(streams);
     let mut comms: HashMap<u64, CommView> = HashMap::new();
-    // Two stages on two threads: this one decodes, replays and merges; the detectors take
-    // the merged records in chunks, in time order.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Fed>>(8);
-    let detect = std::thread::spawn(move || {
-        let mut ev = Evaluator::default();
-        let mut late = Lateness::default();
-        for chunk in rx {
-            for (t, a, rec) in chunk {
-                ev.tick(&mut det, t);
-                if let Record::Call(c) = &rec {
-                    late.call(c, a, t);
-                }
-                dispatch(&mut det, &rec, t);
+    let mut done: Vec<(usize, Cursor)> = Vec::new();
+    for d in decoders {
+        let (cursors, theirs, w) = match d.join() {
+            Ok(x) => x,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        for (id, c) in theirs {
+            comms.entry(id).or_default().merge(c);
+        }
+        for x in w {
+            if !warnings.contains(&x) {
+                warnings.push(x);
             }
         }
-        (det, ev, late)
-    });
-    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    for (i, c) in cursors.iter_mut().enumerate() {
-        if c.fill(&mut comms, warnings)
-            && let Some((t, _, _)) = c.buf.front()
-        {
-            heap.push(Reverse((*t, i)));
-        }
+        done.extend(cursors);
     }
-    let mut chunk = Vec::with_capacity(CHUNK);
-    while let Some(Reverse((_, i))) = heap.pop() {
-        let c = &mut cursors[i];
-        if let Some(x) = c.buf.pop_front() {
-            chunk.push(x);
-            if chunk.len() == CHUNK {
-                let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
-                if tx.send(full).is_err() {
-                    break;
-                }
-            }
-        }
-        if c.fill(&mut comms, warnings)
-            && let Some((t, _, _)) = c.buf.front()
-        {
-            heap.push(Reverse((*t, i)));
-        }
-    }
-    let _ = tx.send(chunk);
-    drop(tx);
-    let (det, ev, late) = match detect.join() {
-        Ok(x) => x,
-        Err(panic) => std::panic::resume_unwind(panic),
-    };
+    done.sort_by_key(|x| x.0);
     let mut view = JobView {
         job: job.to_owned(),
         live: false,
         comms,
         ..Default::default()
     };
-    let mut processes = Vec::with_capacity(cursors.len());
+    let mut processes = Vec::with_capacity(done.len());
     let mut records = 0;
-    for c in cursors {
+    for (_, c) in done {
         records += c.records;
         add_rank(&mut view, c.replay.finish(&c.trace));
         processes.push(c.trace);
@@ -255,5 +266,84 @@ fn analyze_job(
         analysis: conclude(view, det, ev, late, th),
         processes,
         records,
+    }
+}
+
+/// Threads decoding a job's processes, at most.
+const DECODERS: usize = 2;
+
+/// What a decoder hands back: its cursors (by process index), what its processes added to
+/// the communicators, and its warnings.
+type Decoded = (Vec<(usize, Cursor)>, HashMap<u64, CommView>, Vec<String>);
+
+/// Merges `cursors` (process index, cursor) in time order into chunks sent on `tx`.
+fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec<Fed>>) -> Decoded {
+    let mut comms: HashMap<u64, CommView> = HashMap::new();
+    let mut warnings = Vec::new();
+    let mut heap: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
+    for (k, (pi, c)) in cursors.iter_mut().enumerate() {
+        if c.fill(&mut comms, &mut warnings)
+            && let Some((t, _, _)) = c.buf.front()
+        {
+            heap.push(Reverse((*t, *pi, k)));
+        }
+    }
+    let mut chunk = Vec::with_capacity(CHUNK);
+    while let Some(Reverse((_, pi, k))) = heap.pop() {
+        let c = &mut cursors[k].1;
+        if let Some((t, a, rec)) = c.buf.pop_front() {
+            chunk.push((t, pi, a, rec));
+            if chunk.len() == CHUNK {
+                let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                if tx.send(full).is_err() {
+                    break;
+                }
+            }
+        }
+        if c.fill(&mut comms, &mut warnings)
+            && let Some((t, _, _)) = c.buf.front()
+        {
+            heap.push(Reverse((*t, pi, k)));
+        }
+    }
+    let _ = tx.send(chunk);
+    (cursors, comms, warnings)
+}
+
+/// One decoder's chunks, record by record.
+struct Stream {
+    rx: std::sync::mpsc::Receiver<Vec<Fed>>,
+    chunk: std::vec::IntoIter<Fed>,
+    head: Option<Fed>,
+}
+
+impl Stream {
+    fn new(rx: std::sync::mpsc::Receiver<Vec<Fed>>) -> Stream {
+        let mut s = Stream {
+            rx,
+            chunk: Vec::new().into_iter(),
+            head: None,
+        };
+        s.head = s.pull();
+        s
+    }
+
+    fn pull(&mut self) -> Option<Fed> {
+        loop {
+            if let Some(x) = self.chunk.next() {
+                return Some(x);
+            }
+            self.chunk = self.rx.recv().ok()?.into_iter();
+        }
+    }
+
+    fn peek(&self) -> Option<&Fed> {
+        self.head.as_ref()
+    }
+
+    fn next(&mut self) -> Option<Fed> {
+        let x = self.head.take();
+        self.head = self.pull();
+        x
     }
 }

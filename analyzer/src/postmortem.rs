@@ -118,15 +118,36 @@ pub struct WhatIf {
     pub ranks: Vec<(i32, String, f64)>,
 }
 
+/// What polars computes of a job's calls for its report ([`aggregate`]): it needs nothing
+/// from the analysis, so it may run while the detectors stream.
+#[derive(Debug)]
+pub struct Aggregates {
+    records: u64,
+    start: u64,
+    tables: aggregate::Tables,
+}
+
+/// The aggregations of one job's calls.
+pub fn aggregate(calls: &Calls) -> Result<Aggregates, aggregate::Error> {
+    let (records, start, end) = calls.extent()?;
+    let progress_bin = (end - start).max(1).div_ceil(PROGRESS_POINTS as u64).max(1);
+    Ok(Aggregates {
+        records,
+        start,
+        tables: calls.tables(start, progress_bin)?,
+    })
+}
+
 /// Builds the report of one job: its processes (headers; records are not read here), its
-/// calls for the aggregations ([`Calls`]) and its analysis.
+/// calls (for the timelines around findings), its aggregations and its analysis.
 pub fn report(
     job: &str,
     processes: &[ProcessTrace],
     calls: &Calls,
+    agg: Aggregates,
     analysis: &Analysis,
 ) -> Result<JobReport, aggregate::Error> {
-    let (records, start) = calls.extent()?;
+    let (records, start, t) = (agg.records, agg.start, agg.tables);
     let end = analysis.view.now_ns.max(start);
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
     let ranks: BTreeSet<i32> = processes.iter().map(|p| p.header.rank).collect();
@@ -149,8 +170,6 @@ pub fn report(
         });
     }
     let rank_list: Vec<i32> = ranks.iter().copied().collect();
-    let progress_bin = (end - start).max(1).div_ceil(PROGRESS_POINTS as u64).max(1);
-    let t = calls.tables(start, progress_bin)?;
     Ok(JobReport {
         job: job.to_owned(),
         ranks: ranks.len(),

@@ -106,6 +106,21 @@ pub struct CommView {
     pub longest_ns: u64,
 }
 
+impl CommView {
+    /// Adds what other processes' records said of the same communicator.
+    pub fn merge(&mut self, other: CommView) {
+        if self.name.is_empty() {
+            self.name = other.name;
+        }
+        self.members.extend(other.members);
+        for (rank, done) in other.progress {
+            let e = self.progress.entry(rank).or_insert(0);
+            *e = (*e).max(done);
+        }
+        self.longest_ns = self.longest_ns.max(other.longest_ns);
+    }
+}
+
 impl JobView {
     /// Ranks of the communicator (global), members and those seen progressing on it.
     pub fn members(&self, comm: u64) -> Vec<i32> {

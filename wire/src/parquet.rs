@@ -689,6 +689,31 @@ pub fn num_rows(path: &Path) -> Result<u64, Error> {
         .max(0) as u64)
 }
 
+/// The jobs a trace file holds, when its footer's statistics tell (each row group one job,
+/// as commscope writes them); `None` when they do not.
+pub fn jobs_in_footer(footer: &Footer) -> Option<Vec<String>> {
+    let meta = footer.0.metadata();
+    let idx = meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.name() == "job")?;
+    let mut jobs = std::collections::BTreeSet::new();
+    for rg in meta.row_groups() {
+        let parquet::file::statistics::Statistics::ByteArray(st) = rg.column(idx).statistics()?
+        else {
+            return None;
+        };
+        let (lo, hi) = (st.min_opt()?.as_utf8().ok()?, st.max_opt()?.as_utf8().ok()?);
+        if lo != hi {
+            return None;
+        }
+        jobs.insert(lo.to_owned());
+    }
+    Some(jobs.into_iter().collect())
+}
+
 /// Whether `bytes` start like a Parquet file.
 pub fn sniff(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PAR1")
