@@ -74,7 +74,7 @@ impl EventWriter {
 /// the contract's JSON shape.
 pub fn analyze(paths: &[PathBuf], json: bool) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
-    let (jobs, _) = traces::analyzed(paths, &th)?;
+    let (jobs, _) = traces::analyzed(paths, traces::streamed_files(paths)?, &th)?;
     let mut all = Vec::new();
     for job in jobs {
         if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
@@ -142,28 +142,33 @@ fn explain(job: &traces::Job, th: &commscope_analyzer::Thresholds) {
     }
 }
 
+fn aggregate(calls: &Calls, job: &str) -> Result<postmortem::Aggregates> {
+    postmortem::aggregate(calls)
+        .with_context(|| format!("failed to aggregate the calls of job {job}"))
+}
+
 /// `commscope report PATH… -o FILE.html`. A streamed trace is aggregated by polars while the
 /// detectors read it (when its files' footers name its jobs).
 pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
     // (job, its calls, their aggregates) computed beside the analysis.
     type Early = Vec<(String, Calls, postmortem::Aggregates)>;
-    let early: Option<std::thread::JoinHandle<Result<Early>>> = traces::streamed_files(paths)?
+    let streamed = traces::streamed_files(paths)?;
+    let early: Option<std::thread::JoinHandle<Result<Early>>> = streamed
+        .clone()
         .and_then(|files| Some((traces::jobs_of(&files)?, files)))
         .map(|(jobs, files)| {
             std::thread::spawn(move || {
                 jobs.into_iter()
                     .map(|job| {
                         let calls = Calls::scan(files.clone(), &job);
-                        let agg = postmortem::aggregate(&calls).with_context(|| {
-                            format!("failed to aggregate the calls of job {job}")
-                        })?;
+                        let agg = aggregate(&calls, &job)?;
                         Ok((job, calls, agg))
                     })
                     .collect()
             })
         });
-    let (jobs, warnings) = traces::analyzed(paths, &th)?;
+    let (jobs, warnings) = traces::analyzed(paths, streamed, &th)?;
     let mut early: Early = match early.map(|h| h.join()) {
         Some(Ok(r)) => r?,
         Some(Err(panic)) => std::panic::resume_unwind(panic),
@@ -178,8 +183,7 @@ pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
             }
             None => {
                 let calls = j.calls()?;
-                let agg = postmortem::aggregate(&calls)
-                    .with_context(|| format!("failed to aggregate the calls of job {}", j.job))?;
+                let agg = aggregate(&calls, &j.job)?;
                 (calls, agg)
             }
         };

@@ -89,9 +89,15 @@ pub fn jobs_of(files: &[PathBuf]) -> Option<Vec<String>> {
     Some(jobs.into_iter().collect())
 }
 
-/// Every job under `paths`, analyzed, and the warnings printed. Fails when nothing could be read.
-pub fn analyzed(paths: &[PathBuf], th: &Thresholds) -> Result<(Vec<Job>, Vec<String>)> {
-    if let Some(files) = streamed_files(paths)? {
+/// Every job under `paths`, analyzed, and the warnings printed: streamed from `streamed` (what
+/// [`streamed_files`] gave for `paths`) when there are such files, else loaded. Fails when
+/// nothing could be read.
+pub fn analyzed(
+    paths: &[PathBuf],
+    streamed: Option<Vec<PathBuf>>,
+    th: &Thresholds,
+) -> Result<(Vec<Job>, Vec<String>)> {
+    if let Some(files) = streamed {
         let (streamed, warnings) =
             commscope_analyzer::large::analyze(&files, th).map_err(anyhow::Error::msg)?;
         for w in &warnings {

@@ -57,6 +57,35 @@ fn on_base(t: Expr, host_real: Expr) -> Expr {
     (moved + col("offset_ns").fill_null(lit(0i64))).clip_min(lit(0i64))
 }
 
+fn host_real() -> Expr {
+    col("clock").eq(lit("host-real")).fill_null(lit(false))
+}
+
+fn has_gpu_time() -> Expr {
+    u64c("gpu_start_ns")
+        .gt(lit(0i64))
+        .and(u64c("gpu_end_ns").gt_eq(u64c("gpu_start_ns")))
+}
+
+/// A call's span as its columns hold it ([`commscope_wire::record::Call::span`]): its GPU
+/// interval when it has one, else its host interval.
+fn span() -> (Expr, Expr) {
+    (
+        when(has_gpu_time())
+            .then(u64c("gpu_start_ns"))
+            .otherwise(u64c("t_enter_ns")),
+        when(has_gpu_time())
+            .then(u64c("gpu_end_ns"))
+            .otherwise(u64c("t_exit_ns")),
+    )
+}
+
+/// Whether [`span`] is on the host's real-time clock: the GPU interval is on the host-mono
+/// clock, whatever the call's own clock ([`crate::batch::call_start`]).
+fn span_real() -> Expr {
+    has_gpu_time().not().and(host_real())
+}
+
 impl Calls {
     /// The calls of one job in Parquet traces.
     pub fn scan(files: Vec<PathBuf>, job: &str) -> Calls {
@@ -100,18 +129,7 @@ impl Calls {
 
     /// Completed calls with `a`, `b` (span on the common base) and `span_ns`.
     pub fn calls(&self) -> Result<LazyFrame, Error> {
-        let gpu = u64c("gpu_start_ns")
-            .gt(lit(0i64))
-            .and(u64c("gpu_end_ns").gt_eq(u64c("gpu_start_ns")));
-        let host_real = col("clock").eq(lit("host-real")).fill_null(lit(false));
-        // The GPU interval is on the host-mono clock, whatever the call's own clock.
-        let real = gpu.clone().not().and(host_real);
-        let a = when(gpu.clone())
-            .then(u64c("gpu_start_ns"))
-            .otherwise(u64c("t_enter_ns"));
-        let b = when(gpu)
-            .then(u64c("gpu_end_ns"))
-            .otherwise(u64c("t_exit_ns"));
+        let (a, b) = span();
         Ok(self.rows()?.filter(col("kind").eq(lit("call"))).select([
             col("rank"),
             col("node"),
@@ -120,8 +138,8 @@ impl Calls {
             col("op").fill_null(lit("")),
             u64c("bytes").alias("bytes"),
             col("comm_size").fill_null(lit(0i32)),
-            on_base(a.clone(), real.clone()).alias("a"),
-            on_base(b.clone(), real).alias("b"),
+            on_base(a.clone(), span_real()).alias("a"),
+            on_base(b.clone(), span_real()).alias("b"),
             (b - a).clip_min(lit(0i64)).alias("span_ns"),
         ]))
     }
@@ -129,38 +147,27 @@ impl Calls {
     /// Rows of all kinds, and the first and last times any call, `enter` or heartbeat carries
     /// (ns on the common base; 0 when none does).
     pub fn extent(&self) -> Result<(u64, u64, u64), Error> {
-        let host_real = col("clock").eq(lit("host-real")).fill_null(lit(false));
-        let gpu = u64c("gpu_start_ns")
-            .gt(lit(0i64))
-            .and(u64c("gpu_end_ns").gt_eq(u64c("gpu_start_ns")));
-        let real = gpu.clone().not().and(host_real.clone());
+        let (a, b) = span();
         let beat = col("kind").eq(lit("heartbeat"));
         let call = col("kind").eq(lit("call"));
+        let enter = col("kind").eq(lit("enter"));
+        let beat_t = on_base(u64c("t_ns"), lit(false));
         let first = when(beat.clone())
-            .then(on_base(u64c("t_ns"), lit(false)))
-            .when(call.clone().or(col("kind").eq(lit("enter"))))
-            .then(on_base(
-                when(gpu.clone())
-                    .then(u64c("gpu_start_ns"))
-                    .otherwise(u64c("t_enter_ns")),
-                real.clone(),
-            ))
+            .then(beat_t.clone())
+            .when(call.clone().or(enter.clone()))
+            .then(on_base(a, span_real()))
             .otherwise(lit(0i64));
+        // An `enter` record's call had not ended: it was last heard of when entered.
         let last = when(beat)
-            .then(on_base(u64c("t_ns"), lit(false)))
+            .then(beat_t)
             .when(call)
-            .then(on_base(
-                when(gpu)
-                    .then(u64c("gpu_end_ns"))
-                    .otherwise(u64c("t_exit_ns")),
-                real,
-            ))
-            .when(col("kind").eq(lit("enter")))
-            .then(on_base(u64c("t_enter_ns"), host_real))
+            .then(on_base(b, span_real()))
+            .when(enter)
+            .then(on_base(u64c("t_enter_ns"), host_real()))
             .otherwise(lit(0i64));
         let df = collect(
             self.rows()?.select([
-                len().cast(DataType::UInt64).alias("rows"),
+                len().alias("rows"),
                 when(first.clone().gt(lit(0i64)))
                     .then(first)
                     .otherwise(lit(NULL).cast(DataType::Int64))
@@ -169,35 +176,31 @@ impl Calls {
                 last.max().alias("end"),
             ]),
         )?;
-        let rows = u64_at(&df, "rows", 0);
-        let start = i64_at(&df, "start", 0).max(0) as u64;
-        let end = i64_at(&df, "end", 0).max(0) as u64;
-        Ok((rows, start, end.max(start)))
+        let at = |name: &str| -> Result<u64, Error> {
+            Ok(i64_col(&df, name)?
+                .first()
+                .copied()
+                .flatten()
+                .unwrap_or(0)
+                .max(0) as u64)
+        };
+        let (start, end) = (at("start")?, at("end")?);
+        Ok((at("rows")?, start, end.max(start)))
     }
 
     /// Every table of the report; progress bins are `progress_bin_ns` wide from `start`.
     pub fn tables(&self, start: u64, progress_bin_ns: u64) -> Result<Tables, Error> {
         let calls = self.calls()?;
-        let plans = [
-            progress_plan(calls.clone(), start, progress_bin_ns),
-            durations_plan(calls.clone()),
-            bandwidth_plan(calls),
-        ];
         // One query at a time: plans collected together share their scan, and the engine
         // buffers what one has read ahead of another (memory growing with the trace).
-        let mut dfs = plans
-            .into_iter()
-            .map(collect)
-            .collect::<Result<Vec<DataFrame>, Error>>()?
-            .into_iter();
-        let mut next = || {
-            dfs.next()
-                .ok_or_else(|| polars_err!(ComputeError: "a table is missing"))
-        };
         Ok(Tables {
-            progress: progress_rows(&next()?)?,
-            durations: durations_rows(&next()?)?,
-            bandwidth: bandwidth_rows(&next()?)?,
+            progress: progress_rows(&collect(progress_plan(
+                calls.clone(),
+                start,
+                progress_bin_ns,
+            ))?)?,
+            durations: durations_rows(&collect(durations_plan(calls.clone()))?)?,
+            bandwidth: bandwidth_rows(&collect(bandwidth_plan(calls))?)?,
         })
     }
 
@@ -431,22 +434,6 @@ fn p2p(op: Expr) -> Expr {
 /// Runs a query on the streaming engine.
 fn collect(q: LazyFrame) -> Result<DataFrame, Error> {
     Ok(q.collect_with_engine(Engine::Streaming)?.unwrap_single())
-}
-
-fn u64_at(df: &DataFrame, name: &str, i: usize) -> u64 {
-    df.column(name)
-        .and_then(|c| c.cast(&DataType::UInt64))
-        .ok()
-        .and_then(|c| c.u64().ok().and_then(|a| a.get(i)))
-        .unwrap_or(0)
-}
-
-fn i64_at(df: &DataFrame, name: &str, i: usize) -> i64 {
-    df.column(name)
-        .and_then(|c| c.cast(&DataType::Int64))
-        .ok()
-        .and_then(|c| c.i64().ok().and_then(|a| a.get(i)))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

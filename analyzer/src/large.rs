@@ -54,13 +54,14 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
     let mut index: HashMap<ProcessKey, usize> = HashMap::new();
     let mut opened = 0;
     for f in files {
-        let rows = match pq::process_rows(f).and_then(|r| Ok((r, Footer::read(f)?))) {
-            Ok(r) => r,
-            Err(e) => {
-                warnings.push(format!("{}: {e}", f.display()));
-                continue;
-            }
-        };
+        let rows =
+            match Footer::read(f).and_then(|footer| Ok((pq::process_rows(f, &footer)?, footer))) {
+                Ok(r) => r,
+                Err(e) => {
+                    warnings.push(format!("{}: {e}", f.display()));
+                    continue;
+                }
+            };
         opened += 1;
         let (rows, footer) = rows;
         for (trace, ranges) in rows {

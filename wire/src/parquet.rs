@@ -906,9 +906,10 @@ fn open_with(
 
 /// The row ranges `[from, to)` of each process in a trace, in file order of first appearance,
 /// with the process's empty trace (header and clock); only the identity columns are read.
-pub fn process_rows(path: &Path) -> Result<Vec<(ProcessTrace, RowRanges)>, Error> {
+/// `footer` is the file's ([`Footer::read`]), shared with the readers of those rows.
+pub fn process_rows(path: &Path, footer: &Footer) -> Result<Vec<(ProcessTrace, RowRanges)>, Error> {
     let p = path.display().to_string();
-    let builder = open_builder(path)?;
+    let builder = open_with(path, footer)?;
     let mask = parquet::arrow::ProjectionMask::columns(
         builder.parquet_schema(),
         [
