@@ -150,10 +150,22 @@ fn aggregate(calls: &Calls, job: &str) -> Result<postmortem::Aggregates> {
 /// `commscope report PATH… -o FILE.html`. A streamed trace is aggregated by polars while the
 /// detectors read it (when its files' footers name its jobs).
 pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
+    let streamed = traces::streamed_files(paths)?;
+    if streamed.is_none() {
+        return report_from(paths, out, None);
+    }
+    // polars cannot read past damage in a file; loaded, its readable prefix still reports.
+    report_from(paths, out, streamed).or_else(|e| {
+        eprintln!("commscope: warning: {e:#}; loading the trace instead of streaming it");
+        report_from(paths, out, None)
+    })
+}
+
+/// [`report`], streaming `streamed` ([`traces::streamed_files`]) or loading `paths`.
+fn report_from(paths: &[PathBuf], out: &Path, streamed: Option<Vec<PathBuf>>) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
     // (job, its calls, their aggregates) computed beside the analysis.
     type Early = Vec<(String, Calls, postmortem::Aggregates)>;
-    let streamed = traces::streamed_files(paths)?;
     let early: Option<std::thread::JoinHandle<Result<Early>>> = streamed
         .clone()
         .and_then(|files| Some((traces::jobs_of(&files)?, files)))

@@ -27,12 +27,18 @@ pub(crate) fn read(
             }])
         }
         Format::Parquet => {
-            let (procs, unknown) =
-                parquet::read(path).map_err(|e| strip_path(&e.to_string(), path))?;
-            if unknown > 0 {
-                warn(format!("{unknown} rows of unknown kind were skipped"));
+            let s = parquet::read_salvaged(path).map_err(|e| strip_path(&e.to_string(), path))?;
+            if s.unknown > 0 {
+                warn(format!("{} rows of unknown kind were skipped", s.unknown));
             }
-            Ok(procs)
+            if let Some(e) = s.damage {
+                let kept: usize = s.processes.iter().map(|p| p.records.len()).sum();
+                warn(format!(
+                    "{}; the {kept} records before the damage are kept",
+                    strip_path(&e.to_string(), path)
+                ));
+            }
+            Ok(s.processes)
         }
         Format::Wal => {
             let bytes = std::fs::read(path).map_err(|e| e.to_string())?;

@@ -769,17 +769,48 @@ fn opt_str(a: Option<&StringArray>, i: usize) -> &str {
 /// Reads a Parquet trace back into processes (grouped by job, node, pid and start time, in file
 /// order). Rows of kinds this version does not know are counted in the second value.
 pub fn read(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
+    let s = read_salvaged(path)?;
+    match s.damage {
+        Some(e) => Err(e),
+        None => Ok((s.processes, s.unknown)),
+    }
+}
+
+/// A Parquet trace read as far as it could be.
+#[derive(Debug)]
+pub struct Salvaged {
+    /// Processes as in [`read`], with the records read before any damage.
+    pub processes: Vec<ProcessTrace>,
+    /// Rows of kinds this version does not know.
+    pub unknown: usize,
+    /// Why reading stopped early, if it did.
+    pub damage: Option<Error>,
+}
+
+/// Reads a Parquet trace as [`read`] does, but keeps the records read before damage in the
+/// file (a corrupt page): fails only when the file cannot be opened at all.
+pub fn read_salvaged(path: &Path) -> Result<Salvaged, Error> {
     let mut out: Vec<ProcessTrace> = Vec::new();
     let mut index: std::collections::HashMap<ProcessKey, usize> = Default::default();
     let mut reader = Reader::open(path, None)?;
-    while reader.next_batch(&mut |p, rec| {
-        let slot = *index.entry(p.key()).or_insert_with(|| {
-            out.push(p.trace());
-            out.len() - 1
-        });
-        out[slot].records.push(rec);
-    })? {}
-    Ok((out, reader.unknown()))
+    let damage = loop {
+        match reader.next_batch(&mut |p, rec| {
+            let slot = *index.entry(p.key()).or_insert_with(|| {
+                out.push(p.trace());
+                out.len() - 1
+            });
+            out[slot].records.push(rec);
+        }) {
+            Ok(true) => {}
+            Ok(false) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    Ok(Salvaged {
+        processes: out,
+        unknown: reader.unknown(),
+        damage,
+    })
 }
 
 /// Row ranges `[from, to)` of a file.
