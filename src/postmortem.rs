@@ -180,12 +180,15 @@ fn report_from(paths: &[PathBuf], out: &Path, streamed: Option<Vec<PathBuf>>) ->
                     .collect()
             })
         });
+    let t0 = std::time::Instant::now();
     let (jobs, warnings) = traces::analyzed(paths, streamed, &th)?;
+    tracing::debug!(elapsed_ms = t0.elapsed().as_millis() as u64, "analyzed");
     let mut early: Early = match early.map(|h| h.join()) {
         Some(Ok(r)) => r?,
         Some(Err(panic)) => std::panic::resume_unwind(panic),
         None => Vec::new(),
     };
+    tracing::debug!(elapsed_ms = t0.elapsed().as_millis() as u64, "aggregated");
     let mut reports = Vec::with_capacity(jobs.len());
     for j in &jobs {
         let (calls, agg) = match early.iter().position(|e| e.0 == j.job) {
@@ -204,6 +207,10 @@ fn report_from(paths: &[PathBuf], out: &Path, streamed: Option<Vec<PathBuf>>) ->
                 .with_context(|| format!("failed to draw the timelines of job {}", j.job))?,
         );
     }
+    tracing::debug!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "reports drawn"
+    );
     let sources: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     let html = commscope_report::render(&reports, &sources, &warnings);
     write_atomically(out, html.as_bytes())?;

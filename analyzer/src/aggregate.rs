@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use commscope_wire::op::{Op, busbw_factor};
-use commscope_wire::parquet::ProcessTrace;
+use commscope_wire::parquet::{self as pq, ProcessTrace};
 use polars::prelude::*;
 
 /// (comm, rank, time bin, completed through, the bin's last completion in ns, calls).
@@ -87,11 +87,29 @@ fn span_real() -> Expr {
 }
 
 impl Calls {
-    /// The calls of one job in Parquet traces.
+    /// The calls of one job in Parquet traces. Files whose footers say they hold other jobs
+    /// only are left out, and rows are filtered by job only when some file may hold others.
     pub fn scan(files: Vec<PathBuf>, job: &str) -> Calls {
+        let jobs: Vec<Option<Vec<String>>> = files
+            .iter()
+            .map(|f| {
+                pq::Footer::read(f)
+                    .ok()
+                    .and_then(|footer| pq::jobs_in_footer(&footer))
+            })
+            .collect();
+        let only_this = jobs
+            .iter()
+            .all(|j| j.as_ref().is_some_and(|j| j.iter().all(|x| x == job)));
+        let files = files
+            .into_iter()
+            .zip(jobs)
+            .filter(|(_, j)| j.as_ref().is_none_or(|j| j.iter().any(|x| x == job)))
+            .map(|(f, _)| f)
+            .collect();
         Calls {
             files,
-            job: Some(job.to_owned()),
+            job: (!only_this).then(|| job.to_owned()),
             _tmp: None,
         }
     }
@@ -144,64 +162,90 @@ impl Calls {
         ]))
     }
 
-    /// Rows of all kinds, and the first and last times any call, `enter` or heartbeat carries
-    /// (ns on the common base; 0 when none does).
-    pub fn extent(&self) -> Result<(u64, u64, u64), Error> {
+    /// One pass over every row: how many there are, the first and last times any call,
+    /// `enter` or heartbeat carries (ns on the common base; 0 when none does), and the
+    /// duration and bandwidth histograms of the calls.
+    pub fn shape(&self) -> Result<Shape, Error> {
         let (a, b) = span();
-        let beat = col("kind").eq(lit("heartbeat"));
         let call = col("kind").eq(lit("call"));
+        let beat = col("kind").eq(lit("heartbeat"));
         let enter = col("kind").eq(lit("enter"));
         let beat_t = on_base(u64c("t_ns"), lit(false));
         let first = when(beat.clone())
             .then(beat_t.clone())
             .when(call.clone().or(enter.clone()))
-            .then(on_base(a, span_real()))
+            .then(col("a"))
             .otherwise(lit(0i64));
         // An `enter` record's call had not ended: it was last heard of when entered.
         let last = when(beat)
             .then(beat_t)
-            .when(call)
-            .then(on_base(b, span_real()))
+            .when(call.clone())
+            .then(col("b"))
             .when(enter)
             .then(on_base(u64c("t_enter_ns"), host_real()))
             .otherwise(lit(0i64));
-        let df = collect(
-            self.rows()?.select([
-                len().alias("rows"),
+        let only_calls =
+            |e: Expr, null: DataType| when(col("call")).then(e).otherwise(lit(NULL).cast(null));
+        let us = (col("span_ns").cast(DataType::Float64) / lit(1e3)).clip_min(lit(1.0));
+        let gbs = col("bytes").cast(DataType::Float64) / col("span_ns").cast(DataType::Float64);
+        let measured = col("call")
+            .and(col("span_ns").gt(lit(0i64)))
+            .and(col("bytes").gt(lit(0i64)))
+            .and(p2p(col("op")).not().or(col("op").eq(lit("sendrecv"))));
+        let q = self
+            .rows()?
+            .with_columns([
+                call.alias("call"),
+                on_base(a.clone(), span_real()).alias("a"),
+                on_base(b.clone(), span_real()).alias("b"),
+                (b - a).clip_min(lit(0i64)).alias("span_ns"),
+                u64c("bytes").alias("bytes"),
+                col("op").fill_null(lit("")).alias("op"),
+            ])
+            .select([
+                col("call"),
+                only_calls(col("op"), DataType::String).alias("op"),
+                only_calls(col("comm_size").fill_null(lit(0i32)), DataType::Int32)
+                    .alias("comm_size"),
+                only_calls(col("bytes"), DataType::Int64).alias("bytes"),
+                only_calls(
+                    (us.log(lit(10.0)) * lit(4.0)).floor().cast(DataType::Int32),
+                    DataType::Int32,
+                )
+                .alias("dbin"),
+                when(measured)
+                    .then(
+                        (gbs.log(lit(10.0)) * lit(BW_BINS_PER_DECADE))
+                            .floor()
+                            .cast(DataType::Int64),
+                    )
+                    .otherwise(lit(NULL).cast(DataType::Int64))
+                    .alias("bwbin"),
                 when(first.clone().gt(lit(0i64)))
                     .then(first)
                     .otherwise(lit(NULL).cast(DataType::Int64))
-                    .min()
-                    .alias("start"),
-                last.max().alias("end"),
-            ]),
-        )?;
-        let at = |name: &str| -> Result<u64, Error> {
-            Ok(i64_col(&df, name)?
-                .first()
-                .copied()
-                .flatten()
-                .unwrap_or(0)
-                .max(0) as u64)
-        };
-        let (start, end) = (at("start")?, at("end")?);
-        Ok((at("rows")?, start, end.max(start)))
+                    .alias("first"),
+                last.alias("last"),
+            ])
+            .group_by([
+                col("call"),
+                col("op"),
+                col("comm_size"),
+                col("bytes"),
+                col("dbin"),
+                col("bwbin"),
+            ])
+            .agg([
+                col("first").min().alias("first"),
+                col("last").max().alias("last"),
+                len().cast(DataType::UInt64).alias("n"),
+            ]);
+        shape_of(&collect(q)?)
     }
 
-    /// Every table of the report; progress bins are `progress_bin_ns` wide from `start`.
-    pub fn tables(&self, start: u64, progress_bin_ns: u64) -> Result<Tables, Error> {
-        let calls = self.calls()?;
-        // One query at a time: plans collected together share their scan, and the engine
-        // buffers what one has read ahead of another (memory growing with the trace).
-        Ok(Tables {
-            progress: progress_rows(&collect(progress_plan(
-                calls.clone(),
-                start,
-                progress_bin_ns,
-            ))?)?,
-            durations: durations_rows(&collect(durations_plan(calls.clone()))?)?,
-            bandwidth: bandwidth_rows(&collect(bandwidth_plan(calls))?)?,
-        })
+    /// Collectives completed per communicator, rank and time bin (`bin_ns` wide from `start`).
+    pub fn progress(&self, start: u64, bin_ns: u64) -> Result<Vec<ProgressRow>, Error> {
+        progress_rows(&collect(progress_plan(self.calls()?, start, bin_ns))?)
     }
 
     /// The calls of `ranks` that overlap `[from, to]`, earliest first, `per_rank` at most each:
@@ -258,12 +302,14 @@ impl Calls {
     }
 }
 
-/// The report's tables ([`Calls::tables`]).
+/// What one pass over a trace's rows gives ([`Calls::shape`]).
 #[derive(Debug, Default)]
-pub struct Tables {
-    /// Per communicator, rank and time bin: collectives completed through and the bin's last
-    /// completion; by communicator and bin.
-    pub progress: Vec<ProgressRow>,
+pub struct Shape {
+    /// Rows of every kind.
+    pub rows: u64,
+    /// The first and last times on the common base (ns; 0 when no row carries one).
+    pub start: u64,
+    pub end: u64,
     /// (op, quarter-decade bin from 1 µs, calls).
     pub durations: Vec<(String, i32, u64)>,
     /// (op, communicator size, message bytes, bandwidth bin, calls): algorithm bandwidth in
@@ -291,36 +337,6 @@ fn progress_plan(calls: LazyFrame, start: u64, bin_ns: u64) -> LazyFrame {
             col("b").max().alias("last"),
             len().cast(DataType::UInt64).alias("n"),
         ])
-}
-
-fn durations_plan(calls: LazyFrame) -> LazyFrame {
-    let us = (col("span_ns").cast(DataType::Float64) / lit(1e3)).clip_min(lit(1.0));
-    calls
-        .with_columns([(us.log(lit(10.0)) * lit(4.0))
-            .floor()
-            .cast(DataType::Int32)
-            .alias("bin")])
-        .group_by([col("op"), col("bin")])
-        .agg([len().cast(DataType::UInt64).alias("n")])
-}
-
-/// Algorithm bandwidth histograms per op, communicator size and message size: a median from
-/// them needs no call's value held (the bus factor is applied per communicator size after).
-fn bandwidth_plan(calls: LazyFrame) -> LazyFrame {
-    let gbs = col("bytes").cast(DataType::Float64) / col("span_ns").cast(DataType::Float64);
-    calls
-        .filter(
-            col("span_ns")
-                .gt(lit(0i64))
-                .and(col("bytes").gt(lit(0i64)))
-                .and(p2p(col("op")).not().or(col("op").eq(lit("sendrecv")))),
-        )
-        .with_columns([(gbs.log(lit(10.0)) * lit(BW_BINS_PER_DECADE))
-            .floor()
-            .cast(DataType::Int64)
-            .alias("bin")])
-        .group_by([col("op"), col("comm_size"), col("bytes"), col("bin")])
-        .agg([len().cast(DataType::UInt64).alias("n")])
 }
 
 fn i64_col(df: &DataFrame, name: &str) -> Result<Vec<Option<i64>>, Error> {
@@ -360,36 +376,57 @@ fn progress_rows(df: &DataFrame) -> Result<Vec<ProgressRow>, Error> {
     Ok(out)
 }
 
-fn durations_rows(df: &DataFrame) -> Result<Vec<(String, i32, u64)>, Error> {
-    let (op, bin, n) = (str_col(df, "op")?, i64_col(df, "bin")?, i64_col(df, "n")?);
-    let mut out: Vec<(String, i32, u64)> = (0..df.height())
-        .filter_map(|i| Some((op[i].clone()?, bin[i]? as i32, n[i]?.max(0) as u64)))
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-fn bandwidth_rows(df: &DataFrame) -> Result<Vec<BandwidthRow>, Error> {
-    let (op, size, bytes, bin, n) = (
+fn shape_of(df: &DataFrame) -> Result<Shape, Error> {
+    let call = df.column("call")?.cast(&DataType::Boolean)?;
+    let call = call.bool()?;
+    let (op, size, bytes) = (
         str_col(df, "op")?,
         i64_col(df, "comm_size")?,
         i64_col(df, "bytes")?,
-        i64_col(df, "bin")?,
+    );
+    let (dbin, bwbin) = (i64_col(df, "dbin")?, i64_col(df, "bwbin")?);
+    let (first, last, n) = (
+        i64_col(df, "first")?,
+        i64_col(df, "last")?,
         i64_col(df, "n")?,
     );
-    let mut out: Vec<BandwidthRow> = (0..df.height())
-        .filter_map(|i| {
-            Some((
-                op[i].clone()?,
-                size[i]? as i32,
-                bytes[i]?.max(0) as u64,
-                bin[i]?,
-                n[i]?.max(0) as u64,
-            ))
-        })
-        .collect();
-    out.sort();
-    Ok(out)
+    let mut rows = 0u64;
+    let mut start: Option<i64> = None;
+    let mut end = 0i64;
+    let mut durations: std::collections::BTreeMap<(String, i32), u64> = Default::default();
+    let mut bandwidth: std::collections::BTreeMap<(String, i32, u64, i64), u64> =
+        Default::default();
+    for i in 0..df.height() {
+        let k = n[i].unwrap_or(0).max(0) as u64;
+        rows += k;
+        if let Some(f) = first[i] {
+            start = Some(start.map_or(f, |s| s.min(f)));
+        }
+        end = end.max(last[i].unwrap_or(0));
+        if call.get(i) != Some(true) {
+            continue;
+        }
+        let Some(op) = op[i].clone() else { continue };
+        if let Some(d) = dbin[i] {
+            *durations.entry((op.clone(), d as i32)).or_default() += k;
+        }
+        if let (Some(b), Some(s), Some(bytes)) = (bwbin[i], size[i], bytes[i]) {
+            *bandwidth
+                .entry((op, s as i32, bytes.max(0) as u64, b))
+                .or_default() += k;
+        }
+    }
+    let start = start.unwrap_or(0).max(0) as u64;
+    Ok(Shape {
+        rows,
+        start,
+        end: (end.max(0) as u64).max(start),
+        durations: durations.into_iter().map(|((o, b), n)| (o, b, n)).collect(),
+        bandwidth: bandwidth
+            .into_iter()
+            .map(|((o, s, bytes, b), n)| (o, s, bytes, b, n))
+            .collect(),
+    })
 }
 
 /// Median bus bandwidth (GB/s) per op and message size, with the calls measured, from the
@@ -484,9 +521,9 @@ mod tests {
     #[test]
     fn the_report_tables_hold_what_the_calls_say() {
         let calls = Calls::of(&job()).expect("calls");
-        let (rows, start, end) = calls.extent().expect("extent");
-        assert_eq!((rows, start, end), (20, 1_000 * MS, 1_905 * MS));
-        let t = calls.tables(start, 500 * MS).expect("tables");
+        let t = calls.shape().expect("shape");
+        assert_eq!((t.rows, t.start, t.end), (20, 1_000 * MS, 1_905 * MS));
+        let progress = calls.progress(t.start, 500 * MS).expect("progress");
         // 5 ms (rank 0) and 2 ms (rank 1): bins of a quarter decade from 1 µs.
         let bin = |us: f64| (us.log10() * 4.0).floor() as i32;
         let mut want = vec![
@@ -496,7 +533,7 @@ mod tests {
         want.sort();
         assert_eq!(t.durations, want);
         // Progress: both ranks through seq 4 in the first 500 ms bin, through 9 in the second.
-        let through: Vec<(i32, u64, u64)> = t.progress.iter().map(|r| (r.1, r.2, r.3)).collect();
+        let through: Vec<(i32, u64, u64)> = progress.iter().map(|r| (r.1, r.2, r.3)).collect();
         assert_eq!(through, vec![(0, 0, 5), (1, 0, 5), (0, 1, 10), (1, 1, 10)]);
         // Bus bandwidth: factor 2 (n-1)/n = 1 for two ranks; the median is rank 0's 5 ms or
         // rank 1's 2 ms call, within a bin (2.3 %).

@@ -97,12 +97,74 @@ struct Cursor {
     parts: VecDeque<(PathBuf, Footer, pq::RowRanges)>,
     reader: Option<(PathBuf, Reader)>,
     replay: ProcessReplay,
-    /// Decoded records with their feed time, in time order; records the detectors do not
-    /// take (heartbeats, `enter`s) are replayed only.
-    buf: VecDeque<Buffered>,
-    /// The batch being decoded (kept for its allocation).
-    batch: Vec<Buffered>,
+    /// Decoded records with their feed time; records the detectors do not take
+    /// (heartbeats, `enter`s) are replayed only.
+    buf: Batch,
     records: u64,
+}
+
+/// One decoded batch, handed out in time order. Records stay where they were decoded (they
+/// are large): a batch out of order is sorted by index.
+#[derive(Default)]
+struct Batch {
+    items: Vec<Option<Buffered>>,
+    /// Indices into `items` by time, ties in decoding order; empty when `items` is in order.
+    order: Vec<u32>,
+    next: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.next >= self.items.len()
+    }
+
+    fn at(&self, k: usize) -> usize {
+        if self.order.is_empty() {
+            k
+        } else {
+            self.order[k] as usize
+        }
+    }
+
+    /// The next record's feed time.
+    fn front(&self) -> Option<u64> {
+        if self.is_empty() {
+            return None;
+        }
+        self.items[self.at(self.next)].as_ref().map(|x| x.0)
+    }
+
+    fn pop(&mut self) -> Option<Buffered> {
+        if self.is_empty() {
+            return None;
+        }
+        let i = self.at(self.next);
+        self.next += 1;
+        self.items[i].take()
+    }
+
+    /// Starts a new batch (after the last was handed out).
+    fn clear(&mut self) {
+        self.items.clear();
+        self.order.clear();
+        self.next = 0;
+    }
+
+    /// Orders what was pushed since [`Batch::clear`].
+    fn seal(&mut self) {
+        let t = |x: &Option<Buffered>| x.as_ref().map_or(0, |x| x.0);
+        if self.items.is_sorted_by_key(t) {
+            return;
+        }
+        let mut keyed: Vec<(u64, u32)> = self
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (t(x), i as u32))
+            .collect();
+        keyed.sort_unstable();
+        self.order = keyed.into_iter().map(|(_, i)| i).collect();
+    }
 }
 
 impl Cursor {
@@ -112,8 +174,7 @@ impl Cursor {
             trace,
             parts: VecDeque::new(),
             reader: None,
-            buf: VecDeque::with_capacity(CURSOR_ROWS),
-            batch: Vec::with_capacity(CURSOR_ROWS),
+            buf: Batch::default(),
             records: 0,
         }
     }
@@ -138,7 +199,8 @@ impl Cursor {
             let Some((path, reader)) = self.reader.as_mut() else {
                 continue;
             };
-            let mut batch = std::mem::take(&mut self.batch);
+            self.buf.clear();
+            let batch = &mut self.buf.items;
             let (trace, replay, records) = (&self.trace, &mut self.replay, &mut self.records);
             let more = reader.next_batch(&mut |_, rec| {
                 *records += 1;
@@ -148,7 +210,7 @@ impl Cursor {
                         Record::Call(c) => call_start(trace, c),
                         _ => 0,
                     };
-                    batch.push((t, a, rec));
+                    batch.push(Some((t, a, rec)));
                 }
             });
             match more {
@@ -159,11 +221,7 @@ impl Cursor {
                     self.reader = None;
                 }
             }
-            if !batch.is_sorted_by_key(|x| x.0) {
-                batch.sort_by_key(|x| x.0);
-            }
-            self.buf.extend(batch.drain(..));
-            self.batch = batch;
+            self.buf.seal();
         }
         true
     }
@@ -284,15 +342,15 @@ fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec
     let mut heap: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
     for (k, (pi, c)) in cursors.iter_mut().enumerate() {
         if c.fill(&mut comms, &mut warnings)
-            && let Some((t, _, _)) = c.buf.front()
+            && let Some(t) = c.buf.front()
         {
-            heap.push(Reverse((*t, *pi, k)));
+            heap.push(Reverse((t, *pi, k)));
         }
     }
     let mut chunk = Vec::with_capacity(CHUNK);
     while let Some(Reverse((_, pi, k))) = heap.pop() {
         let c = &mut cursors[k].1;
-        if let Some((t, a, rec)) = c.buf.pop_front() {
+        if let Some((t, a, rec)) = c.buf.pop() {
             chunk.push((t, pi, a, rec));
             if chunk.len() == CHUNK {
                 let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
@@ -302,9 +360,9 @@ fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec
             }
         }
         if c.fill(&mut comms, &mut warnings)
-            && let Some((t, _, _)) = c.buf.front()
+            && let Some(t) = c.buf.front()
         {
-            heap.push(Reverse((*t, pi, k)));
+            heap.push(Reverse((t, pi, k)));
         }
     }
     let _ = tx.send(chunk);
@@ -315,7 +373,6 @@ fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec
 struct Stream {
     rx: std::sync::mpsc::Receiver<Vec<Fed>>,
     chunk: std::vec::IntoIter<Fed>,
-    head: Option<Fed>,
 }
 
 impl Stream {
@@ -323,28 +380,28 @@ impl Stream {
         let mut s = Stream {
             rx,
             chunk: Vec::new().into_iter(),
-            head: None,
         };
-        s.head = s.pull();
+        s.pull();
         s
     }
 
-    fn pull(&mut self) -> Option<Fed> {
-        loop {
-            if let Some(x) = self.chunk.next() {
-                return Some(x);
+    /// Receives chunks until one holds a record (or the decoder is done).
+    fn pull(&mut self) {
+        while self.chunk.as_slice().is_empty() {
+            match self.rx.recv() {
+                Ok(c) => self.chunk = c.into_iter(),
+                Err(_) => return,
             }
-            self.chunk = self.rx.recv().ok()?.into_iter();
         }
     }
 
     fn peek(&self) -> Option<&Fed> {
-        self.head.as_ref()
+        self.chunk.as_slice().first()
     }
 
     fn next(&mut self) -> Option<Fed> {
-        let x = self.head.take();
-        self.head = self.pull();
+        let x = self.chunk.next();
+        self.pull();
         x
     }
 }

@@ -122,20 +122,25 @@ pub struct WhatIf {
 /// from the analysis, so it may run while the detectors stream.
 #[derive(Debug)]
 pub struct Aggregates {
-    records: u64,
-    start: u64,
-    tables: aggregate::Tables,
+    shape: aggregate::Shape,
+    progress: Vec<aggregate::ProgressRow>,
 }
 
-/// The aggregations of one job's calls.
+/// The aggregations of one job's calls: two passes over its rows.
 pub fn aggregate(calls: &Calls) -> Result<Aggregates, aggregate::Error> {
-    let (records, start, end) = calls.extent()?;
-    let progress_bin = (end - start).max(1).div_ceil(PROGRESS_POINTS as u64).max(1);
-    Ok(Aggregates {
-        records,
-        start,
-        tables: calls.tables(start, progress_bin)?,
-    })
+    let t0 = std::time::Instant::now();
+    let shape = calls.shape()?;
+    tracing::debug!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "rows, extent and histograms"
+    );
+    let bin = (shape.end - shape.start)
+        .max(1)
+        .div_ceil(PROGRESS_POINTS as u64)
+        .max(1);
+    let progress = calls.progress(shape.start, bin)?;
+    tracing::debug!(elapsed_ms = t0.elapsed().as_millis() as u64, "progress");
+    Ok(Aggregates { shape, progress })
 }
 
 /// Builds the report of one job: its processes (headers; records are not read here), its
@@ -147,7 +152,7 @@ pub fn report(
     agg: Aggregates,
     analysis: &Analysis,
 ) -> Result<JobReport, aggregate::Error> {
-    let (records, start, t) = (agg.records, agg.start, agg.tables);
+    let (records, start, t) = (agg.shape.rows, agg.shape.start, agg.shape);
     let end = analysis.view.now_ns.max(start);
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
     let ranks: BTreeSet<i32> = processes.iter().map(|p| p.header.rank).collect();
@@ -181,7 +186,7 @@ pub fn report(
         step_s: analysis.step.as_ref().map(|x| x.0),
         findings,
         heatmap: heatmap(analysis, &rank_list, start, end),
-        progress: progress(&t.progress, analysis, start),
+        progress: progress(&agg.progress, analysis, start),
         durations: durations(t.durations),
         busbw: busbw(&t.bandwidth),
         links: analysis

@@ -548,6 +548,20 @@ impl std::fmt::Debug for Writer {
     }
 }
 
+/// Columns written delta-encoded ([`Writer::create`]).
+const DELTA_COLUMNS: &[&str] = &[
+    "t_enter_ns",
+    "t_exit_ns",
+    "gpu_start_ns",
+    "gpu_end_ns",
+    "t_ns",
+    "t_real_ns",
+    "rec_seq",
+    "seq",
+    "op_seq",
+    "op_seq2",
+];
+
 impl Writer {
     /// Starts a trace at `path` with key-value `metadata` in its footer.
     pub fn create(path: &Path, metadata: &[(String, String)]) -> Result<Writer, Error> {
@@ -560,8 +574,6 @@ impl Writer {
             .iter()
             .map(|(k, v)| parquet::file::metadata::KeyValue::new(k.clone(), v.clone()))
             .collect();
-        // Dictionaries only for the repetitive text columns: for counters and timestamps they
-        // cost a hash lookup per value and save nothing.
         let mut props = WriterProperties::builder()
             // Snappy: a trace is read far more often than it is stored for long, and zstd
             // costs a fresh decoder context per page on the read side (a fifth of the time of
@@ -573,22 +585,18 @@ impl Writer {
             // Small pages: a reader streaming a process's rows holds one page per column.
             .set_data_page_row_count_limit(8192)
             .set_key_value_metadata((!kv.is_empty()).then_some(kv))
-            .set_dictionary_enabled(false);
-        for col in [
-            "job",
-            "node",
-            "flavour",
-            "kind",
-            "op",
-            "comm",
-            "dtype",
-            "clock",
-            "library",
-            "event",
-            "comm_name",
-        ] {
+            // Dictionaries: most columns repeat a few values per process (identity, anchors,
+            // communicator, size, op), and runs of dictionary indices store them in almost
+            // nothing; a column with too many values falls back to plain.
+            .set_dictionary_enabled(true);
+        // Times and sequence numbers grow by small steps: delta-encoded they take a fraction
+        // of their plain size, and decoding them is cheaper than decompressing them
+        // (docs/performance.md).
+        for col in DELTA_COLUMNS {
+            let col = parquet::schema::types::ColumnPath::from(*col);
             props = props
-                .set_column_dictionary_enabled(parquet::schema::types::ColumnPath::from(col), true);
+                .set_column_dictionary_enabled(col.clone(), false)
+                .set_column_encoding(col, parquet::basic::Encoding::DELTA_BINARY_PACKED);
         }
         let schema = schema();
         let w =
