@@ -268,23 +268,20 @@ fn analyze_job(
     let mut streams: Vec<Stream> = receivers.into_iter().map(Stream::new).collect();
     let mut ev = Evaluator::default();
     let mut late = Lateness::default();
-    let mut heads: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
-    for (s, st) in streams.iter_mut().enumerate() {
-        if let Some((t, pi, _, _)) = st.peek() {
-            heads.push(Reverse((*t, *pi, s)));
-        }
-    }
-    while let Some(Reverse((_, _, s))) = heads.pop() {
-        let st = &mut streams[s];
-        if let Some((t, _, a, rec)) = st.next() {
+    // A decoder or two: the earliest head is found by looking at each.
+    while let Some(s) = streams
+        .iter()
+        .enumerate()
+        .filter_map(|(s, st)| st.peek().map(|(t, pi, _, _)| ((*t, *pi), s)))
+        .min()
+        .map(|x| x.1)
+    {
+        if let Some((t, _, a, rec)) = streams[s].next() {
             ev.tick(&mut det, t);
             if let Record::Call(c) = &rec {
                 late.call(c, a, t);
             }
             dispatch(&mut det, &rec, t);
-        }
-        if let Some((t, pi, _, _)) = st.peek() {
-            heads.push(Reverse((*t, *pi, s)));
         }
     }
     drop(streams);

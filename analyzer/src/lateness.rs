@@ -6,7 +6,7 @@
 //! member has come (or a minute of trace time has passed since one did), and time bins start at
 //! one second and double in width whenever the trace spans more than [`MAX_BINS`] of them.
 
-use std::collections::HashMap;
+use crate::FastMap;
 
 use commscope_wire::op::Op;
 use commscope_wire::record::Call;
@@ -27,9 +27,9 @@ struct Open {
 /// The accumulator.
 #[derive(Debug)]
 pub struct Lateness {
-    open: HashMap<(u64, u64), Open>,
+    open: FastMap<(u64, u64), Open>,
     /// (time bin, rank) → (sum of lateness in ns, arrivals).
-    cells: HashMap<(u64, i32), (u64, u64)>,
+    cells: FastMap<(u64, i32), (u64, u64)>,
     bin_ns: u64,
     bins: Option<(u64, u64)>,
     last_sweep: u64,
@@ -38,8 +38,8 @@ pub struct Lateness {
 impl Default for Lateness {
     fn default() -> Self {
         Lateness {
-            open: HashMap::new(),
-            cells: HashMap::new(),
+            open: FastMap::default(),
+            cells: FastMap::default(),
             bin_ns: 1_000_000_000,
             bins: None,
             last_sweep: 0,
@@ -114,7 +114,8 @@ impl Lateness {
     /// Doubles the bins' width, merging pairs.
     fn widen(&mut self) {
         self.bin_ns = self.bin_ns.saturating_mul(2);
-        let mut merged: HashMap<(u64, i32), (u64, u64)> = HashMap::with_capacity(self.cells.len());
+        let mut merged: FastMap<(u64, i32), (u64, u64)> =
+            FastMap::with_capacity_and_hasher(self.cells.len(), Default::default());
         for ((b, r), (sum, n)) in self.cells.drain() {
             let e = merged.entry((b / 2, r)).or_default();
             e.0 += sum;

@@ -11,6 +11,10 @@
 //! - [`postmortem`]: what `commscope report` draws from a trace and its analysis.
 #![forbid(unsafe_code)]
 
+/// A hash map for the detectors' hot paths: foldhash, seeded per process (std's SipHash was
+/// a twentieth of a large trace's analysis).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub mod aggregate;
 pub mod batch;
 pub mod detectors;

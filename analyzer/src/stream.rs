@@ -18,6 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use crate::FastMap;
+
 use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::{Op, dtype, flags};
 use commscope_wire::record::{Call, Skip};
@@ -155,23 +157,23 @@ pub struct Detectors {
     job: String,
     pub tuning: Tuning,
     /// Rank → node.
-    nodes: HashMap<i32, String>,
+    nodes: FastMap<i32, String>,
     /// Node → the summed line rate of its network ports (Mbit/s), where its ranks said.
     network: HashMap<String, u64>,
     slow: SlowRanks,
-    pending: HashMap<(u64, u64), Pending>,
+    pending: FastMap<(u64, u64), Pending>,
     pending_order: VecDeque<(u64, u64)>,
     degraded: Degraded,
     errors: CommErrors,
     mismatches: BTreeMap<(u64, u64), Mismatch>,
     /// Communicator → (parent, size): siblings break a mismatch's tie.
-    families: HashMap<u64, (u64, i32)>,
+    families: FastMap<u64, (u64, i32)>,
     /// Communicator → its latest agreed instances (seq, what every member called).
-    agreed: HashMap<u64, VecDeque<(u64, Shape)>>,
+    agreed: FastMap<u64, VecDeque<(u64, Shape)>>,
     /// (comm, op) → (instances completed, first and last completion time): step inference.
-    cadence: HashMap<(u64, u8), (u64, f64, f64)>,
+    cadence: FastMap<(u64, u8), (u64, f64, f64)>,
     /// `commscope_step` markers: per rank (last step, its time), and the latest step intervals.
-    markers: HashMap<i32, (u64, f64)>,
+    markers: FastMap<i32, (u64, f64)>,
     step_intervals: VecDeque<f64>,
     /// The slow-link detector (link records of NCCL's profiler plugin).
     pub links: crate::links::Links,
@@ -182,7 +184,7 @@ pub struct Detectors {
 }
 
 /// A rank's node, when known.
-fn node_of(nodes: &HashMap<i32, String>, r: i32) -> Option<String> {
+fn node_of(nodes: &FastMap<i32, String>, r: i32) -> Option<String> {
     nodes.get(&r).filter(|n| !n.is_empty()).cloned()
 }
 
@@ -208,18 +210,18 @@ impl Detectors {
         Detectors {
             job: job.to_owned(),
             tuning,
-            nodes: HashMap::new(),
+            nodes: FastMap::default(),
             network: HashMap::new(),
             slow: SlowRanks::default(),
-            pending: HashMap::new(),
+            pending: FastMap::default(),
             pending_order: VecDeque::new(),
             degraded: Degraded::default(),
             errors: CommErrors::default(),
             mismatches: BTreeMap::new(),
-            families: HashMap::new(),
-            agreed: HashMap::new(),
-            cadence: HashMap::new(),
-            markers: HashMap::new(),
+            families: FastMap::default(),
+            agreed: FastMap::default(),
+            cadence: FastMap::default(),
+            markers: FastMap::default(),
             step_intervals: VecDeque::new(),
             links: crate::links::Links::default(),
             now_s: 0.0,

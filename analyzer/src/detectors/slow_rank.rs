@@ -36,6 +36,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::FastMap;
+
 use serde_json::json;
 
 use crate::finding::{Class, Finding, Kind, State, finding_id, ranks_phrase};
@@ -84,7 +86,7 @@ struct RankSt {
     /// inside left-out calls is not seen here.
     sampled: bool,
     /// comm → (t_exit, inside_ns after it, blamed_ns then) of the previous blocking call on it.
-    last_on_comm: HashMap<u64, (u64, u64, u64)>,
+    last_on_comm: FastMap<u64, (u64, u64, u64)>,
     /// Blame given to this rank so far (ns, undecayed).
     blamed_ns: u64,
     /// Decayed blame (seconds others waited for this rank's own compute), decayed late count,
@@ -104,7 +106,7 @@ struct RankSt {
     /// When it was first judged.
     first_s: Option<f64>,
     /// Per communicator: decayed (late, judged) — persistence.
-    per_comm: HashMap<u64, (f64, f64)>,
+    per_comm: FastMap<u64, (f64, f64)>,
     /// Blame and judged instances decayed with [`RECENT_TAU_S`] (at `at_s` too).
     recent_s: f64,
     recent_judged: f64,
@@ -220,7 +222,7 @@ pub struct Context<'a> {
     pub now_s: f64,
     pub tuning: &'a Tuning,
     /// Rank → node (empty or absent: unknown).
-    pub nodes: &'a HashMap<i32, String>,
+    pub nodes: &'a FastMap<i32, String>,
     /// The step period and where it came from, when known.
     pub step: Option<(f64, String)>,
 }
@@ -228,7 +230,7 @@ pub struct Context<'a> {
 /// The slow-rank detector of one job.
 #[derive(Debug, Default)]
 pub struct SlowRanks {
-    ranks: HashMap<i32, RankSt>,
+    ranks: FastMap<i32, RankSt>,
     open: Vec<SlowOpen>,
 }
 
@@ -735,7 +737,7 @@ mod tests {
     /// rank computes `base` plus its extra, then every member leaves together.
     struct Job {
         det: SlowRanks,
-        nodes: HashMap<i32, String>,
+        nodes: FastMap<i32, String>,
         /// Per rank: its clock (ns) after its last call.
         t: Vec<u64>,
         now_ns: u64,
