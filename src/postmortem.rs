@@ -74,7 +74,12 @@ impl EventWriter {
 /// the contract's JSON shape.
 pub fn analyze(paths: &[PathBuf], json: bool) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
-    let (jobs, _) = traces::analyzed(paths, traces::streamed_files(paths)?, &th)?;
+    let (jobs, _) = traces::analyzed(
+        paths,
+        traces::streamed_files(paths)?,
+        &th,
+        traces::Warnings::Print,
+    )?;
     let mut all = Vec::new();
     for job in jobs {
         if std::env::var_os("COMMSCOPE_EXPLAIN").is_some() {
@@ -152,17 +157,23 @@ fn aggregate(calls: &Calls, job: &str) -> Result<postmortem::Aggregates> {
 pub fn report(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
     let streamed = traces::streamed_files(paths)?;
     if streamed.is_none() {
-        return report_from(paths, out, None);
+        return report_from(paths, out, None, traces::Warnings::Print);
     }
-    // polars cannot read past damage in a file; loaded, its readable prefix still reports.
-    report_from(paths, out, streamed).or_else(|e| {
+    // polars cannot read past damage in a file; loaded, what is readable still reports (its
+    // files' warnings were printed by the first reading).
+    report_from(paths, out, streamed, traces::Warnings::Print).or_else(|e| {
         eprintln!("commscope: warning: {e:#}; loading the trace instead of streaming it");
-        report_from(paths, out, None)
+        report_from(paths, out, None, traces::Warnings::Quiet)
     })
 }
 
 /// [`report`], streaming `streamed` ([`traces::streamed_files`]) or loading `paths`.
-fn report_from(paths: &[PathBuf], out: &Path, streamed: Option<Vec<PathBuf>>) -> Result<ExitCode> {
+fn report_from(
+    paths: &[PathBuf],
+    out: &Path,
+    streamed: Option<Vec<PathBuf>>,
+    print: traces::Warnings,
+) -> Result<ExitCode> {
     let th = commscope_analyzer::Thresholds::default();
     // (job, its calls, their aggregates) computed beside the analysis.
     type Early = Vec<(String, Calls, postmortem::Aggregates)>;
@@ -181,7 +192,7 @@ fn report_from(paths: &[PathBuf], out: &Path, streamed: Option<Vec<PathBuf>>) ->
             })
         });
     let t0 = std::time::Instant::now();
-    let (jobs, warnings) = traces::analyzed(paths, streamed, &th)?;
+    let (jobs, warnings) = traces::analyzed(paths, streamed, &th, print)?;
     tracing::debug!(elapsed_ms = t0.elapsed().as_millis() as u64, "analyzed");
     let mut early: Early = match early.map(|h| h.join()) {
         Some(Ok(r)) => r?,

@@ -629,6 +629,7 @@ mod tests {
             },
             records,
             clock: None,
+            cut_short: false,
         }
     }
 

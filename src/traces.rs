@@ -33,6 +33,14 @@ pub fn load(paths: &[PathBuf]) -> Result<Loaded> {
     Ok(loaded)
 }
 
+/// How [`analyzed`] treats warnings about the files it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Warnings {
+    Print,
+    /// Already printed by an earlier reading of the same files (kept in the result only).
+    Quiet,
+}
+
 /// A command that read traces succeeds when it read a job, whatever else was damaged.
 pub fn exit_code(loaded: &Loaded) -> ExitCode {
     if loaded.jobs.is_empty() {
@@ -96,12 +104,15 @@ pub fn analyzed(
     paths: &[PathBuf],
     streamed: Option<Vec<PathBuf>>,
     th: &Thresholds,
+    print: Warnings,
 ) -> Result<(Vec<Job>, Vec<String>)> {
     if let Some(files) = streamed {
         let (streamed, warnings) =
             commscope_analyzer::large::analyze(&files, th).map_err(anyhow::Error::msg)?;
-        for w in &warnings {
-            eprintln!("commscope: warning: {w}");
+        if print == Warnings::Print {
+            for w in &warnings {
+                eprintln!("commscope: warning: {w}");
+            }
         }
         let jobs: Vec<Job> = streamed
             .into_iter()
@@ -118,7 +129,10 @@ pub fn analyzed(
         }
         return Ok((jobs, warnings));
     }
-    let loaded = load(paths)?;
+    let loaded = match print {
+        Warnings::Print => load(paths)?,
+        Warnings::Quiet => commscope_import::load(paths)?,
+    };
     if loaded.jobs.is_empty() {
         bail!("no trace could be read");
     }

@@ -514,6 +514,7 @@ mod tests {
                     })
                     .collect(),
                 clock: None,
+                cut_short: false,
             })
             .collect()
     }

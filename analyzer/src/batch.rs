@@ -311,6 +311,7 @@ mod tests {
             },
             records: all,
             clock: None,
+            cut_short: false,
         }
     }
 

@@ -11,7 +11,7 @@
 //! they complete) is fed in file order there.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use commscope_wire::parquet::{self as pq, Footer, ProcessKey, ProcessTrace, Reader};
@@ -49,6 +49,7 @@ pub struct Streamed {
 /// the damage is kept. Fails only when no file can be opened at all.
 pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec<String>), String> {
     let mut warnings = Vec::new();
+    let mut damage = Damage::new();
     // Per job, per process: its header and its parts (file, row ranges), in file order.
     let mut jobs: BTreeMap<String, Vec<Cursor>> = BTreeMap::new();
     let mut index: HashMap<ProcessKey, usize> = HashMap::new();
@@ -86,7 +87,14 @@ pub fn analyze(files: &[PathBuf], th: &Thresholds) -> Result<(Vec<Streamed>, Vec
     }
     let mut out = Vec::new();
     for (job, cursors) in jobs {
-        out.push(analyze_job(&job, cursors, th, &mut warnings));
+        out.push(analyze_job(&job, cursors, th, &mut damage));
+    }
+    for (path, (what, ranks)) in damage {
+        warnings.push(format!(
+            "{}: {what}; the rows around it are kept{}",
+            path.display(),
+            pq::lost_ranks_phrase(&ranks.into_iter().collect::<Vec<_>>())
+        ));
     }
     Ok((out, warnings))
 }
@@ -182,7 +190,7 @@ impl Cursor {
     /// Decodes batches until one holds a record for the detectors; false when the process
     /// has no more rows. A file that fails mid-way is one warning, and its remaining rows of
     /// this process are skipped.
-    fn fill(&mut self, comms: &mut HashMap<u64, CommView>, warnings: &mut Vec<String>) -> bool {
+    fn fill(&mut self, comms: &mut HashMap<u64, CommView>, damage: &mut Damage) -> bool {
         while self.buf.is_empty() {
             if self.reader.is_none() {
                 let Some((path, footer, ranges)) = self.parts.pop_front() else {
@@ -191,7 +199,7 @@ impl Cursor {
                 match Reader::open_with(&path, &footer, Some((&ranges, CURSOR_ROWS))) {
                     Ok(r) => self.reader = Some((path, r)),
                     Err(e) => {
-                        warn_once(warnings, &path, &e.to_string());
+                        self.damaged(damage, &path, e.reason());
                         continue;
                     }
                 }
@@ -217,7 +225,8 @@ impl Cursor {
                 Ok(true) => {}
                 Ok(false) => self.reader = None,
                 Err(e) => {
-                    warn_once(warnings, &path.clone(), &e.to_string());
+                    let path = path.clone();
+                    self.damaged(damage, &path, e.reason());
                     self.reader = None;
                 }
             }
@@ -227,22 +236,23 @@ impl Cursor {
     }
 }
 
-fn warn_once(warnings: &mut Vec<String>, path: &Path, what: &str) {
-    let w = format!(
-        "{}: {what}; the rows before the damage are kept",
-        path.display()
-    );
-    if !warnings.contains(&w) {
-        warnings.push(w);
+/// Files that could not be read whole: what was wrong, and the ranks that lost records to it.
+type Damage = BTreeMap<PathBuf, (String, BTreeSet<i32>)>;
+
+impl Cursor {
+    /// Its rows in `path` could not all be read: the rest of them are skipped, and its trace
+    /// is marked cut short.
+    fn damaged(&mut self, damage: &mut Damage, path: &Path, what: String) {
+        self.trace.cut_short = true;
+        damage
+            .entry(path.to_owned())
+            .or_insert((what, BTreeSet::new()))
+            .1
+            .insert(self.trace.header.rank);
     }
 }
 
-fn analyze_job(
-    job: &str,
-    cursors: Vec<Cursor>,
-    th: &Thresholds,
-    warnings: &mut Vec<String>,
-) -> Streamed {
+fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Damage) -> Streamed {
     let mut det = Detectors::new(job, th.tuning.clone());
     for c in &cursors {
         det.rank_node(c.trace.header.rank, &c.trace.header.node);
@@ -295,10 +305,9 @@ fn analyze_job(
         for (id, c) in theirs {
             comms.entry(id).or_default().merge(c);
         }
-        for x in w {
-            if !warnings.contains(&x) {
-                warnings.push(x);
-            }
+        for (path, (what, ranks)) in w {
+            let d = damage.entry(path).or_insert((what, BTreeSet::new()));
+            d.1.extend(ranks);
         }
         done.extend(cursors);
     }
@@ -329,16 +338,16 @@ fn analyze_job(
 const DECODERS: usize = 2;
 
 /// What a decoder hands back: its cursors (by process index), what its processes added to
-/// the communicators, and its warnings.
-type Decoded = (Vec<(usize, Cursor)>, HashMap<u64, CommView>, Vec<String>);
+/// the communicators, and the damage it met.
+type Decoded = (Vec<(usize, Cursor)>, HashMap<u64, CommView>, Damage);
 
 /// Merges `cursors` (process index, cursor) in time order into chunks sent on `tx`.
 fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec<Fed>>) -> Decoded {
     let mut comms: HashMap<u64, CommView> = HashMap::new();
-    let mut warnings = Vec::new();
+    let mut damage = Damage::new();
     let mut heap: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
     for (k, (pi, c)) in cursors.iter_mut().enumerate() {
-        if c.fill(&mut comms, &mut warnings)
+        if c.fill(&mut comms, &mut damage)
             && let Some(t) = c.buf.front()
         {
             heap.push(Reverse((t, *pi, k)));
@@ -356,14 +365,14 @@ fn decode(mut cursors: Vec<(usize, Cursor)>, tx: std::sync::mpsc::SyncSender<Vec
                 }
             }
         }
-        if c.fill(&mut comms, &mut warnings)
+        if c.fill(&mut comms, &mut damage)
             && let Some(t) = c.buf.front()
         {
             heap.push(Reverse((t, pi, k)));
         }
     }
     let _ = tx.send(chunk);
-    (cursors, comms, warnings)
+    (cursors, comms, damage)
 }
 
 /// One decoder's chunks, record by record.

@@ -94,6 +94,7 @@ pub fn until(processes: &[ProcessTrace], t_ns: u64) -> Vec<ProcessTrace> {
                 header: p.header.clone(),
                 records,
                 clock: p.clock,
+                cut_short: p.cut_short,
             }
         })
         .collect()
@@ -260,7 +261,13 @@ impl ProcessReplay {
         // Still in flight: entered, never completed, and the process did not finalize.
         r.busy_unseen =
             enters.is_empty() && self.last_beat.1 > 0 && self.last_beat.0 > self.last_exit;
-        if r.finalized {
+        // Records lost to damage: unless its ending was recorded, where its records stop is
+        // not where it stopped, and what it was inside there is unknown.
+        r.data_lost = p.cut_short && !r.finalized && r.ended.is_none();
+        if r.data_lost {
+            r.busy_unseen = false;
+        }
+        if r.finalized || r.data_lost {
             enters.clear();
         }
         let until = r

@@ -38,6 +38,10 @@ pub struct RankView {
     /// Its last heartbeat counted a call in flight that no record shows (entered less than the
     /// shim's `enter` delay before its records end): it was inside some call, not elsewhere.
     pub busy_unseen: bool,
+    /// Its trace lost records to damage and does not say how it ended: its silence after its
+    /// last record is not evidence (it is never taken for dead or frozen), and no call is
+    /// taken to be in flight.
+    pub data_lost: bool,
     /// The process as its node's agent sees it (live only).
     pub process: Option<ProcessState>,
     /// Extra evidence about the process (stacks, kernel state) for findings that name it.

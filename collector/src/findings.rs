@@ -169,6 +169,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
         last_heard_ns: r.last_heard_ns,
         in_flight,
         busy_unseen: false,
+        data_lost: false,
         process: r.proc.as_ref().map(|p| ProcessState {
             state: p.state.clone(),
             wchan: p.wchan.clone(),

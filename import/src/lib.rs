@@ -73,6 +73,7 @@ pub(crate) fn imported(
         header,
         records,
         clock: None,
+        cut_short: false,
     }
 }
 
@@ -431,6 +432,7 @@ fn merge_processes(job: &mut JobTrace) {
         match by_key.get_mut(&key) {
             Some(m) => {
                 m.records.extend(p.records);
+                m.cut_short |= p.cut_short;
                 if p.clock.is_some() {
                     m.clock = p.clock;
                 }

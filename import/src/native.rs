@@ -24,6 +24,7 @@ pub(crate) fn read(
                 header: t.header,
                 records: t.records,
                 clock: None,
+                cut_short: false,
             }])
         }
         Format::Parquet => {
@@ -33,9 +34,16 @@ pub(crate) fn read(
             }
             if let Some(e) = s.damage {
                 let kept: usize = s.processes.iter().map(|p| p.records.len()).sum();
+                let cut: Vec<i32> = s
+                    .processes
+                    .iter()
+                    .filter(|p| p.cut_short)
+                    .map(|p| p.header.rank)
+                    .collect();
                 warn(format!(
-                    "{}; the {kept} records before the damage are kept",
-                    strip_path(&e.to_string(), path)
+                    "{}; {kept} records around it are kept{}",
+                    e.reason(),
+                    parquet::lost_ranks_phrase(&cut)
                 ));
             }
             Ok(s.processes)
@@ -58,6 +66,7 @@ pub(crate) fn read(
                         offset_ns,
                         error_ns,
                     }),
+                    cut_short: false,
                 })
                 .collect())
         }

@@ -1569,6 +1569,7 @@ pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Effect), String> {
             header: sim.header(r),
             records: sim.take(r),
             clock: None,
+            cut_short: false,
         })
         .collect();
     Ok((traces, faults))

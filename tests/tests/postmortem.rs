@@ -571,3 +571,105 @@ fn a_streamed_parquet_trace_gives_what_the_loaded_one_gives() {
         "the streamed report differs from the loaded one"
     );
 }
+
+/// A corrupt page in the middle of a Parquet trace costs only the ranks with rows in it: they
+/// are named in the file's one warning, their silence after the damage is not taken for a death
+/// or a hang, and the job's real finding stands — loaded, streamed and in the report.
+#[test]
+fn a_corrupt_page_in_a_parquet_trace_costs_only_its_ranks() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let trace = tmp.path().join("job.parquet");
+    let o = Command::new(commscope_tests::bin_dir().join("gen-trace"))
+        .args(["--records", "300000", "--ranks", "16", "--per-node", "4"])
+        .args(["--slow-rank", "5"])
+        .arg(&trace)
+        .output()
+        .expect("gen-trace (cargo build at the workspace root builds it)");
+    commscope_tests::assert_ok(&o, "gen-trace");
+    // Garble the header of the page a fifth of the way through the first row group's
+    // `t_exit_ns` column (a corrupt value would read back silently: Parquet pages carry no
+    // checksum here): 8,192 rows inside rank 2's or 3's (about 18,900 rows each, written
+    // process after process).
+    let at = {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        use parquet::file::serialized_reader::ReadOptionsBuilder;
+        let r = SerializedFileReader::new_with_options(
+            std::fs::File::open(&trace).expect("open"),
+            ReadOptionsBuilder::new().with_page_index().build(),
+        )
+        .expect("parquet");
+        let rg = r.metadata().row_group(0);
+        let col = (0..rg.num_columns())
+            .find(|i| rg.column(*i).column_path().string() == "t_exit_ns")
+            .expect("t_exit_ns");
+        let pages = r
+            .metadata()
+            .page_index()
+            .and_then(|pi| pi.offset_index(0, col))
+            .expect("offset index")
+            .page_locations();
+        pages[pages.len() / 5].offset as usize
+    };
+    let mut bytes = std::fs::read(&trace).expect("read");
+    bytes[at..at + 24].fill(0xa5);
+    std::fs::write(&trace, &bytes).expect("damage");
+
+    let run = |stream: bool, args: &[&str]| {
+        let mut c = commscope();
+        c.args(args).arg(&trace);
+        if stream {
+            c.env("COMMSCOPE_STREAM_ROWS", "0");
+        }
+        let o = c.output().expect("commscope");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        (o, err)
+    };
+    let mut found = Vec::new();
+    for stream in [false, true] {
+        let (o, err) = run(stream, &["analyze", "--format", "json"]);
+        let warnings: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("commscope: warning: "))
+            .collect();
+        assert_eq!(warnings.len(), 1, "streamed {stream}: {err}");
+        assert!(warnings[0].contains(&*trace.to_string_lossy()), "{err}");
+        assert!(
+            warnings[0].contains("rank 2 lost records")
+                || warnings[0].contains("rank 3 lost records")
+                || warnings[0].contains("ranks 2, 3 lost records"),
+            "streamed {stream}: {err}"
+        );
+        let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+        let kinds: Vec<(String, Value)> = v["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap_or("").to_owned(),
+                    f["ranks"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![("slow-rank".to_owned(), serde_json::json!([5]))],
+            "streamed {stream}: {v:#}"
+        );
+        found.push(v);
+    }
+    // The report (streamed: polars cannot read past the damage, so it loads instead) warns
+    // about the file once.
+    for stream in [false, true] {
+        let page = tmp.path().join(format!("report-{stream}.html"));
+        let (_, err) = run(stream, &["report", "-o", page.to_str().expect("utf-8")]);
+        let about_file = err
+            .lines()
+            .filter(|l| l.starts_with("commscope: warning: ") && l.contains("lost records"))
+            .count();
+        assert_eq!(about_file, 1, "streamed {stream}: {err}");
+        let html = std::fs::read_to_string(&page).expect("report");
+        assert!(html.contains("slow-rank") && !html.contains("dead-rank"));
+    }
+}

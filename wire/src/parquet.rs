@@ -61,6 +61,19 @@ pub enum Error {
     NewerVersion { path: String, found: u32 },
 }
 
+impl Error {
+    /// What is wrong, without the file's name (for a line that names it already).
+    pub fn reason(&self) -> String {
+        match self {
+            Error::Io { source, .. } => source.to_string(),
+            Error::Parquet { source, .. } => source.to_string(),
+            Error::Arrow { source, .. } => source.to_string(),
+            Error::NotATrace { reason, .. } => format!("not a commscope Parquet trace: {reason}"),
+            Error::NewerVersion { .. } => self.to_string(),
+        }
+    }
+}
+
 /// One process's records with its identity.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTrace {
@@ -68,6 +81,9 @@ pub struct ProcessTrace {
     pub records: Vec<Record>,
     /// How the process's host clock relates to the collector's, when a collector measured it.
     pub clock: Option<ClockAlignment>,
+    /// Some of its records were lost to damage in a file (a corrupt page): where its records
+    /// stop says nothing about where the process stopped.
+    pub cut_short: bool,
 }
 
 /// The collector's estimate of a host's clock: `collector time = host CLOCK_REALTIME +
@@ -795,8 +811,12 @@ pub struct Salvaged {
     pub damage: Option<Error>,
 }
 
-/// Reads a Parquet trace as [`read`] does, but keeps the records read before damage in the
-/// file (a corrupt page): fails only when the file cannot be opened at all.
+/// Reads a Parquet trace as [`read`] does, but keeps what can be read around damage in the
+/// file (a corrupt page): fails only when the file cannot be opened at all. After damage, the
+/// file is read again process by process, each as far as its own rows can be read, so a
+/// corrupt page costs only the processes with rows in it; they are marked
+/// [`ProcessTrace::cut_short`]. When even the processes' rows cannot be told, the records read
+/// before the damage are kept and every process is marked cut short.
 pub fn read_salvaged(path: &Path) -> Result<Salvaged, Error> {
     let mut out: Vec<ProcessTrace> = Vec::new();
     let mut index: std::collections::HashMap<ProcessKey, usize> = Default::default();
@@ -814,11 +834,75 @@ pub fn read_salvaged(path: &Path) -> Result<Salvaged, Error> {
             Err(e) => break Some(e),
         }
     };
+    let mut unknown = reader.unknown();
+    if damage.is_some() {
+        match read_by_process(path) {
+            Ok((processes, n)) => (out, unknown) = (processes, n),
+            Err(_) => out.iter_mut().for_each(|p| p.cut_short = true),
+        }
+    }
     Ok(Salvaged {
         processes: out,
-        unknown: reader.unknown(),
+        unknown,
         damage,
     })
+}
+
+/// Which ranks lost records to a file's damage, as the end of its warning.
+pub fn lost_ranks_phrase(ranks: &[i32]) -> String {
+    let mut ranks = ranks.to_vec();
+    ranks.sort_unstable();
+    ranks.dedup();
+    match ranks.as_slice() {
+        [] => String::new(),
+        [r] => format!(" (rank {r} lost records to it)"),
+        _ if ranks.len() > 8 => format!(
+            " ({} ranks lost records to it, ranks {} … {})",
+            ranks.len(),
+            ranks[0],
+            ranks[ranks.len() - 1]
+        ),
+        _ => format!(
+            " (ranks {} lost records to it)",
+            ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Rows a process's reader decodes at a time after damage: what a corrupt page can take with
+/// it besides its own rows.
+const SALVAGE_ROWS: usize = 1024;
+
+/// Every process's rows read on their own ([`read_salvaged`]), and the rows of unknown kind.
+fn read_by_process(path: &Path) -> Result<(Vec<ProcessTrace>, usize), Error> {
+    let footer = Footer::read(path)?;
+    let mut out = Vec::new();
+    let mut unknown = 0;
+    for (mut trace, ranges) in process_rows(path, &footer)? {
+        match Reader::open_with(path, &footer, Some((&ranges, SALVAGE_ROWS))) {
+            Ok(mut reader) => {
+                let records = &mut trace.records;
+                loop {
+                    match reader.next_batch(&mut |_, rec| records.push(rec)) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(_) => {
+                            trace.cut_short = true;
+                            break;
+                        }
+                    }
+                }
+                unknown += reader.unknown();
+            }
+            Err(_) => trace.cut_short = true,
+        }
+        out.push(trace);
+    }
+    Ok((out, unknown))
 }
 
 /// Row ranges `[from, to)` of a file.
@@ -871,6 +955,7 @@ impl RowProcess<'_> {
             },
             records: Vec::new(),
             clock: self.clock,
+            cut_short: false,
         }
     }
 }
@@ -1613,6 +1698,7 @@ mod tests {
                 header: header.clone(),
                 records: recs.clone(),
                 clock,
+                cut_short: false,
             }],
         )
         .expect("write");

@@ -60,12 +60,13 @@ fn signal_name(sig: i32) -> &'static str {
 }
 
 /// The ranks that ended abnormally: an ending without finalizing; from a trace also silence —
-/// every unfinished process of a trace ended when it was last heard from. (Live, its agent
+/// every unfinished process of a trace ended when it was last heard from (unless its records
+/// were lost to damage: [`crate::view::RankView::data_lost`]). (Live, its agent
 /// says when a process ends; a silent one that still exists is frozen, not dead.)
 pub fn ended(view: &JobView) -> BTreeMap<i32, Ending> {
     view.ranks
         .values()
-        .filter(|r| !r.finalized)
+        .filter(|r| !r.finalized && !r.data_lost)
         .filter_map(|r| {
             if let Some(e) = r.ended {
                 return Some((r.rank, e));

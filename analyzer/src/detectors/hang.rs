@@ -45,7 +45,12 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
         return view
             .ranks
             .values()
-            .filter(|r| !r.finalized && r.last_heard_ns > 0 && !deaths.roots.contains(&r.rank))
+            .filter(|r| {
+                !r.finalized
+                    && !r.data_lost
+                    && r.last_heard_ns > 0
+                    && !deaths.roots.contains(&r.rank)
+            })
             .filter(|r| {
                 let others = view
                     .ranks
