@@ -383,7 +383,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Trace(TraceCmd::Summary(a)) => {
             let loaded = traces::load(&a.paths)?;
-            let sums: Vec<_> = loaded.jobs.values().map(summary::summarize).collect();
+            let sums = loaded
+                .jobs
+                .values()
+                .map(summary::summarize)
+                .collect::<Result<Vec<_>>>()?;
             match a.format {
                 Format::Text => {
                     for s in &sums {

@@ -240,7 +240,7 @@ fn capture(a: &DemoArgs) -> Result<ExitCode> {
     let loaded = traces::load(std::slice::from_ref(&job_dir))?;
     println!("and stored it under {}:\n", job_dir.display());
     for job in loaded.jobs.values() {
-        print!("{}", summary::render_text(&summary::summarize(job)));
+        print!("{}", summary::render_text(&summary::summarize(job)?));
     }
     println!(
         "\nnext: `commscope trace summary {} --format json`; run it on a cluster with `commscope up` (or an agent per node and one collector)",

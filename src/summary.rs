@@ -3,8 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use commscope_analyzer::aggregate::{Calls, CommOpRow};
 use commscope_wire::hash::format_comm_id;
-use commscope_wire::op::{Op, flags};
+use commscope_wire::op::{Op, busbw_factor, flags};
 use commscope_wire::record::{CommEvent, Record};
 use serde::Serialize;
 
@@ -178,8 +179,46 @@ fn comm_entry(comms: &mut BTreeMap<u64, CommSummary>, id: u64) -> &mut CommSumma
     })
 }
 
-/// Summarises one job.
-pub fn summarize(job: &JobTrace) -> Summary {
+/// Adds one communicator's calls of an op, size and rank ([`Calls::per_comm_op`]).
+fn fold_calls(cs: &mut CommSummary, row: &CommOpRow) {
+    let op = row.op.as_str();
+    let add = |m: &mut BTreeMap<String, u64>, n: u64| {
+        if n > 0 {
+            *m.entry(op.to_owned()).or_default() += n;
+        }
+    };
+    *cs.ops.entry(op.to_owned()).or_default() += row.calls;
+    *cs.bytes.entry(op.to_owned()).or_default() += row.bytes;
+    add(&mut cs.gpu_timed, row.gpu_timed);
+    add(&mut cs.graph_launches, row.graph_launches);
+    add(&mut cs.graph_captured, row.graph_captured);
+    if row.timed > 0 {
+        let d = cs.dur.entry(op.to_owned()).or_default();
+        d.0 += row.timed;
+        d.1 += row.timed_ns as f64 / 1e9;
+    }
+    if let Some(f) = Op::from_name(op).and_then(|o| busbw_factor(o, row.size))
+        && row.bw_ns > 0
+    {
+        let e = cs.bw.entry(op.to_owned()).or_default();
+        e.0 += row.bw_bytes as f64;
+        e.1 += row.bw_bytes as f64 * f;
+        e.2 += row.bw_ns as f64 / 1e9;
+    }
+    if !cs.ranks.contains(&row.rank) {
+        cs.ranks.push(row.rank);
+    }
+    if cs.size == 0 {
+        cs.size = row.size;
+    }
+    cs.local_id |= row.local_id;
+}
+
+/// Summarises one job: polars aggregates its calls per communicator, op and rank (over the
+/// trace written as Parquet); drops, in-flight calls, point-to-point pairing and links are
+/// read record by record.
+pub fn summarize(job: &JobTrace) -> anyhow::Result<Summary> {
+    let calls = Calls::of(&job.processes).map_err(anyhow::Error::msg)?;
     let mut comms: BTreeMap<u64, CommSummary> = BTreeMap::new();
     let mut ranks = HashSet::new();
     let mut p2p = P2pSummary::default();
@@ -236,41 +275,10 @@ pub fn summarize(job: &JobTrace) -> Summary {
                     cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
                 }
                 Record::Call(c) => {
-                    let cs = comm_entry(&mut comms, c.comm_id);
-                    let op = c.op();
-                    *cs.ops.entry(op.name().to_owned()).or_default() += 1;
-                    *cs.bytes.entry(op.name().to_owned()).or_default() += c.bytes;
-                    if c.has_gpu_time() {
-                        *cs.gpu_timed.entry(op.name().to_owned()).or_default() += 1;
-                    }
-                    if c.graph_replay() {
-                        *cs.graph_launches.entry(op.name().to_owned()).or_default() += 1;
-                    } else if c.graph_captured() {
-                        *cs.graph_captured.entry(op.name().to_owned()).or_default() += 1;
-                    }
-                    if !c.graph_captured() {
-                        let d = cs.dur.entry(op.name().to_owned()).or_default();
-                        d.0 += 1;
-                        d.1 += c.span_ns() as f64 / 1e9;
-                    }
-                    if let Some(f) = commscope_wire::op::busbw_factor(op, c.comm_size)
-                        && c.span_ns() > 0
-                        && !c.graph_captured()
-                    {
-                        let e = cs.bw.entry(op.name().to_owned()).or_default();
-                        e.0 += c.bytes as f64;
-                        e.1 += c.bytes as f64 * f;
-                        e.2 += c.span_ns() as f64 / 1e9;
-                    }
-                    if !cs.ranks.contains(&c.rank) {
-                        cs.ranks.push(c.rank);
-                    }
-                    if cs.size == 0 {
-                        cs.size = c.comm_size;
-                    }
-                    cs.local_id |= c.flags & flags::LOCAL_COMM_ID != 0;
+                    // (Counts, bytes, durations and bandwidth per communicator and op come
+                    // from polars below; point-to-point pairing is here.)
                     let me = c.comm_rank;
-                    match op {
+                    match c.op() {
                         // A send that returned an error sent nothing: no message to pair. (A
                         // receive that failed may still have consumed one, e.g. truncated.)
                         Op::Send if c.status != 0 => {}
@@ -352,6 +360,9 @@ pub fn summarize(job: &JobTrace) -> Summary {
             }
         }
     }
+    for row in calls.per_comm_op()? {
+        fold_calls(comm_entry(&mut comms, row.comm), &row);
+    }
     for (k, n) in &sends {
         let m = recvs.get(k).copied().unwrap_or(0);
         p2p.matched += (*n).min(m);
@@ -417,7 +428,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
     }
     // World first, then by size (largest first), then id.
     comms.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.comm_id.cmp(&b.comm_id)));
-    Summary {
+    Ok(Summary {
         job: job.job.clone(),
         records: job.records() as u64,
         ranks: ranks.len() as u64,
@@ -430,7 +441,7 @@ pub fn summarize(job: &JobTrace) -> Summary {
         unfinished_ranks: unfinished,
         sampled_out,
         warnings: job.warnings.clone(),
-    }
+    })
 }
 
 /// Renders a summary for people.
@@ -596,6 +607,10 @@ fn gbps(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summarize_ok(job: &JobTrace) -> Summary {
+        summarize(job).expect("summary")
+    }
     use commscope_wire::cst::Header;
     use commscope_wire::parquet::ProcessTrace;
     use commscope_wire::record::{Call, Comm, Heartbeat};
@@ -674,7 +689,7 @@ mod tests {
             op_seq2: 0,
             ..call(1, Op::Sendrecv, 0, 20)
         };
-        let s = summarize(&job(vec![
+        let s = summarize_ok(&job(vec![
             process(0, vec![Record::Call(send), Record::Call(sr0)]),
             process(1, vec![Record::Call(recv), Record::Call(sr1)]),
         ]));
@@ -691,7 +706,7 @@ mod tests {
             tag: 7,
             ..call(0, Op::Send, 0, 10)
         };
-        let s = summarize(&job(vec![process(0, vec![Record::Call(send)])]));
+        let s = summarize_ok(&job(vec![process(0, vec![Record::Call(send)])]));
         assert_eq!((s.p2p.matched, s.p2p.unmatched), (0, 1));
     }
 
@@ -703,7 +718,7 @@ mod tests {
             status: 6,
             ..call(0, Op::Send, 0, 10)
         };
-        let s = summarize(&job(vec![process(0, vec![Record::Call(failed)])]));
+        let s = summarize_ok(&job(vec![process(0, vec![Record::Call(failed)])]));
         assert_eq!((s.p2p.send, s.p2p.matched, s.p2p.unmatched), (0, 0, 0));
     }
 
@@ -721,7 +736,7 @@ mod tests {
             rank: 1,
             ..Default::default()
         };
-        let s = summarize(&job(vec![
+        let s = summarize_ok(&job(vec![
             process(0, vec![Record::Enter(entered_done), Record::Call(done)]),
             process(1, vec![Record::Enter(stuck), Record::Heartbeat(beat)]),
         ]));
@@ -755,7 +770,7 @@ mod tests {
             0,
         );
         c.set_name(b"tp");
-        let s = summarize(&job(vec![process(
+        let s = summarize_ok(&job(vec![process(
             0,
             vec![Record::Comm(c), Record::Call(call(0, Op::Barrier, 0, 5))],
         )]));

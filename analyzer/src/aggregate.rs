@@ -14,7 +14,7 @@
 
 use std::path::PathBuf;
 
-use commscope_wire::op::{Op, busbw_factor};
+use commscope_wire::op::{Op, busbw_factor, flags, lib};
 use commscope_wire::parquet::{self as pq, ProcessTrace};
 use polars::prelude::*;
 
@@ -43,6 +43,14 @@ impl std::fmt::Debug for Calls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Calls").field("files", &self.files).finish()
     }
+}
+
+/// A column of ids (hashes: the top bit is often set) as unsigned 64-bit, 0 for null.
+fn id_col(name: &str) -> Expr {
+    col(name)
+        .cast(DataType::UInt64)
+        .fill_null(lit(0u64))
+        .alias(name)
 }
 
 fn u64c(name: &str) -> Expr {
@@ -151,7 +159,7 @@ impl Calls {
         Ok(self.rows()?.filter(col("kind").eq(lit("call"))).select([
             col("rank"),
             col("node"),
-            u64c("comm_id").alias("comm_id"),
+            id_col("comm_id"),
             u64c("seq").alias("seq"),
             col("op").fill_null(lit("")),
             u64c("bytes").alias("bytes"),
@@ -243,6 +251,108 @@ impl Calls {
         shape_of(&collect(q)?)
     }
 
+    /// What `trace summary` tells of the calls, per communicator, op, communicator size and
+    /// rank ([`CommOpRow`]).
+    pub fn per_comm_op(&self) -> Result<Vec<CommOpRow>, Error> {
+        let bit = |b: u16| (u64c("flags") / lit(i64::from(b)) % lit(2i64)).eq(lit(1i64));
+        let nccl_like = col("library")
+            .fill_null(lit(lib::name(lib::MPI)))
+            .neq(lit(lib::name(lib::MPI)));
+        let captured = nccl_like.and(bit(flags::GRAPH_CAPTURED));
+        let replay = captured.clone().and(bit(flags::GRAPH_REPLAY));
+        let (a, b) = span();
+        let span_ns = (b - a).clip_min(lit(0i64));
+        let count = |e: Expr| e.cast(DataType::UInt64).sum();
+        let timed = captured.clone().not();
+        let measured = timed.clone().and(span_ns.clone().gt(lit(0i64)));
+        let q = self
+            .rows()?
+            .filter(col("kind").eq(lit("call")))
+            .select([
+                id_col("comm_id"),
+                col("op").fill_null(lit("")).alias("op"),
+                col("comm_size").fill_null(lit(0i32)).alias("comm_size"),
+                col("rank").fill_null(lit(-1i32)).alias("rank"),
+                u64c("bytes").alias("bytes"),
+                has_gpu_time().alias("gpu"),
+                replay.clone().alias("replay"),
+                captured.and(replay.not()).alias("captured"),
+                timed.alias("timed"),
+                measured.alias("measured"),
+                span_ns.alias("span_ns"),
+                bit(flags::LOCAL_COMM_ID).alias("local"),
+            ])
+            .group_by([col("comm_id"), col("op"), col("comm_size"), col("rank")])
+            .agg([
+                len().cast(DataType::UInt64).alias("calls"),
+                col("bytes").sum().alias("bytes"),
+                count(col("gpu")).alias("gpu"),
+                count(col("replay")).alias("replay"),
+                count(col("captured")).alias("captured"),
+                count(col("timed")).alias("timed"),
+                when(col("timed"))
+                    .then(col("span_ns"))
+                    .otherwise(lit(0i64))
+                    .sum()
+                    .alias("timed_ns"),
+                when(col("measured"))
+                    .then(col("bytes"))
+                    .otherwise(lit(0i64))
+                    .sum()
+                    .alias("bw_bytes"),
+                when(col("measured"))
+                    .then(col("span_ns"))
+                    .otherwise(lit(0i64))
+                    .sum()
+                    .alias("bw_ns"),
+                col("local").max().alias("local"),
+            ]);
+        let df = collect(q)?;
+        let (comm, op, size, rank) = (
+            u64_col(&df, "comm_id")?,
+            str_col(&df, "op")?,
+            i64_col(&df, "comm_size")?,
+            i64_col(&df, "rank")?,
+        );
+        let n = |name: &str| -> Result<Vec<u64>, Error> {
+            Ok(i64_col(&df, name)?
+                .into_iter()
+                .map(|v| v.unwrap_or(0).max(0) as u64)
+                .collect())
+        };
+        let (calls, bytes, gpu, replay, captured) = (
+            n("calls")?,
+            n("bytes")?,
+            n("gpu")?,
+            n("replay")?,
+            n("captured")?,
+        );
+        let (timed, timed_ns, bw_bytes, bw_ns) =
+            (n("timed")?, n("timed_ns")?, n("bw_bytes")?, n("bw_ns")?);
+        let local = df.column("local")?.cast(&DataType::Boolean)?;
+        let local = local.bool()?;
+        let mut out: Vec<CommOpRow> = (0..df.height())
+            .map(|i| CommOpRow {
+                comm: comm[i].unwrap_or(0),
+                op: op[i].clone().unwrap_or_default(),
+                size: size[i].unwrap_or(0) as i32,
+                rank: rank[i].unwrap_or(-1) as i32,
+                calls: calls[i],
+                bytes: bytes[i],
+                gpu_timed: gpu[i],
+                graph_launches: replay[i],
+                graph_captured: captured[i],
+                timed: timed[i],
+                timed_ns: timed_ns[i],
+                bw_bytes: bw_bytes[i],
+                bw_ns: bw_ns[i],
+                local_id: local.get(i).unwrap_or(false),
+            })
+            .collect();
+        out.sort_by(|a, b| (a.comm, &a.op, a.size, a.rank).cmp(&(b.comm, &b.op, b.size, b.rank)));
+        Ok(out)
+    }
+
     /// Collectives completed per communicator, rank and time bin (`bin_ns` wide from `start`).
     pub fn progress(&self, start: u64, bin_ns: u64) -> Result<Vec<ProgressRow>, Error> {
         progress_rows(&collect(progress_plan(self.calls()?, start, bin_ns))?)
@@ -302,6 +412,31 @@ impl Calls {
     }
 }
 
+/// The calls of one communicator, op, communicator size and rank ([`Calls::per_comm_op`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommOpRow {
+    pub comm: u64,
+    pub op: String,
+    pub size: i32,
+    pub rank: i32,
+    pub calls: u64,
+    pub bytes: u64,
+    /// Calls with a GPU interval.
+    pub gpu_timed: u64,
+    /// Records of CUDA graph launches that ran the op again.
+    pub graph_launches: u64,
+    /// Calls captured into a CUDA graph (no GPU interval of their own).
+    pub graph_captured: u64,
+    /// Calls not captured into a graph, and their summed span (ns).
+    pub timed: u64,
+    pub timed_ns: u64,
+    /// Of those, the calls with a span: their bytes and summed span (ns).
+    pub bw_bytes: u64,
+    pub bw_ns: u64,
+    /// A call carried a communicator id local to its process.
+    pub local_id: bool,
+}
+
 /// What one pass over a trace's rows gives ([`Calls::shape`]).
 #[derive(Debug, Default)]
 pub struct Shape {
@@ -339,6 +474,12 @@ fn progress_plan(calls: LazyFrame, start: u64, bin_ns: u64) -> LazyFrame {
         ])
 }
 
+fn u64_col(df: &DataFrame, name: &str) -> Result<Vec<Option<u64>>, Error> {
+    let c = df.column(name)?.cast(&DataType::UInt64)?;
+    let a = c.u64()?;
+    Ok((0..a.len()).map(|i| a.get(i)).collect())
+}
+
 fn i64_col(df: &DataFrame, name: &str) -> Result<Vec<Option<i64>>, Error> {
     let c = df.column(name)?.cast(&DataType::Int64)?;
     let a = c.i64()?;
@@ -353,7 +494,7 @@ fn str_col(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>, Error> {
 
 fn progress_rows(df: &DataFrame) -> Result<Vec<ProgressRow>, Error> {
     let (c, r, bin, th, last, n) = (
-        i64_col(df, "comm_id")?,
+        u64_col(df, "comm_id")?,
         i64_col(df, "rank")?,
         i64_col(df, "bin")?,
         i64_col(df, "through")?,
@@ -363,7 +504,7 @@ fn progress_rows(df: &DataFrame) -> Result<Vec<ProgressRow>, Error> {
     let mut out: Vec<ProgressRow> = (0..df.height())
         .filter_map(|i| {
             Some((
-                c[i]? as u64,
+                c[i]?,
                 r[i]? as i32,
                 bin[i]?.max(0) as u64,
                 th[i]?.max(0) as u64,
@@ -499,7 +640,7 @@ mod tests {
                         let t0 = 1_000 * MS + seq * 100 * MS;
                         Record::Call(Call {
                             op: Op::Allreduce as u8,
-                            comm_id: 0xc,
+                            comm_id: 0xc000_0000_0000_000c,
                             seq,
                             bytes: 1 << 20,
                             peer: -1,
@@ -536,6 +677,23 @@ mod tests {
         // Progress: both ranks through seq 4 in the first 500 ms bin, through 9 in the second.
         let through: Vec<(i32, u64, u64)> = progress.iter().map(|r| (r.1, r.2, r.3)).collect();
         assert_eq!(through, vec![(0, 0, 5), (1, 0, 5), (0, 1, 10), (1, 1, 10)]);
+        // Communicator ids are hashes: the top bit survives.
+        assert!(progress.iter().all(|r| r.0 == 0xc000_0000_0000_000c));
+        let per = calls.per_comm_op().expect("per communicator");
+        let rank = |r: i32| CommOpRow {
+            comm: 0xc000_0000_0000_000c,
+            op: "allreduce".into(),
+            size: 2,
+            rank: r,
+            calls: 10,
+            bytes: 10 << 20,
+            timed: 10,
+            timed_ns: 10 * if r == 0 { 5 * MS } else { 2 * MS },
+            bw_bytes: 10 << 20,
+            bw_ns: 10 * if r == 0 { 5 * MS } else { 2 * MS },
+            ..Default::default()
+        };
+        assert_eq!(per, vec![rank(0), rank(1)]);
         // Bus bandwidth: factor 2 (n-1)/n = 1 for two ranks; the median is rank 0's 5 ms or
         // rank 1's 2 ms call, within a bin (2.3 %).
         let med = busbw_medians(&t.bandwidth);
