@@ -57,16 +57,27 @@ fn u64c(name: &str) -> Expr {
     col(name).cast(DataType::Int64).fill_null(lit(0i64))
 }
 
-/// `t` (a column of host times on `clock`) on the common base.
-fn on_base(t: Expr, host_real: Expr) -> Expr {
-    let moved = when(host_real.or(u64c("real_anchor_ns").eq(lit(0i64))))
-        .then(t.clone())
-        .otherwise(t - u64c("mono_anchor_ns") + u64c("real_anchor_ns"));
-    (moved + col("offset_ns").fill_null(lit(0i64))).clip_min(lit(0i64))
+/// Each row's facts, computed once for the expressions below: `gpu` (the call has a GPU
+/// interval), `hreal` (its host times are on the real-time clock), `shift` (its process's
+/// monotonic clock to real time; 0 without anchors) and `off` (the collector's clock offset).
+fn with_facts(rows: LazyFrame) -> LazyFrame {
+    let shift = when(u64c("real_anchor_ns").eq(lit(0i64)))
+        .then(lit(0i64))
+        .otherwise(u64c("real_anchor_ns") - u64c("mono_anchor_ns"));
+    rows.with_columns([
+        has_gpu_time().alias("gpu"),
+        col("clock")
+            .eq(lit("host-real"))
+            .fill_null(lit(false))
+            .alias("hreal"),
+        shift.alias("shift"),
+        col("offset_ns").fill_null(lit(0i64)).alias("off"),
+    ])
 }
 
-fn host_real() -> Expr {
-    col("clock").eq(lit("host-real")).fill_null(lit(false))
+/// `t` (host times; on the real-time clock where `real`) on the common base ([`with_facts`]).
+fn on_base(t: Expr, real: Expr) -> Expr {
+    (t + when(real).then(lit(0i64)).otherwise(col("shift")) + col("off")).clip_min(lit(0i64))
 }
 
 fn has_gpu_time() -> Expr {
@@ -76,13 +87,13 @@ fn has_gpu_time() -> Expr {
 }
 
 /// A call's span as its columns hold it ([`commscope_wire::record::Call::span`]): its GPU
-/// interval when it has one, else its host interval.
+/// interval when it has one, else its host interval ([`with_facts`]).
 fn span() -> (Expr, Expr) {
     (
-        when(has_gpu_time())
+        when(col("gpu"))
             .then(u64c("gpu_start_ns"))
             .otherwise(u64c("t_enter_ns")),
-        when(has_gpu_time())
+        when(col("gpu"))
             .then(u64c("gpu_end_ns"))
             .otherwise(u64c("t_exit_ns")),
     )
@@ -91,7 +102,7 @@ fn span() -> (Expr, Expr) {
 /// Whether [`span`] is on the host's real-time clock: the GPU interval is on the host-mono
 /// clock, whatever the call's own clock ([`crate::batch::call_start`]).
 fn span_real() -> Expr {
-    has_gpu_time().not().and(host_real())
+    col("gpu").not().and(col("hreal"))
 }
 
 impl Calls {
@@ -135,7 +146,7 @@ impl Calls {
         })
     }
 
-    /// Every row of the traces (all record kinds).
+    /// Every row of the traces (all record kinds), with [`with_facts`].
     fn rows(&self) -> Result<LazyFrame, Error> {
         let paths: Vec<PlRefPath> = self
             .files
@@ -147,10 +158,10 @@ impl Calls {
             ..Default::default()
         };
         let rows = LazyFrame::scan_parquet_files(paths.into_iter().collect(), args)?;
-        Ok(match &self.job {
+        Ok(with_facts(match &self.job {
             Some(job) => rows.filter(col("job").eq(lit(job.as_str()))),
             None => rows,
-        })
+        }))
     }
 
     /// Completed calls with `a`, `b` (span on the common base) and `span_ns`.
@@ -175,52 +186,46 @@ impl Calls {
     /// duration and bandwidth histograms of the calls.
     pub fn shape(&self) -> Result<Shape, Error> {
         let (a, b) = span();
-        let call = col("kind").eq(lit("call"));
-        let beat = col("kind").eq(lit("heartbeat"));
-        let enter = col("kind").eq(lit("enter"));
         let beat_t = on_base(u64c("t_ns"), lit(false));
-        let first = when(beat.clone())
+        let first = when(col("beat"))
             .then(beat_t.clone())
-            .when(call.clone().or(enter.clone()))
+            .when(col("call").or(col("enter")))
             .then(col("a"))
             .otherwise(lit(0i64));
         // An `enter` record's call had not ended: it was last heard of when entered.
-        let last = when(beat)
+        let last = when(col("beat"))
             .then(beat_t)
-            .when(call.clone())
+            .when(col("call"))
             .then(col("b"))
-            .when(enter)
-            .then(on_base(u64c("t_enter_ns"), host_real()))
+            .when(col("enter"))
+            .then(on_base(u64c("t_enter_ns"), col("hreal")))
             .otherwise(lit(0i64));
-        let only_calls =
-            |e: Expr, null: DataType| when(col("call")).then(e).otherwise(lit(NULL).cast(null));
         let us = (col("span_ns").cast(DataType::Float64) / lit(1e3)).clip_min(lit(1.0));
         let gbs = col("bytes").cast(DataType::Float64) / col("span_ns").cast(DataType::Float64);
-        let measured = col("call")
-            .and(col("span_ns").gt(lit(0i64)))
-            .and(col("bytes").gt(lit(0i64)))
-            .and(p2p(col("op")).not().or(col("op").eq(lit("sendrecv"))));
+        // (Point-to-point ops are left out of the bandwidth after grouping, by op.)
+        let measured = col("span_ns").gt(lit(0i64)).and(col("bytes").gt(lit(0i64)));
         let q = self
             .rows()?
             .with_columns([
-                call.alias("call"),
+                col("kind").eq(lit("call")).alias("call"),
+                col("kind").eq(lit("heartbeat")).alias("beat"),
+                col("kind").eq(lit("enter")).alias("enter"),
+                u64c("bytes").alias("bytes"),
+            ])
+            .with_columns([
                 on_base(a.clone(), span_real()).alias("a"),
                 on_base(b.clone(), span_real()).alias("b"),
                 (b - a).clip_min(lit(0i64)).alias("span_ns"),
-                u64c("bytes").alias("bytes"),
-                col("op").fill_null(lit("")).alias("op"),
             ])
             .select([
                 col("call"),
-                only_calls(col("op"), DataType::String).alias("op"),
-                only_calls(col("comm_size").fill_null(lit(0i32)), DataType::Int32)
-                    .alias("comm_size"),
-                only_calls(col("bytes"), DataType::Int64).alias("bytes"),
-                only_calls(
-                    (us.log(lit(10.0)) * lit(4.0)).floor().cast(DataType::Int32),
-                    DataType::Int32,
-                )
-                .alias("dbin"),
+                col("op"),
+                col("comm_size"),
+                col("bytes"),
+                (us.log(lit(10.0)) * lit(4.0))
+                    .floor()
+                    .cast(DataType::Int32)
+                    .alias("dbin"),
                 when(measured)
                     .then(
                         (gbs.log(lit(10.0)) * lit(BW_BINS_PER_DECADE))
@@ -274,7 +279,7 @@ impl Calls {
                 col("comm_size").fill_null(lit(0i32)).alias("comm_size"),
                 col("rank").fill_null(lit(-1i32)).alias("rank"),
                 u64c("bytes").alias("bytes"),
-                has_gpu_time().alias("gpu"),
+                col("gpu"),
                 replay.clone().alias("replay"),
                 captured.and(replay.not()).alias("captured"),
                 timed.alias("timed"),
@@ -547,11 +552,15 @@ fn shape_of(df: &DataFrame) -> Result<Shape, Error> {
         if call.get(i) != Some(true) {
             continue;
         }
-        let Some(op) = op[i].clone() else { continue };
+        let op = op[i].clone().unwrap_or_default();
         if let Some(d) = dbin[i] {
             *durations.entry((op.clone(), d as i32)).or_default() += k;
         }
-        if let (Some(b), Some(s), Some(bytes)) = (bwbin[i], size[i], bytes[i]) {
+        let p2p = Op::from_name(&op).is_some_and(|o| o.is_p2p() && o != Op::Sendrecv);
+        if p2p {
+            continue;
+        }
+        if let (Some(b), s, Some(bytes)) = (bwbin[i], size[i].unwrap_or(0), bytes[i]) {
             *bandwidth
                 .entry((op, s as i32, bytes.max(0) as u64, b))
                 .or_default() += k;
@@ -603,10 +612,12 @@ pub fn busbw_medians(bandwidth: &[BandwidthRow]) -> Vec<(String, u64, f64, u64)>
 
 /// Whether the op column names a point-to-point operation.
 fn p2p(op: Expr) -> Expr {
-    Op::ALL
+    let names: Vec<&str> = Op::ALL
         .iter()
         .filter(|o| o.is_p2p())
-        .fold(lit(false), |e, o| e.or(op.clone().eq(lit(o.name()))))
+        .map(|o| o.name())
+        .collect();
+    op.is_in(lit(Series::new("p2p".into(), names)).implode(false), false)
 }
 
 /// Runs a query on the streaming engine.
