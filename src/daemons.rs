@@ -21,11 +21,22 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// Where the agent reads NIC counters: `COMMSCOPE_SYSFS_ROOT` (a fixture tree in tests; `off`
+/// reads none), else `/sys`.
+fn sysfs_root() -> Option<PathBuf> {
+    match std::env::var_os("COMMSCOPE_SYSFS_ROOT") {
+        None => Some(PathBuf::from("/sys")),
+        Some(v) if v.is_empty() || v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+    }
+}
+
 /// The agent's settings from its flags, environment and file.
 pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
     let f = config::load(a.config.as_deref())?.agent;
     let node = pick(a.node.clone(), f.node, config::default_node());
     let mut c = commscope_agent::Config::new(node);
+    c.sysfs = sysfs_root();
     c.collector = a.collector.clone().or(f.collector);
     if let Some(url) = &c.collector
         && !url.contains("://")
@@ -137,6 +148,7 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
         cc.http = parse_addr(h)?;
     }
     let mut ac = commscope_agent::Config::new(config::default_node());
+    ac.sysfs = sysfs_root();
     if let Some(s) = &a.socket {
         ac.socket = s.clone();
     }

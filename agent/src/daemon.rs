@@ -67,6 +67,9 @@ pub struct Config {
     pub max_unacked: usize,
     /// Take a hang culprit's stacks (gdb, py-spy) when the collector asks.
     pub stacks: bool,
+    /// Where NIC counters are read ([`crate::nic`]: `/sys`; None: not read), and how often.
+    pub sysfs: Option<PathBuf>,
+    pub nic_every: Duration,
 }
 
 impl Config {
@@ -86,6 +89,10 @@ impl Config {
             spool_after: Duration::from_secs(2),
             max_unacked: 64,
             stacks: true,
+            sysfs: Some(PathBuf::from("/sys")),
+            // PMA counters cost a management datagram per read: no faster than every few
+            // seconds.
+            nic_every: Duration::from_secs(5),
         }
     }
 }
@@ -115,6 +122,8 @@ pub struct Stats {
     pub clock: Mutex<Option<(i64, u64)>>,
     /// Drop counters of processes that are gone (so totals never go backwards).
     pub gone_drops: Mutex<[u64; 4]>,
+    /// NIC counters since the agent started.
+    pub nic: Mutex<crate::nic::Totals>,
 }
 
 /// What `/metrics` shows per traced process.
@@ -241,6 +250,34 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                         }
                     }
                 });
+            }
+        }));
+    }
+
+    // NIC counters.
+    if let Some(root) = cfg.sysfs.clone() {
+        let stats = stats.clone();
+        let mut stop_rx = stop_rx.clone();
+        let every = cfg.nic_every;
+        tasks.push(tokio::spawn(async move {
+            let mut counters = crate::nic::Counters::default();
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped(&mut stop_rx) => break,
+                }
+                let root = root.clone();
+                let Ok(read) = tokio::task::spawn_blocking(move || crate::nic::read(&root)).await
+                else {
+                    continue;
+                };
+                let deltas = counters.update(&read);
+                stats
+                    .nic
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .add(&read, &deltas);
             }
         }));
     }

@@ -13,6 +13,7 @@ pub mod clock;
 pub mod daemon;
 pub mod exits;
 pub mod metrics;
+pub mod nic;
 pub mod procstate;
 pub mod region;
 pub mod registration;

@@ -121,6 +121,32 @@ static PROCESS_IN_FLIGHT: Def = Def::gauge(
 );
 
 /// Every family the agent exports (besides the process collector's `process_*`).
+static NIC_COUNTER: Def = Def::counter(
+    "commscope_agent_nic_counter_total",
+    "NIC counters since the agent started, in units (bytes for data counters, else events; wraps and saturation handled), by class: traffic, congestion, loss, link-error, receiver, fatal, other.",
+    &["node", "device", "port", "counter", "class"],
+);
+static NIC_SATURATED: Def = Def::gauge(
+    "commscope_agent_nic_counter_saturated",
+    "1 while a narrow NIC error counter is stuck at its maximum (its total is then a lower bound).",
+    &["node", "device", "port", "counter"],
+);
+static NIC_PORT_UP: Def = Def::gauge(
+    "commscope_agent_nic_port_up",
+    "1 while an RDMA port is ACTIVE.",
+    &["node", "device", "port"],
+);
+static NIC_PORT_RATE: Def = Def::gauge(
+    "commscope_agent_nic_port_rate_bytes",
+    "An RDMA port's link rate, bytes per second.",
+    &["node", "device", "port"],
+);
+static NIC_UNREADABLE: Def = Def::gauge(
+    "commscope_agent_nic_unreadable_files",
+    "NIC counter files that could not be read at the last read (N/A, EINVAL, permissions).",
+    N,
+);
+
 pub static CATALOG: &[&Def] = &[
     &RECORDS_READ,
     &SAMPLED_OUT,
@@ -144,6 +170,11 @@ pub static CATALOG: &[&Def] = &[
     &CLOCK_ERROR,
     &RING_FILL,
     &PROCESS_IN_FLIGHT,
+    &NIC_COUNTER,
+    &NIC_SATURATED,
+    &NIC_PORT_UP,
+    &NIC_PORT_RATE,
+    &NIC_UNREADABLE,
 ];
 
 /// The agent's registry: the process collector and [`CATALOG`], filled from `stats`.
@@ -227,6 +258,32 @@ fn fill(s: &Stats, node: &str, o: &mut Sink) {
         o.value(&RING_FILL, &l, p.fill);
         o.value(&PROCESS_IN_FLIGHT, &l, p.in_flight as f64);
     }
+    fill_nic(s, node, o);
+}
+
+fn fill_nic(s: &Stats, node: &str, o: &mut Sink) {
+    let nic = s.nic.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (w, (class, units, saturated)) in &nic.counters {
+        let port = w.port.to_string();
+        let at = [node, w.device.as_str(), port.as_str(), w.counter.as_str()];
+        o.value(
+            &NIC_COUNTER,
+            &[at[0], at[1], at[2], at[3], class.name()],
+            *units as f64,
+        );
+        if *saturated {
+            o.value(&NIC_SATURATED, &at, 1.0);
+        }
+    }
+    for ((device, port), (up, rate)) in &nic.ports {
+        let port = port.to_string();
+        let l = [node, device.as_str(), port.as_str()];
+        o.value(&NIC_PORT_UP, &l, f64::from(u8::from(*up)));
+        if let Some(r) = rate {
+            o.value(&NIC_PORT_RATE, &l, *r as f64);
+        }
+    }
+    o.value(&NIC_UNREADABLE, &[node], nic.unreadable as f64);
 }
 
 #[cfg(test)]
@@ -253,5 +310,56 @@ mod tests {
         ));
         // No clock estimate yet: no clock series.
         assert!(!text.contains("commscope_agent_clock_offset_seconds{"));
+        // No NIC read yet: only the unreadable-files gauge.
+        assert!(text.contains("commscope_agent_nic_unreadable_files{node=\"n\\\"1\"} 0"));
+        assert!(!text.contains("commscope_agent_nic_counter_total{"));
+    }
+
+    #[test]
+    fn nic_counters_are_exported_by_device_port_counter_and_class() {
+        use crate::nic::{Class, Totals, Where};
+        let stats = Stats::default();
+        {
+            let mut t = stats.nic.lock().expect("lock");
+            *t = Totals {
+                counters: [
+                    (
+                        ("mlx5_0", 1, "port_xmit_data"),
+                        (Class::Traffic, 4096, false),
+                    ),
+                    (
+                        ("mlx5_0", 1, "symbol_error"),
+                        (Class::LinkError, 65_535, true),
+                    ),
+                ]
+                .into_iter()
+                .map(|((d, p, c), v)| {
+                    (
+                        Where {
+                            device: d.into(),
+                            port: p,
+                            counter: c.into(),
+                        },
+                        v,
+                    )
+                })
+                .collect(),
+                ports: [(("mlx5_0".to_owned(), 1), (true, Some(12_500_000_000)))].into(),
+                unreadable: 2,
+            };
+        }
+        let r = registry(Arc::new(stats), "n1".into()).expect("a valid catalog");
+        let text = commscope_telemetry::metrics::encode(&r);
+        for want in [
+            "commscope_agent_nic_counter_total{node=\"n1\",device=\"mlx5_0\",port=\"1\",counter=\"port_xmit_data\",class=\"traffic\"} 4096",
+            "commscope_agent_nic_counter_total{node=\"n1\",device=\"mlx5_0\",port=\"1\",counter=\"symbol_error\",class=\"link-error\"} 65535",
+            "commscope_agent_nic_counter_saturated{node=\"n1\",device=\"mlx5_0\",port=\"1\",counter=\"symbol_error\"} 1",
+            "commscope_agent_nic_port_up{node=\"n1\",device=\"mlx5_0\",port=\"1\"} 1",
+            "commscope_agent_nic_port_rate_bytes{node=\"n1\",device=\"mlx5_0\",port=\"1\"} 12500000000",
+            "commscope_agent_nic_unreadable_files{node=\"n1\"} 2",
+        ] {
+            assert!(text.contains(want), "{want} not in\n{text}");
+        }
+        assert!(!text.contains("counter=\"port_xmit_data\"} 1"));
     }
 }
