@@ -390,7 +390,12 @@ async fn uplink(
             let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
                 .map_err(|e| format!("bad collector address {url}: {e}"))?
                 .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true);
+                .tcp_nodelay(true)
+                // Pings on the connection: a collector cut off is noticed within seconds (the
+                // batches then go to the spool).
+                .http2_keep_alive_interval(Duration::from_secs(2))
+                .keep_alive_timeout(Duration::from_secs(4))
+                .keep_alive_while_idle(true);
             let channel = endpoint
                 .connect()
                 .await

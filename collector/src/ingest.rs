@@ -177,6 +177,7 @@ impl Ingest for IngestService {
                 last: Instant::now(),
                 blocked_until: None,
             };
+            let mut ended: Option<String> = None;
             loop {
                 let msg = match inbound.message().await {
                     Ok(Some(m)) => m,
@@ -189,6 +190,7 @@ impl Ingest for IngestService {
                             peer.node.as_deref().unwrap_or("no hello"),
                             status.message()
                         );
+                        ended = Some(format!("{} ({})", status.message(), peer.addr));
                         break;
                     }
                 };
@@ -200,12 +202,17 @@ impl Ingest for IngestService {
                         break;
                     }
                 };
-                if let Some(n) = &peer.node {
-                    let _ = node.set(n.clone());
+                if let Some(n) = &peer.node
+                    && node.set(n.clone()).is_ok()
+                {
+                    shared.agent_connected(n, recv_ns);
                 }
                 if q_tx.send(work).await.is_err() {
                     break;
                 }
+            }
+            if let Some(n) = node.get() {
+                shared.agent_stream_ended(n, ended.as_deref(), now_ns());
             }
             shared.metrics.streams_open.fetch_sub(1, Ordering::Relaxed);
         });

@@ -158,6 +158,52 @@ pub struct Shared {
     /// sends its node's when they change).
     pub sampling: Mutex<sampling::Policy>,
     pub rates: tokio::sync::watch::Sender<Arc<sampling::ByNode>>,
+    /// Per node: its agent's streams ([`AgentLink`]).
+    pub agents: Mutex<std::collections::BTreeMap<String, AgentLink>>,
+}
+
+/// A node's agent as its streams show it.
+#[derive(Clone, Debug, Default)]
+pub struct AgentLink {
+    /// Streams open now.
+    pub streams: u32,
+    /// When the last stream opened or the last one ended (collector time, ns).
+    pub since_ns: u64,
+    /// Why its last stream ended, when none is open: the transport's error, or `its stream
+    /// ended` (closed by the agent, or by the collector when its keepalive pings went
+    /// unanswered: the two look alike from here).
+    pub ended: Option<String>,
+}
+
+/// How often the collector pings an agent's connection, and how long it waits for the answer:
+/// a node whose network failed is known within their sum.
+pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
+impl Shared {
+    /// An agent's stream said hello.
+    pub fn agent_connected(&self, node: &str, now_ns: u64) {
+        let mut a = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        let l = a.entry(node.to_owned()).or_default();
+        l.streams += 1;
+        l.since_ns = now_ns;
+        l.ended = None;
+    }
+
+    /// An agent's stream ended: `why` is the transport's error, if there was one.
+    pub fn agent_stream_ended(&self, node: &str, why: Option<&str>, now_ns: u64) {
+        let mut a = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        let l = a.entry(node.to_owned()).or_default();
+        l.streams = l.streams.saturating_sub(1);
+        if l.streams == 0 {
+            l.since_ns = now_ns;
+            let why = why.unwrap_or("its stream ended");
+            l.ended = Some(why.to_owned());
+            tracing::warn!(
+                "no stream from node {node}'s agent any more ({why}): its ranks are out of sight until it reconnects"
+            );
+        }
+    }
 }
 
 impl Shared {
@@ -323,6 +369,7 @@ pub async fn start(config: Config) -> Result<Running> {
         registry: std::sync::OnceLock::new(),
         otlp_findings: Mutex::new(Vec::new()),
         history,
+        agents: Mutex::new(Default::default()),
     });
     let registry = metrics::registry(Arc::downgrade(&shared))?;
     let _ = shared.registry.set(registry);
@@ -358,7 +405,11 @@ pub async fn start(config: Config) -> Result<Running> {
     let mut r1 = rx.clone();
     tasks.push(tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+        // Keepalive pings: a stream whose node is cut off ends within seconds instead of
+        // waiting for TCP to give up.
         let _ = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(KEEPALIVE_EVERY))
+            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .add_service(ingest)
             .add_service(query)
             .serve_with_incoming_shutdown(incoming, async move {

@@ -109,6 +109,11 @@ static STREAMS: Def = Def::gauge(
     "Agent streams open now.",
     &[],
 );
+static AGENT_CONNECTED: Def = Def::gauge(
+    "commscope_collector_agent_connected",
+    "1 while a node's agent has a stream open; 0 once its last stream ended (the collector's log says why: a keepalive unanswered means the node or its network is gone).",
+    &["node"],
+);
 static STREAMS_TOTAL: Def = Def::counter(
     "commscope_collector_streams_total",
     "Agent streams accepted.",
@@ -299,6 +304,7 @@ static RANK_LAST_SEEN: Def = Def::gauge(
 /// Every family the collector exports (besides the process collector's `process_*`).
 pub static CATALOG: &[&Def] = &[
     &UP,
+    &AGENT_CONNECTED,
     &UPTIME,
     &RECEIVED,
     &RECORDS,
@@ -420,6 +426,14 @@ fn ingest(s: &Shared, o: &mut Sink) {
     o.value(&STREAMS_TOTAL, &[], load(&m.streams_total));
     o.value(&BAD_MESSAGES, &[], load(&m.bad_messages));
     o.value(&STREAMS, &[], load(&m.streams_open));
+    let agents = s.agents.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (node, l) in &agents {
+        o.value(
+            &AGENT_CONNECTED,
+            &[node],
+            f64::from(u8::from(l.streams > 0)),
+        );
+    }
     let refusals: Vec<(&'static str, u64)> = m
         .refusals
         .lock()

@@ -317,3 +317,42 @@ fn a_live_hang_is_found_within_ten_seconds_and_resolves_when_the_job_ends() {
     let log = collector.log();
     assert!(log.contains("opened: live-hang hang: rank 2"), "{log}");
 }
+
+/// An agent that stops answering (its process stopped: to the collector, the same as its node
+/// cut off) is noticed by the collector's keepalive pings within seconds: the node's
+/// `agent_connected` gauge drops to 0 and the log says which node was lost. Resumed, the agent
+/// connects again.
+#[test]
+fn a_silent_agent_is_lost_contact_within_seconds() {
+    let mut s = Services::start("node-lost", &[], &[]);
+    let gauge = |s: &Services, v: u8| {
+        let (_, body) = s.get("/metrics");
+        body.lines()
+            .any(|l| l == format!("commscope_collector_agent_connected{{node=\"node-lost\"}} {v}"))
+    };
+    wait("the agent's stream", Duration::from_secs(20), || {
+        gauge(&s, 1).then_some(())
+    });
+    let pid = s.agent().child.id() as i32;
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    wait("the collector to notice", Duration::from_secs(20), || {
+        gauge(&s, 0).then_some(())
+    });
+    let noticed = stopped.elapsed();
+    // Pings every 2 s, an answer awaited 4 s.
+    assert!(noticed < Duration::from_secs(12), "{noticed:?}");
+    assert!(
+        s.collector()
+            .log()
+            .contains("no stream from node node-lost's agent any more"),
+        "{}",
+        s.collector().log()
+    );
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait("the agent to reconnect", Duration::from_secs(30), || {
+        gauge(&s, 1).then_some(())
+    });
+}
