@@ -91,8 +91,7 @@ pub fn streamed_files(paths: &[PathBuf]) -> Result<Option<Vec<PathBuf>>> {
 pub fn jobs_of(files: &[PathBuf]) -> Option<Vec<String>> {
     let mut jobs = std::collections::BTreeSet::new();
     for f in files {
-        let footer = commscope_wire::parquet::Footer::read(f).ok()?;
-        jobs.extend(commscope_wire::parquet::jobs_in_footer(&footer)?);
+        jobs.extend(commscope_wire::parquet::jobs_in_file(f)?);
     }
     Some(jobs.into_iter().collect())
 }

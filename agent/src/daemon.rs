@@ -260,7 +260,6 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         let mut stop_rx = stop_rx.clone();
         let every = cfg.nic_every;
         tasks.push(tokio::spawn(async move {
-            let mut counters = crate::nic::Counters::default();
             let mut tick = tokio::time::interval(every);
             loop {
                 tokio::select! {
@@ -272,12 +271,11 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                 else {
                     continue;
                 };
-                let deltas = counters.update(&read);
                 stats
                     .nic
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .add(&read, &deltas);
+                    .update(&read);
             }
         }));
     }

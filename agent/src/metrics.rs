@@ -263,15 +263,16 @@ fn fill(s: &Stats, node: &str, o: &mut Sink) {
 
 fn fill_nic(s: &Stats, node: &str, o: &mut Sink) {
     let nic = s.nic.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for (w, (class, units, saturated)) in &nic.counters {
+    for (w, t) in &nic.counters {
+        let (class, units, saturated) = (t.class, t.units, t.saturated);
         let port = w.port.to_string();
         let at = [node, w.device.as_str(), port.as_str(), w.counter.as_str()];
         o.value(
             &NIC_COUNTER,
             &[at[0], at[1], at[2], at[3], class.name()],
-            *units as f64,
+            units as f64,
         );
-        if *saturated {
+        if saturated {
             o.value(&NIC_SATURATED, &at, 1.0);
         }
     }
@@ -317,7 +318,7 @@ mod tests {
 
     #[test]
     fn nic_counters_are_exported_by_device_port_counter_and_class() {
-        use crate::nic::{Class, Totals, Where};
+        use crate::nic::{Class, Total, Totals, Where};
         let stats = Stats::default();
         {
             let mut t = stats.nic.lock().expect("lock");
@@ -325,11 +326,11 @@ mod tests {
                 counters: [
                     (
                         ("mlx5_0", 1, "port_xmit_data"),
-                        (Class::Traffic, 4096, false),
+                        Total::new(Class::Traffic, 4096, false),
                     ),
                     (
                         ("mlx5_0", 1, "symbol_error"),
-                        (Class::LinkError, 65_535, true),
+                        Total::new(Class::LinkError, 65_535, true),
                     ),
                 ]
                 .into_iter()

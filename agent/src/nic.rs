@@ -299,68 +299,71 @@ pub fn delta(kind: Kind, prev: u64, now: u64) -> Delta {
     }
 }
 
-/// The counters between reads: each read's deltas against the one before.
-#[derive(Debug, Default)]
-pub struct Counters {
-    last: BTreeMap<Where, u64>,
+/// One counter as the agent exports it ([`crate::metrics`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Total {
+    pub class: Class,
+    /// Units since the agent started (from the deltas between reads).
+    pub units: u64,
+    /// Stuck at its maximum at the last read: `units` is a lower bound.
+    pub saturated: bool,
+    kind: Kind,
+    /// Its raw value at the last read.
+    last: u64,
 }
 
-impl Counters {
-    /// The deltas since the previous read (none for a counter seen for the first time).
-    pub fn update(&mut self, read: &Read) -> BTreeMap<Where, (Kind, Delta)> {
-        let mut out = BTreeMap::new();
-        for (w, (kind, v)) in &read.values {
-            if let Some(prev) = self.last.insert(w.clone(), *v) {
-                out.insert(w.clone(), (*kind, delta(*kind, prev, *v)));
-            }
-        }
-        // Counters gone (a device removed) are forgotten.
-        self.last.retain(|w, _| read.values.contains_key(w));
-        out
+impl PartialEq for Total {
+    fn eq(&self, o: &Total) -> bool {
+        (self.class, self.units, self.saturated) == (o.class, o.units, o.saturated)
     }
 }
 
-/// Per device, port and class: the units of the deltas that are not traffic, and whether any
-/// was a lower bound — what the diagnosis corroborates a slow or failed link with.
-pub fn by_class(
-    deltas: &BTreeMap<Where, (Kind, Delta)>,
-) -> BTreeMap<(String, u32, Class), (u64, bool)> {
-    let mut out: BTreeMap<(String, u32, Class), (u64, bool)> = BTreeMap::new();
-    for (w, (kind, d)) in deltas {
-        if kind.class == Class::Traffic || d.units == 0 {
-            continue;
+impl Total {
+    /// A counter with these figures, as [`Totals::update`] leaves it (compared on them only).
+    pub fn new(class: Class, units: u64, saturated: bool) -> Total {
+        Total {
+            class,
+            units,
+            saturated,
+            kind: k(64, 1, class, false),
+            last: 0,
         }
-        let e = out
-            .entry((w.device.clone(), w.port, kind.class))
-            .or_default();
-        e.0 = e.0.saturating_add(d.units);
-        e.1 |= d.at_least;
     }
-    out
 }
 
-/// What the agent exports ([`crate::metrics`]): each counter's units since the agent started
-/// (from its deltas), the RDMA ports' state and rate, and the files unreadable at the last read.
+/// Every counter's total since the agent started, the RDMA ports' state and rate, and the
+/// files unreadable at the last read.
 #[derive(Clone, Debug, Default)]
 pub struct Totals {
-    /// Counter → (class, units, stuck at its maximum at the last read).
-    pub counters: BTreeMap<Where, (Class, u64, bool)>,
+    pub counters: BTreeMap<Where, Total>,
     pub ports: BTreeMap<(String, u32), (bool, Option<u64>)>,
     pub unreadable: usize,
 }
 
 impl Totals {
-    /// Adds one read and its deltas ([`Counters::update`]); a counter seen for the first time
-    /// starts at 0.
-    pub fn add(&mut self, read: &Read, deltas: &BTreeMap<Where, (Kind, Delta)>) {
-        for (w, (kind, _)) in &read.values {
-            let e = self
-                .counters
-                .entry(w.clone())
-                .or_insert((kind.class, 0, false));
-            if let Some((_, d)) = deltas.get(w) {
-                e.1 = e.1.saturating_add(d.units);
-                e.2 = d.at_least;
+    /// Adds a read: each counter's change since the last read ([`delta`]); a counter seen for
+    /// the first time starts at 0, one gone (a device removed) is forgotten.
+    pub fn update(&mut self, read: &Read) {
+        for (w, (kind, v)) in &read.values {
+            match self.counters.get_mut(w) {
+                Some(t) => {
+                    let d = delta(t.kind, t.last, *v);
+                    t.units = t.units.saturating_add(d.units);
+                    t.saturated = d.at_least;
+                    t.last = *v;
+                }
+                None => {
+                    self.counters.insert(
+                        w.clone(),
+                        Total {
+                            class: kind.class,
+                            units: 0,
+                            saturated: false,
+                            kind: *kind,
+                            last: *v,
+                        },
+                    );
+                }
             }
         }
         self.counters.retain(|w, _| read.values.contains_key(w));
@@ -429,7 +432,7 @@ mod tests {
     fn a_fixture_tree_reads_with_widths_units_and_classes() {
         let dir = tempfile::tempdir().expect("tempdir");
         tree(dir.path(), "3", "4294967290", "4294967295", "1000");
-        let mut c = Counters::default();
+        let mut t = Totals::default();
         let r = read(dir.path());
         // `N/A (no PMA)` is counted, not read; unknown files are not counters.
         assert_eq!(r.unreadable, 1);
@@ -438,34 +441,49 @@ mod tests {
             r.ports.get(&("mlx5_0".into(), 1)),
             Some(&(true, Some(12_500_000_000)))
         );
-        assert!(c.update(&r).is_empty(), "a first read has no deltas");
+        t.update(&r);
+        assert!(
+            t.counters.values().all(|c| c.units == 0),
+            "a first read has no deltas"
+        );
         // The 32-bit data counter wraps (×4 bytes), the 16-bit symbol error counter
         // saturates, the 32-bit Q-counter wraps, the 64-bit netdev counter moves on.
         tree(dir.path(), "65535", "10", "2", "5000");
-        let d = c.update(&read(dir.path()));
+        t.update(&read(dir.path()));
+        let d = |w: Where| {
+            let c = t.counters[&w];
+            Delta {
+                units: c.units,
+                at_least: c.saturated,
+            }
+        };
         assert_eq!(
-            d[&at("mlx5_0", 1, "port_xmit_data")].1,
+            d(at("mlx5_0", 1, "port_xmit_data")),
             Delta {
                 units: (5 + 1 + 10) * 4,
                 at_least: false
             }
         );
         assert_eq!(
-            d[&at("mlx5_0", 1, "symbol_error")].1,
+            d(at("mlx5_0", 1, "symbol_error")),
             Delta {
                 units: 65_532,
                 at_least: true
             }
         );
-        assert_eq!(d[&at("mlx5_0", 1, "packet_seq_err")].1.units, 3);
-        assert_eq!(d[&at("eth0", 0, "rx_bytes")].1.units, 4000);
+        assert_eq!(d(at("mlx5_0", 1, "packet_seq_err")).units, 3);
+        assert_eq!(d(at("eth0", 0, "rx_bytes")).units, 4000);
         assert_eq!(
-            d[&at("mlx5_0", 0, "req_transport_retries_exceeded")]
-                .1
-                .units,
+            d(at("mlx5_0", 0, "req_transport_retries_exceeded")).units,
             0
         );
-        let classes = by_class(&d);
+        // What moved, besides traffic: loss and a (saturated) link error.
+        let classes: BTreeMap<(String, u32, Class), (u64, bool)> = t
+            .counters
+            .iter()
+            .filter(|(_, c)| c.class != Class::Traffic && c.units > 0)
+            .map(|(w, c)| ((w.device.clone(), w.port, c.class), (c.units, c.saturated)))
+            .collect();
         assert_eq!(
             classes,
             BTreeMap::from([
@@ -478,19 +496,18 @@ mod tests {
     #[test]
     fn totals_add_up_the_deltas_from_zero() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut c, mut t) = (Counters::default(), Totals::default());
+        let mut t = Totals::default();
         for (seq, rx) in [("1", "100"), ("4", "150"), ("6", "400")] {
             tree(dir.path(), "0", "0", seq, rx);
-            let r = read(dir.path());
-            t.add(&r, &c.update(&r));
+            t.update(&read(dir.path()));
         }
         assert_eq!(
             t.counters[&at("mlx5_0", 1, "packet_seq_err")],
-            (Class::Loss, 5, false)
+            Total::new(Class::Loss, 5, false)
         );
         assert_eq!(
             t.counters[&at("eth0", 0, "rx_bytes")],
-            (Class::Traffic, 300, false)
+            Total::new(Class::Traffic, 300, false)
         );
         assert_eq!(t.unreadable, 1);
         assert_eq!(t.ports.len(), 1);

@@ -109,14 +109,7 @@ impl Calls {
     /// The calls of one job in Parquet traces. Files whose footers say they hold other jobs
     /// only are left out, and rows are filtered by job only when some file may hold others.
     pub fn scan(files: Vec<PathBuf>, job: &str) -> Calls {
-        let jobs: Vec<Option<Vec<String>>> = files
-            .iter()
-            .map(|f| {
-                pq::Footer::read(f)
-                    .ok()
-                    .and_then(|footer| pq::jobs_in_footer(&footer))
-            })
-            .collect();
+        let jobs: Vec<Option<Vec<String>>> = files.iter().map(|f| pq::jobs_in_file(f)).collect();
         let only_this = jobs
             .iter()
             .all(|j| j.as_ref().is_some_and(|j| j.iter().all(|x| x == job)));
@@ -169,7 +162,6 @@ impl Calls {
         let (a, b) = span();
         Ok(self.rows()?.filter(col("kind").eq(lit("call"))).select([
             col("rank"),
-            col("node"),
             id_col("comm_id"),
             u64c("seq").alias("seq"),
             col("op").fill_null(lit("")),

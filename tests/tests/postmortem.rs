@@ -522,6 +522,19 @@ fn the_perfetto_export_is_a_chrome_trace_with_a_track_per_rank() {
     assert_eq!(instants[0]["pid"], rank2["pid"]);
 }
 
+/// `commscope ARGS… TRACE`, which must succeed: streamed when `stream` (0 streams every Parquet
+/// trace; the default bound is far above a test's), else as by default (loaded).
+fn run_on(trace: &Path, stream: bool, args: &[&str]) -> Output {
+    let mut c = commscope();
+    c.args(args).arg(trace);
+    if stream {
+        c.env("COMMSCOPE_STREAM_ROWS", "0");
+    }
+    let o = c.output().expect("commscope");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
 /// A Parquet trace too big to load is streamed through the detectors and aggregated by polars
 /// from its file: on the same trace, the streamed analysis and report are the loaded ones.
 #[test]
@@ -537,17 +550,7 @@ fn a_streamed_parquet_trace_gives_what_the_loaded_one_gives() {
         .output()
         .expect("merge");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let run = |stream: bool, args: &[&str]| {
-        let mut c = commscope();
-        c.args(args).arg(&parquet);
-        // 0: every Parquet trace streams; the default bound is far above this one.
-        if stream {
-            c.env("COMMSCOPE_STREAM_ROWS", "0");
-        }
-        let o = c.output().expect("commscope");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        o
-    };
+    let run = |stream: bool, args: &[&str]| run_on(&parquet, stream, args);
     let loaded: Value =
         serde_json::from_slice(&run(false, &["analyze", "--format", "json"]).stdout).expect("json");
     let streamed: Value =
@@ -615,14 +618,8 @@ fn a_corrupt_page_in_a_parquet_trace_costs_only_its_ranks() {
     std::fs::write(&trace, &bytes).expect("damage");
 
     let run = |stream: bool, args: &[&str]| {
-        let mut c = commscope();
-        c.args(args).arg(&trace);
-        if stream {
-            c.env("COMMSCOPE_STREAM_ROWS", "0");
-        }
-        let o = c.output().expect("commscope");
+        let o = run_on(&trace, stream, args);
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert!(o.status.success(), "{err}");
         (o, err)
     };
     let mut found = Vec::new();

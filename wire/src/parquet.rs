@@ -714,9 +714,14 @@ pub fn num_rows(path: &Path) -> Result<u64, Error> {
 }
 
 /// The jobs a trace file holds, when its footer's statistics tell (each row group one job,
-/// as commscope writes them); `None` when they do not.
-pub fn jobs_in_footer(footer: &Footer) -> Option<Vec<String>> {
-    let meta = footer.0.metadata();
+/// as commscope writes them); `None` when they do not, or the file cannot be read. Only the
+/// footer's metadata is read (not the page index).
+pub fn jobs_in_file(path: &Path) -> Option<Vec<String>> {
+    let file = std::fs::File::open(path).ok()?;
+    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+        .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Skip);
+    let footer = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&file, options).ok()?;
+    let meta = footer.metadata();
     let idx = meta
         .file_metadata()
         .schema_descr()
