@@ -18,5 +18,6 @@ pub mod procstate;
 pub mod region;
 pub mod registration;
 pub mod spool;
+pub mod transport;
 
 pub use daemon::{Config, Running, run, start};

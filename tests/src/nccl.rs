@@ -15,7 +15,7 @@ fn doubles_src() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("doubles")
 }
 
-fn newer(src: &[&Path], out: &Path) -> bool {
+pub(crate) fn newer(src: &[&Path], out: &Path) -> bool {
     let Ok(o) = std::fs::metadata(out).and_then(|m| m.modified()) else {
         return true;
     };
@@ -27,7 +27,7 @@ fn newer(src: &[&Path], out: &Path) -> bool {
 }
 
 /// Compiles with the system C compiler into `out`.
-fn cc(args: &[&str], src: &Path, out: &Path, libs: &[&str]) {
+pub(crate) fn cc(args: &[&str], src: &Path, out: &Path, libs: &[&str]) {
     compile(Path::new("cc"), args, src, out, libs);
 }
 

@@ -1,0 +1,477 @@
+//! The transport view: commscope's eBPF programs (`ebpf/programs`), loaded and attached with
+//! aya, and what they see.
+//!
+//! - TCP tracepoints are attached at start; the flows map is read every `flow_every`.
+//! - Uprobes go on every libibverbs and libnccl file that any process on the node maps (found
+//!   by scanning `/proc/*/maps`, containers included), once per file: a uprobe fires for every
+//!   process that runs that file, with or without the preload.
+//! - Events come through a ring buffer read on tokio.
+//!
+//! Nothing here can stop the agent: a kernel without BTF or tracefs, missing privileges or a
+//! library without the expected symbols each give one warning and a metric, and the rest of
+//! the agent runs as before.
+
+pub mod btf;
+pub mod events;
+pub mod plan;
+pub mod procfs;
+pub mod symbols;
+pub mod tracefs;
+pub mod view;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{TracePoint, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use commscope_ebpf_common::{NetKey, NetStats, TcpFlow, stat};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+
+pub use view::TransportView;
+
+/// The programs, built by `scripts/build-ebpf.sh` from `ebpf/programs` and checked in (the
+/// host build needs no nightly toolchain). `OBJECT_STAMP` records the hash of the sources and
+/// toolchain it was built from; a test recomputes it.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!("../../ebpf/commscope.bpf.o");
+pub const OBJECT_STAMP: &str = include_str!("../../ebpf/commscope.bpf.stamp");
+
+/// The tracepoints and the programs on them.
+const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("tcp_probe", "tcp", "tcp_probe"),
+    ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+];
+
+/// What the transport view does.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Attach the TCP tracepoints.
+    pub tcp: bool,
+    /// Scan `/proc` for libibverbs and libnccl and probe them.
+    pub discover: bool,
+    /// Library files to probe whoever maps them (tests, or a site's known path).
+    pub libraries: Vec<PathBuf>,
+    /// How often the flows and connections maps are read, and `/proc` is scanned.
+    pub flow_every: Duration,
+    pub scan_every: Duration,
+    pub proc_root: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tcp: true,
+            discover: true,
+            libraries: Vec::new(),
+            flow_every: Duration::from_secs(1),
+            scan_every: Duration::from_secs(5),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+/// An attachment made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    pub program: &'static str,
+    /// `tcp/tcp_probe`, or `<file>:<symbol>[@@version]`.
+    pub target: String,
+}
+
+/// How the probes stand: for `/metrics` and the log.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub loaded: bool,
+    pub attached: Vec<Attached>,
+    /// Libraries probed (file paths), and targets they lacked.
+    pub libraries: Vec<(PathBuf, Vec<String>)>,
+    /// Each problem once: why something is not watched.
+    pub warnings: Vec<String>,
+    /// The programs' own counters: ring buffer full, map full, failed reads.
+    pub kernel_drops: [u64; stat::COUNT as usize],
+}
+
+/// The loaded programs and their attachments.
+pub struct Probes {
+    bpf: Ebpf,
+    known_files: HashSet<(u64, u64)>,
+    status: Status,
+}
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes")
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+impl Probes {
+    /// Loads the programs and attaches the TCP tracepoints (when `opts.tcp`). Fails only when
+    /// nothing can be loaded at all (no privileges, no BPF in the kernel).
+    pub fn load(opts: &Options) -> Result<Probes, String> {
+        raise_memlock();
+        let bpf = EbpfLoader::new()
+            .load(OBJECT)
+            .map_err(|e| format!("the eBPF programs could not be loaded: {}", chain(&e)))?;
+        let mut p = Probes {
+            bpf,
+            known_files: HashSet::new(),
+            status: Status {
+                loaded: true,
+                ..Status::default()
+            },
+        };
+        if opts.tcp {
+            p.attach_tcp();
+        }
+        for lib in &opts.libraries {
+            if let Err(e) = p.attach_library(lib) {
+                p.warn(e);
+            }
+        }
+        Ok(p)
+    }
+
+    fn warn(&mut self, w: String) {
+        if !self.status.warnings.contains(&w) {
+            tracing::warn!("transport view: {w}");
+            self.status.warnings.push(w);
+        }
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    fn attach_tcp(&mut self) {
+        let tracefs = match tracefs::root() {
+            Ok(t) => t,
+            Err(e) => return self.warn(format!("no TCP view: {e}")),
+        };
+        let mut layout = tracefs::layout(&tracefs);
+        let counters = std::fs::read("/sys/kernel/btf/vmlinux")
+            .map_err(|e| format!("/sys/kernel/btf/vmlinux: {e}"))
+            .and_then(|b| btf::member_offsets(&b, "tcp_sock", &["bytes_received", "bytes_acked"]))
+            .and_then(|m| match (m.get("bytes_received"), m.get("bytes_acked")) {
+                (Some(&r), Some(&a)) => Ok((u16::try_from(r), u16::try_from(a))),
+                _ => Err("tcp_sock has no bytes_received/bytes_acked".to_owned()),
+            });
+        match counters {
+            Ok((Ok(r), Ok(a))) => {
+                layout.layout.sock_bytes_received = r;
+                layout.layout.sock_bytes_acked = a;
+            }
+            Ok(_) => self.warn("tcp_sock's counters lie beyond 64 KiB; TCP bytes are summed from segments".into()),
+            Err(e) => self.warn(format!(
+                "no kernel BTF ({e}): TCP bytes are summed from segment lengths, and received bytes undercount coalesced segments of 64 KiB or more"
+            )),
+        }
+        for m in &layout.missing {
+            self.warn(format!("tracepoint not usable: {m}"));
+        }
+        let set = self
+            .bpf
+            .map_mut("LAYOUT")
+            .ok_or_else(|| "the object has no LAYOUT map".to_owned())
+            .and_then(|m| Array::<&mut MapData, _>::try_from(m).map_err(|e| chain(&e)))
+            .and_then(|mut a| a.set(0, layout.layout, 0).map_err(|e| chain(&e)));
+        if let Err(e) = set {
+            return self.warn(format!(
+                "no TCP view: the tracepoint layout was not set: {e}"
+            ));
+        }
+        for (program, category, name) in TRACEPOINTS {
+            if !layout
+                .usable
+                .contains(&format!("{category}/{name}").as_str())
+            {
+                continue;
+            }
+            let r = (|| -> Result<(), String> {
+                let prog: &mut TracePoint = self
+                    .bpf
+                    .program_mut(program)
+                    .ok_or("not in the object")?
+                    .try_into()
+                    .map_err(|e| chain(&e))?;
+                prog.load().map_err(|e| chain(&e))?;
+                prog.attach(category, name).map_err(|e| chain(&e))?;
+                Ok(())
+            })();
+            match r {
+                Ok(()) => self.status.attached.push(Attached {
+                    program,
+                    target: format!("{category}/{name}"),
+                }),
+                Err(e) => self.warn(format!("tracepoint {category}:{name} not attached: {e}")),
+            }
+        }
+    }
+
+    /// Probes one library file (whoever maps it, now or later). Returns the targets attached.
+    pub fn attach_library(&mut self, path: &Path) -> Result<usize, String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        if !self.known_files.insert(id) {
+            return Ok(0);
+        }
+        let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
+        let plan = plan::plan(&symbols);
+        if plan.library.is_none() {
+            return Err(format!(
+                "{}: neither libibverbs' control path nor NCCL's network layer was found in it",
+                path.display()
+            ));
+        }
+        let mut attached = 0;
+        for t in &plan.targets {
+            match self.attach_uprobe(t, path) {
+                Ok(()) => {
+                    attached += 1;
+                    let at = match &t.version {
+                        Some(v) => format!("{}@@{v}", t.symbol),
+                        None => t.symbol.clone(),
+                    };
+                    self.status.attached.push(Attached {
+                        program: t.program,
+                        target: format!("{}:{at}", path.display()),
+                    });
+                }
+                Err(e) => self.warn(format!(
+                    "{} not probed in {}: {e}",
+                    t.function,
+                    path.display()
+                )),
+            }
+        }
+        tracing::info!(
+            "transport view: {} probes on {} ({} not found: {})",
+            attached,
+            path.display(),
+            plan.missing.len(),
+            plan.missing.join(", ")
+        );
+        self.status
+            .libraries
+            .push((path.to_path_buf(), plan.missing.clone()));
+        Ok(attached)
+    }
+
+    fn attach_uprobe(&mut self, t: &plan::Target, path: &Path) -> Result<(), String> {
+        let prog: &mut UProbe = self
+            .bpf
+            .program_mut(t.program)
+            .ok_or("not in the object")?
+            .try_into()
+            .map_err(|e| chain(&e))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|e| chain(&e))?;
+        }
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(t.offset),
+            cookie: t.cookie,
+        };
+        prog.attach(point, path, UProbeScope::AllProcesses)
+            .map_err(|e| chain(&e))?;
+        Ok(())
+    }
+
+    /// Probes libraries newly mapped by processes under `proc_root`.
+    pub fn discover(&mut self, proc_root: &Path) {
+        for lib in procfs::libraries(proc_root, &self.known_files) {
+            if let Err(e) = self.attach_library(&lib.path) {
+                self.warn(e);
+            }
+        }
+    }
+
+    /// The flows map.
+    pub fn read_flows(&self) -> Vec<(u64, TcpFlow)> {
+        let Some(m) = self.bpf.map("TCP_FLOWS") else {
+            return Vec::new();
+        };
+        let Ok(map) = BpfHashMap::<&MapData, u64, TcpFlow>::try_from(m) else {
+            return Vec::new();
+        };
+        map.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Deletes flows whose last totals were read.
+    pub fn forget_flows(&mut self, sockets: &[u64]) {
+        let Some(m) = self.bpf.map_mut("TCP_FLOWS") else {
+            return;
+        };
+        let Ok(mut map) = BpfHashMap::<&mut MapData, u64, TcpFlow>::try_from(m) else {
+            return;
+        };
+        for sk in sockets {
+            let _ = map.remove(sk);
+        }
+    }
+
+    /// The NCCL connections map.
+    pub fn read_conns(&self) -> Vec<(NetKey, NetStats)> {
+        let Some(m) = self.bpf.map("NET_CONNS") else {
+            return Vec::new();
+        };
+        let Ok(map) = BpfHashMap::<&MapData, NetKey, NetStats>::try_from(m) else {
+            return Vec::new();
+        };
+        map.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Refreshes the programs' own counters into the status.
+    pub fn read_kernel_drops(&mut self) {
+        let Some(m) = self.bpf.map("STATS") else {
+            return;
+        };
+        let Ok(a) = PerCpuArray::<&MapData, u64>::try_from(m) else {
+            return;
+        };
+        for i in 0..stat::COUNT {
+            if let Ok(v) = a.get(&i, 0) {
+                self.status.kernel_drops[i as usize] = v.iter().sum();
+            }
+        }
+    }
+
+    /// The event ring buffer (taken once, for the reader task).
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        RingBuf::try_from(self.bpf.take_map("EVENTS")?).ok()
+    }
+}
+
+/// Lifts the locked-memory limit for maps on kernels that still charge it (< 5.11).
+fn raise_memlock() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a plain setrlimit with a valid struct; failure changes nothing.
+    let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}
+
+/// An error with its sources, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// Shared state of the running transport view.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub view: Mutex<TransportView>,
+    pub status: Mutex<Status>,
+}
+
+/// Monotonic now (ns), the clock the programs stamp with.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Loads the probes and runs them until `stop` turns true: reads the ring buffer, the maps
+/// every `flow_every`, and `/proc` every `scan_every`. `owners` gives the pids whose sockets
+/// flows are attributed to (the node's registered ranks). On failure to load, records the one
+/// warning in `shared.status` and returns.
+pub async fn run(
+    opts: Options,
+    shared: Arc<Shared>,
+    owners: impl Fn() -> Vec<u32> + Send + 'static,
+    mut stop: watch::Receiver<bool>,
+) {
+    let loaded = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || Probes::load(&opts)).await
+    };
+    let mut probes = match loaded {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            tracing::warn!("transport view off: {e}");
+            let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            st.warnings.push(e);
+            return;
+        }
+        Err(_) => return,
+    };
+    if opts.discover {
+        probes.discover(&opts.proc_root);
+    }
+    *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
+    let ring = probes.take_events().and_then(|r| {
+        // SAFETY: the ring buffer owns its map's fd, which stays open and the same until the
+        // `RingBuf` (moved into the `AsyncFd`) is dropped.
+        unsafe { AsyncFd::register_with_interest(r, tokio::io::Interest::READABLE) }.ok()
+    });
+    let Some(mut ring) = ring else {
+        tracing::warn!("transport view: the event ring buffer could not be opened");
+        return;
+    };
+    let mut flow_tick = tokio::time::interval(opts.flow_every);
+    let mut scan_tick = tokio::time::interval(opts.scan_every);
+    scan_tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            guard = ring.readable_mut() => {
+                let Ok(mut guard) = guard else { break };
+                let rb = guard.get_inner_mut();
+                let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+                while let Some(item) = rb.next() {
+                    match events::decode(&item) {
+                        Some(ev) => v.apply(&ev),
+                        None => v.undecodable += 1,
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = flow_tick.tick() => {
+                let flows = probes.read_flows();
+                let conns = probes.read_conns();
+                probes.read_kernel_drops();
+                let now = mono_ns();
+                let (gone, unowned) = {
+                    let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+                    let gone = v.update_flows(now, &flows);
+                    v.update_conns(now, &conns);
+                    (gone, v.unowned())
+                };
+                probes.forget_flows(&gone);
+                if unowned > 0 {
+                    let pids = owners();
+                    let root = opts.proc_root.clone();
+                    if let Ok(map) = tokio::task::spawn_blocking(move || procfs::socket_owners(&root, &pids)).await {
+                        shared.view.lock().unwrap_or_else(|p| p.into_inner()).attribute(&map);
+                    }
+                }
+                *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
+            }
+            _ = scan_tick.tick(), if opts.discover => {
+                probes.discover(&opts.proc_root);
+            }
+        }
+    }
+}

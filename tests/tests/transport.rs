@@ -1,0 +1,393 @@
+//! The transport view's eBPF programs, on this kernel: they load and attach; the TCP
+//! tracepoints see real traffic; every verbs and NCCL probe target resolves in the real
+//! libibverbs and libnccl; and on stand-in libraries with the same versioned symbols, the
+//! uprobes produce the expected events and queue-pair → peer map.
+//!
+//! Loading eBPF needs root (CI runs as root); without it the tests that load say so and stop.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use commscope_agent::transport::events::{Event, decode};
+use commscope_agent::transport::plan::{self, Library};
+use commscope_agent::transport::symbols::Symbols;
+use commscope_agent::transport::{Options, Probes, TransportView};
+use commscope_ebpf_common::{NetKey, kind, net, verbs_fn};
+use commscope_tests::nccl::real_nccl_dir;
+use commscope_tests::transport::stand_ins;
+
+fn root() -> bool {
+    // SAFETY: a plain getter.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        eprintln!("skipped: loading eBPF programs needs root");
+    }
+    euid == 0
+}
+
+fn only(opts: Options) -> Options {
+    Options {
+        discover: false,
+        ..opts
+    }
+}
+
+/// The real libibverbs the system loads.
+fn real_verbs() -> PathBuf {
+    let p = PathBuf::from("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    assert!(
+        p.exists(),
+        "{} is missing (scripts/setup.sh installs libibverbs1)",
+        p.display()
+    );
+    std::fs::canonicalize(p).expect("canonicalize")
+}
+
+/// name@version → address, as `readelf` prints the dynamic symbols: an independent reading.
+fn readelf_dynsyms(path: &Path) -> BTreeMap<String, u64> {
+    let o = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(path)
+        .output()
+        .expect("readelf");
+    let mut out = BTreeMap::new();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 8 && f[3] == "FUNC" {
+            if let Ok(a) = u64::from_str_radix(f[1], 16) {
+                out.insert(f[7].to_owned(), a);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_verbs_probe_target_resolves_at_its_default_version_in_the_real_libibverbs() {
+    let path = real_verbs();
+    let symbols = Symbols::read(&path).expect("read libibverbs");
+    let p = plan::plan(&symbols);
+    assert_eq!(p.library, Some(Library::Verbs));
+    assert!(p.missing.is_empty(), "missing: {:?}", p.missing);
+    let dynsyms = readelf_dynsyms(&path);
+    let mut functions: Vec<&str> = p.targets.iter().map(|t| t.function).collect();
+    functions.dedup();
+    assert_eq!(
+        functions,
+        [
+            "ibv_create_qp",
+            "ibv_modify_qp",
+            "ibv_destroy_qp",
+            "ibv_reg_mr",
+            "ibv_reg_mr_iova2",
+            "ibv_reg_dmabuf_mr",
+            "ibv_dereg_mr",
+            "ibv_get_async_event"
+        ]
+    );
+    for t in &p.targets {
+        let version = t.version.as_deref().expect("versioned");
+        let want = match t.function {
+            "ibv_reg_mr_iova2" => "IBVERBS_1.8",
+            "ibv_reg_dmabuf_mr" => "IBVERBS_1.12",
+            _ => "IBVERBS_1.1",
+        };
+        assert_eq!(version, want, "{}", t.function);
+        let default = dynsyms[&format!("{}@@{want}", t.function)];
+        assert_eq!(t.offset, default, "{} is not at its @@ copy", t.function);
+        // Where a 1.0 compatibility copy exists, it is elsewhere and not probed.
+        if let Some(compat) = dynsyms.get(&format!("{}@IBVERBS_1.0", t.function)) {
+            assert_ne!(*compat, t.offset);
+        }
+    }
+}
+
+#[test]
+fn every_nccl_network_probe_target_resolves_in_the_real_libnccl() {
+    let path = real_nccl_dir().join("libnccl.so.2");
+    let symbols = Symbols::read(&path).expect("read libnccl");
+    let p = plan::plan(&symbols);
+    assert_eq!(p.library, Some(Library::Nccl));
+    assert!(p.missing.is_empty(), "missing: {:?}", p.missing);
+    let by_fn: BTreeMap<&str, Vec<&plan::Target>> =
+        p.targets.iter().fold(BTreeMap::new(), |mut m, t| {
+            m.entry(t.function).or_insert_with(Vec::new).push(t);
+            m
+        });
+    assert_eq!(by_fn.len(), 8, "{:?}", by_fn.keys());
+    // Addresses observed in the 2.32.3 wheel (`.text` has vaddr == file offset).
+    assert_eq!(by_fn["ncclIbIsend"][0].offset, 0x1d49e0);
+    assert_eq!(
+        by_fn["ncclIbIsend"][0].symbol,
+        "_Z11ncclIbIsendPvS_miS_S_PS_"
+    );
+    assert_eq!(by_fn["ncclIbIrecv"][0].offset, 0x1d55f0);
+    assert_eq!(by_fn["ncclNetSocketIsend"][0].offset, 0x1af6d0);
+    // Connect and accept write their comm through the argument the mangled name says.
+    let out = |f: &str| net::out_arg(by_fn[f][0].cookie.expect("cookie"));
+    assert_eq!(out("ncclIbConnect"), 3);
+    assert_eq!(out("ncclIbAccept"), 1);
+    for f in [
+        "ncclIbConnect",
+        "ncclIbAccept",
+        "ncclNetSocketConnect",
+        "ncclNetSocketAccept",
+    ] {
+        assert_eq!(by_fn[f].len(), 2, "{f}: entry and return");
+    }
+    // Never the pollers.
+    assert!(!p.targets.iter().any(|t| t.symbol.contains("Test")));
+}
+
+#[test]
+fn the_programs_load_attach_and_see_real_tcp_traffic() {
+    if !root() {
+        return;
+    }
+    let mut probes = Probes::load(&only(Options::default())).expect("load");
+    let st = probes.status().clone();
+    assert!(st.warnings.is_empty(), "warnings: {:?}", st.warnings);
+    let attached: Vec<&str> = st.attached.iter().map(|a| a.target.as_str()).collect();
+    assert_eq!(
+        attached,
+        [
+            "tcp/tcp_probe",
+            "tcp/tcp_retransmit_skb",
+            "sock/inet_sock_set_state"
+        ]
+    );
+    let mut ring = probes.take_events().expect("ring buffer");
+
+    // 8 MiB one way, 1 MiB back, over loopback.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let server_addr = listener.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 8 << 20];
+        s.read_exact(&mut buf).expect("read");
+        s.write_all(&buf[..1 << 20]).expect("write");
+    });
+    let mut client = TcpStream::connect(server_addr).expect("connect");
+    let client_addr = client.local_addr().expect("addr");
+    client.write_all(&vec![7u8; 8 << 20]).expect("write");
+    let mut back = vec![0u8; 1 << 20];
+    client.read_exact(&mut back).expect("read");
+    server.join().expect("server");
+    drop(client);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+
+    let mut view = TransportView::default();
+    view.update_flows(1, &probes.read_flows());
+    let find = |local, remote| {
+        view.flows
+            .values()
+            .find(|f| f.local == local && f.remote == remote)
+            .unwrap_or_else(|| panic!("no flow {local} → {remote}: {:?}", view.flows))
+            .clone()
+    };
+    let c = find(client_addr, server_addr);
+    let s = find(server_addr, client_addr);
+    // The client's 8 MiB were acknowledged, and it received 1 MiB (payload only, so exact).
+    // Acknowledged bytes also count the SYN and the FIN.
+    assert!(
+        (8 << 20..=(8 << 20) + 2).contains(&c.totals.bytes_acked),
+        "{c:?}"
+    );
+    // `tcp_sock`'s counters are sequence space: the peer's FIN counts one.
+    assert!(
+        (1 << 20..=(1 << 20) + 1).contains(&c.totals.bytes_received),
+        "{c:?}"
+    );
+    assert!(
+        (8 << 20..=(8 << 20) + 1).contains(&s.totals.bytes_received),
+        "{s:?}"
+    );
+    assert!(c.totals.srtt_samples > 0 && s.totals.segs_in > 0);
+
+    // The state changes of this connection, both ends.
+    let mut states = Vec::new();
+    while let Some(item) = ring.next() {
+        if let Some(Event::TcpState(e)) = decode(&item) {
+            let ports = (e.sport, e.dport);
+            if ports == (client_addr.port(), server_addr.port())
+                || ports == (server_addr.port(), client_addr.port())
+            {
+                states.push((e.sport == client_addr.port(), e.oldstate, e.newstate));
+            }
+        }
+    }
+    // The client reached ESTABLISHED from SYN_SENT and left it; the server reached it from
+    // SYN_RECV; both ends closed. (The move to SYN_SENT comes before the client's port is
+    // chosen, so it is not matched here.)
+    let (client, server): (Vec<_>, Vec<_>) = states.iter().partition(|s| s.0);
+    assert!(client.contains(&&(true, 2, 1)), "{states:?}");
+    assert!(client.iter().any(|s| s.1 == 1 && s.2 != 1), "{states:?}");
+    assert!(server.contains(&&(false, 3, 1)), "{states:?}");
+    assert!(
+        client.iter().any(|s| s.2 == 7) && server.iter().any(|s| s.2 == 7),
+        "{states:?}"
+    );
+}
+
+#[test]
+fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
+    if !root() {
+        return;
+    }
+    let s = stand_ins();
+    let mut probes = Probes::load(&only(Options {
+        tcp: false,
+        libraries: vec![s.verbs.clone(), s.ncclnet.clone()],
+        ..Options::default()
+    }))
+    .expect("load");
+    let st = probes.status().clone();
+    assert!(st.warnings.is_empty(), "warnings: {:?}", st.warnings);
+    // 8 verbs functions (6 with a return probe), 4 NCCL data functions… of which the stand-in
+    // has the InfiniBand half: isend, irecv, connect and accept (2 each).
+    assert_eq!(st.attached.len(), 14 + 6, "{:#?}", st.attached);
+    let missing: Vec<&String> = st.libraries.iter().flat_map(|l| &l.1).collect();
+    assert_eq!(
+        missing,
+        [
+            "ncclNetSocketIsend",
+            "ncclNetSocketIrecv",
+            "ncclNetSocketConnect",
+            "ncclNetSocketAccept"
+        ]
+    );
+    let mut ring = probes.take_events().expect("ring buffer");
+
+    let out = Command::new(&s.driver)
+        .arg(&s.verbs)
+        .arg(&s.ncclnet)
+        .output()
+        .expect("run driver");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let pid: u32 = f[1].parse().expect("pid");
+    let ptr = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("ptr");
+    let (send_comm, recv_comm) = (ptr(f[3]), ptr(f[5]));
+
+    let mut view = TransportView::default();
+    let mut kinds: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut mr = Vec::new();
+    while let Some(item) = ring.next() {
+        let ev = decode(&item).expect("decodable");
+        let head = match &ev {
+            Event::Qp(e) => e.head,
+            Event::Mr(e) => {
+                mr.push(*e);
+                e.head
+            }
+            Event::Async(e) => e.head,
+            Event::Conn(e) => e.head,
+            Event::TcpState(e) => e.head,
+        };
+        assert_eq!(head.pid, pid, "an event from another process: {ev:?}");
+        *kinds.entry(head.kind).or_default() += 1;
+        view.apply(&ev);
+    }
+    view.update_conns(1, &probes.read_conns());
+
+    // Exactly what the driver did: 4 queue pairs created; 3 + 1 modifies on the first, 2 on
+    // each NCCL one (the IBVERBS_1.0 call is not seen); 1 destroyed; 2 registrations (the
+    // nested iova2 call inside ibv_reg_mr counted once) and 2 deregistrations; 2 async
+    // events; 2 connections.
+    let want: BTreeMap<u32, u32> = [
+        (kind::QP_CREATE, 4),
+        (kind::QP_MODIFY, 8),
+        (kind::QP_DESTROY, 1),
+        (kind::MR_REG, 2),
+        (kind::MR_DEREG, 2),
+        (kind::ASYNC_EVENT, 2),
+        (kind::NET_CONN, 2),
+    ]
+    .into();
+    assert_eq!(kinds, want);
+
+    // Registrations: sizes, which function, and the stand-in's 2 ms of pinning.
+    let regs: Vec<(u32, u64)> = mr
+        .iter()
+        .filter(|e| e.head.kind == kind::MR_REG)
+        .map(|e| (e.func, e.length))
+        .collect();
+    assert_eq!(
+        regs,
+        [
+            (verbs_fn::REG_MR, 1 << 20),
+            (verbs_fn::REG_MR_IOVA2, 3 << 20)
+        ]
+    );
+    assert!(
+        mr.iter()
+            .filter(|e| e.head.kind == kind::MR_REG)
+            .all(|e| e.latency_ns >= 2_000_000 && e.mr != 0)
+    );
+
+    // The queue-pair → peer map.
+    let peers: Vec<(String, u32, String)> = view
+        .qp_peers()
+        .into_iter()
+        .map(|(_, dev, qp, p)| (dev, qp, p.describe()))
+        .collect();
+    assert_eq!(
+        peers,
+        [
+            (
+                "standin_0".to_owned(),
+                0x100,
+                "10.7.0.2 QP 0x4242".to_owned()
+            ),
+            (
+                "standin_0".to_owned(),
+                0x102,
+                "10.7.0.3 QP 0x5151".to_owned()
+            ),
+            (
+                "standin_0".to_owned(),
+                0x103,
+                "10.7.0.4 QP 0x6161".to_owned()
+            ),
+        ]
+    );
+
+    // NCCL's connections, joined to their queue pairs, with the bytes posted on them.
+    let send = &view.conns[&NetKey {
+        pid,
+        side: net::SEND,
+        comm: send_comm,
+    }];
+    assert_eq!(send.qps, [0x102]);
+    assert_eq!((send.totals.bytes, send.totals.requests), (10 << 20, 10));
+    assert_eq!(send.transport, net::IB);
+    let recv = &view.conns[&NetKey {
+        pid,
+        side: net::RECV,
+        comm: recv_comm,
+    }];
+    assert_eq!(recv.qps, [0x103]);
+    assert_eq!((recv.totals.bytes, recv.totals.requests), (5 << 19, 5));
+    assert_eq!(view.conns.len(), 2);
+
+    // Link errors: the port, the fatal QP event, the first queue pair's move to ERROR.
+    let errors: Vec<&str> = view.link_errors.iter().map(|e| e.what.as_str()).collect();
+    assert_eq!(
+        errors,
+        [
+            "IBV_EVENT_PORT_ERR on port 1",
+            "IBV_EVENT_QP_FATAL on QP 0x101",
+            "QP 0x100 moved from RTS to ERROR (peer 10.7.0.2 QP 0x4242)"
+        ]
+    );
+    probes.read_kernel_drops();
+    assert_eq!(probes.status().kernel_drops, [0, 0, 0]);
+}
