@@ -42,7 +42,9 @@ esac
 want=$(cat "$root/ebpf/toolchain")
 have="$(rustc +nightly --version 2>/dev/null || echo 'no nightly rustc')
 $(bpf-linker --version 2>/dev/null || echo 'no bpf-linker')"
-if [ "$want" != "$have" ]; then
+if [ "$want" != "$have" ] && [ "${1:-}" = "--rebuild-check" ] && command -v bpf-linker >/dev/null; then
+  echo "build-ebpf: note: rebuilding with a toolchain other than the pinned one (ebpf/toolchain): $(echo "$have" | paste -sd' ')" >&2
+elif [ "$want" != "$have" ]; then
   echo "build-ebpf: the toolchain is not the pinned one (ebpf/toolchain):" >&2
   diff <(echo "$want") <(echo "$have") >&2 || true
   echo "build-ebpf: install it (scripts/setup.sh --ebpf), or update ebpf/toolchain on purpose" >&2

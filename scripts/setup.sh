@@ -2,11 +2,12 @@
 # Installs what commscope's build and tests need, skipping whatever is already there:
 # Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks, tmux for the TUI test, headless Chromium for the report test), rustup components (rustfmt, clippy), the
 # Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb), and mpi4py (PyPI's wheel) for the Python tests.
+# the eBPF toolchain (LLVM 22, nightly's rust-src, bpf-linker) that rebuilds the checked-in eBPF object,
 # Usage: scripts/setup.sh [--mpi-only]
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium time; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium time libibverbs-dev binutils; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
@@ -62,3 +63,21 @@ with zipfile.ZipFile(whl) as z:
 PY
   rm -rf "$tmp"
 fi
+
+# The eBPF toolchain (scripts/build-ebpf.sh, and the test that rebuilds the checked-in object):
+# nightly with rust-src, and bpf-linker built against Debian's LLVM 22 (nightly's LLVM).
+BPF_LINKER_VERSION=0.13.0
+if [ "$(bpf-linker --version 2>/dev/null)" != "bpf-linker $BPF_LINKER_VERSION" ]; then
+  echo "setup: installing the eBPF toolchain (llvm-22-dev, rust-src for nightly, bpf-linker $BPF_LINKER_VERSION)"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  if ! dpkg -s llvm-22-dev libpolly-22-dev >/dev/null 2>&1; then
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends llvm-22-dev libpolly-22-dev >/dev/null
+  fi
+  rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+  PATH=/usr/lib/llvm-22/bin:$PATH LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+    cargo install -q --locked bpf-linker --version "$BPF_LINKER_VERSION" --no-default-features --features llvm-22
+fi
+rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src' \
+  || rustup component add rust-src --toolchain nightly

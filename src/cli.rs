@@ -176,6 +176,10 @@ pub struct AgentArgs {
     /// request; eu-stack or gdb pauses the process while it reads them).
     #[arg(long)]
     pub no_stacks: bool,
+    /// Load no eBPF programs: no TCP, RDMA verbs or NCCL network view, no zero-touch probes
+    /// (by default they are loaded where the agent is permitted to).
+    #[arg(long, env = "COMMSCOPE_NO_EBPF")]
+    pub no_ebpf: bool,
     /// Settings file (TOML, table [agent]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,

@@ -67,6 +67,9 @@ pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
     if a.no_stacks {
         c.stacks = false;
     }
+    if a.no_ebpf {
+        c.ebpf = None;
+    }
     if let Some(s) = a.spool_after.clone().or(f.spool_after) {
         c.spool_after = parse_duration(&s)?;
     }

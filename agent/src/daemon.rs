@@ -70,6 +70,8 @@ pub struct Config {
     /// Where NIC counters are read ([`crate::nic`]: `/sys`; None: not read), and how often.
     pub sysfs: Option<PathBuf>,
     pub nic_every: Duration,
+    /// The transport view's eBPF probes ([`crate::transport`]); None: off (`--no-ebpf`).
+    pub ebpf: Option<crate::transport::Options>,
 }
 
 impl Config {
@@ -93,6 +95,7 @@ impl Config {
             // PMA counters cost a management datagram per read: no faster than every few
             // seconds.
             nic_every: Duration::from_secs(5),
+            ebpf: Some(crate::transport::Options::default()),
         }
     }
 }
@@ -124,6 +127,8 @@ pub struct Stats {
     pub gone_drops: Mutex<[u64; 4]>,
     /// NIC counters since the agent started.
     pub nic: Mutex<crate::nic::Totals>,
+    /// What the eBPF probes see, and how they stand.
+    pub transport: Arc<crate::transport::Shared>,
 }
 
 /// What `/metrics` shows per traced process.
@@ -278,6 +283,29 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                     .update(&read);
             }
         }));
+    }
+
+    // The transport view (eBPF). Flows are attributed to this node's traced processes.
+    if let Some(opts) = cfg.ebpf.clone() {
+        let shared = stats.transport.clone();
+        let owners = {
+            let stats = stats.clone();
+            move || {
+                stats
+                    .processes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|p| p.pid)
+                    .collect::<Vec<u32>>()
+            }
+        };
+        tasks.push(tokio::spawn(crate::transport::run(
+            opts,
+            shared,
+            owners,
+            stop_rx.clone(),
+        )));
     }
 
     // The collector link.

@@ -147,6 +147,77 @@ static NIC_UNREADABLE: Def = Def::gauge(
     N,
 );
 
+static EBPF_LOADED: Def = Def::gauge(
+    "commscope_agent_ebpf_loaded",
+    "1 when the eBPF programs are loaded (0: off, or not permitted; see the warnings).",
+    N,
+);
+static EBPF_ATTACHED: Def = Def::gauge(
+    "commscope_agent_ebpf_probes_attached",
+    "Tracepoints and uprobes attached.",
+    N,
+);
+static EBPF_WARNINGS: Def = Def::gauge(
+    "commscope_agent_ebpf_warnings",
+    "Distinct problems that left part of the transport view off (each logged once).",
+    N,
+);
+static EBPF_EVENTS: Def = Def::counter(
+    "commscope_agent_ebpf_events_total",
+    "Events from the eBPF programs, by kind.",
+    &["node", "kind"],
+);
+static EBPF_LOST: Def = Def::counter(
+    "commscope_agent_ebpf_lost_total",
+    "eBPF events or samples lost, by reason (ring_full, map_full, read_failed, undecodable).",
+    &["node", "reason"],
+);
+static TCP_BYTES: Def = Def::counter(
+    "commscope_agent_tcp_bytes_total",
+    "TCP bytes of traced processes' flows, by remote address and direction (sent: acknowledged).",
+    &["node", "peer", "direction"],
+);
+static TCP_RETRANS: Def = Def::counter(
+    "commscope_agent_tcp_retransmits_total",
+    "TCP retransmissions of traced processes' flows, by remote address.",
+    &["node", "peer"],
+);
+static TCP_SRTT: Def = Def::gauge(
+    "commscope_agent_tcp_srtt_seconds",
+    "Mean smoothed RTT of traced processes' live flows, by remote address.",
+    &["node", "peer"],
+);
+static TCP_FLOWS: Def = Def::gauge(
+    "commscope_agent_tcp_flows",
+    "Live TCP flows of traced processes, by remote address.",
+    &["node", "peer"],
+);
+static RDMA_LINK_ERRORS: Def = Def::counter(
+    "commscope_agent_rdma_link_errors_total",
+    "Queue pairs moved to ERROR and fatal asynchronous events, by device.",
+    &["node", "device"],
+);
+static RDMA_ASYNC: Def = Def::counter(
+    "commscope_agent_rdma_async_events_total",
+    "Asynchronous events from ibv_get_async_event, by device and event.",
+    &["node", "device", "event"],
+);
+static RDMA_MR: Def = Def::counter(
+    "commscope_agent_rdma_mr_registrations_total",
+    "Memory registrations, by result (ok, failed).",
+    &["node", "result"],
+);
+static RDMA_MR_SECONDS: Def = Def::counter(
+    "commscope_agent_rdma_mr_registration_seconds_total",
+    "Time spent in memory registration and deregistration calls.",
+    N,
+);
+static NCCL_NET_BYTES: Def = Def::counter(
+    "commscope_agent_nccl_net_bytes_total",
+    "Bytes NCCL's network layer posted (isend/irecv), by transport (ib, socket) and side (send, recv).",
+    &["node", "transport", "side"],
+);
+
 pub static CATALOG: &[&Def] = &[
     &RECORDS_READ,
     &SAMPLED_OUT,
@@ -175,6 +246,20 @@ pub static CATALOG: &[&Def] = &[
     &NIC_PORT_UP,
     &NIC_PORT_RATE,
     &NIC_UNREADABLE,
+    &EBPF_LOADED,
+    &EBPF_ATTACHED,
+    &EBPF_WARNINGS,
+    &EBPF_EVENTS,
+    &EBPF_LOST,
+    &TCP_BYTES,
+    &TCP_RETRANS,
+    &TCP_SRTT,
+    &TCP_FLOWS,
+    &RDMA_LINK_ERRORS,
+    &RDMA_ASYNC,
+    &RDMA_MR,
+    &RDMA_MR_SECONDS,
+    &NCCL_NET_BYTES,
 ];
 
 /// The agent's registry: the process collector and [`CATALOG`], filled from `stats`.
@@ -259,6 +344,75 @@ fn fill(s: &Stats, node: &str, o: &mut Sink) {
         o.value(&PROCESS_IN_FLIGHT, &l, p.in_flight as f64);
     }
     fill_nic(s, node, o);
+    fill_transport(s, node, o);
+}
+
+fn fill_transport(s: &Stats, node: &str, o: &mut Sink) {
+    use commscope_ebpf_common::net;
+    let st = s
+        .transport
+        .status
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    o.value(&EBPF_LOADED, &[node], f64::from(u8::from(st.loaded)));
+    o.value(&EBPF_ATTACHED, &[node], st.attached.len() as f64);
+    o.value(&EBPF_WARNINGS, &[node], st.warnings.len() as f64);
+    let v = s.transport.view.lock().unwrap_or_else(|p| p.into_inner());
+    for (kind, n) in &v.events {
+        o.value(&EBPF_EVENTS, &[node, kind], *n as f64);
+    }
+    for (i, reason) in ["ring_full", "map_full", "read_failed"]
+        .into_iter()
+        .enumerate()
+    {
+        o.value(&EBPF_LOST, &[node, reason], st.kernel_drops[i] as f64);
+    }
+    o.value(&EBPF_LOST, &[node, "undecodable"], v.undecodable as f64);
+    for (peer, t) in v.tcp_by_peer() {
+        let peer = peer.to_string();
+        o.value(&TCP_BYTES, &[node, &peer, "sent"], t.bytes_sent as f64);
+        o.value(
+            &TCP_BYTES,
+            &[node, &peer, "received"],
+            t.bytes_received as f64,
+        );
+        o.value(&TCP_RETRANS, &[node, &peer], t.retransmits as f64);
+        o.value(&TCP_FLOWS, &[node, &peer], t.flows as f64);
+        if let Some(us) = t.srtt_us {
+            o.value(&TCP_SRTT, &[node, &peer], us / 1e6);
+        }
+    }
+    let mut link_errors: std::collections::BTreeMap<&str, u64> = Default::default();
+    for e in &v.link_errors {
+        *link_errors.entry(e.device.as_str()).or_default() += 1;
+    }
+    for (device, n) in link_errors {
+        o.value(&RDMA_LINK_ERRORS, &[node, device], n as f64);
+    }
+    for ((device, event), n) in &v.async_events {
+        o.value(&RDMA_ASYNC, &[node, device, event], *n as f64);
+    }
+    let (ok, failed, ns) = v.mr.values().fold((0, 0, 0), |(a, b, c), m| {
+        (a + m.registered, b + m.failed, c + m.latency_ns_sum)
+    });
+    o.value(&RDMA_MR, &[node, "ok"], ok as f64);
+    o.value(&RDMA_MR, &[node, "failed"], failed as f64);
+    o.value(&RDMA_MR_SECONDS, &[node], ns as f64 / 1e9);
+    let mut net_bytes: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+    for c in v.conns.values() {
+        let t = if c.transport == net::IB {
+            "ib"
+        } else {
+            "socket"
+        };
+        *net_bytes
+            .entry((t, crate::transport::TransportView::side_name(c.side)))
+            .or_default() += c.totals.bytes;
+    }
+    for ((t, side), b) in net_bytes {
+        o.value(&NCCL_NET_BYTES, &[node, t, side], b as f64);
+    }
 }
 
 fn fill_nic(s: &Stats, node: &str, o: &mut Sink) {

@@ -56,10 +56,11 @@ fn readelf_dynsyms(path: &Path) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for line in String::from_utf8_lossy(&o.stdout).lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 8 && f[3] == "FUNC" {
-            if let Ok(a) = u64::from_str_radix(f[1], 16) {
-                out.insert(f[7].to_owned(), a);
-            }
+        if f.len() >= 8
+            && f[3] == "FUNC"
+            && let Ok(a) = u64::from_str_radix(f[1], 16)
+        {
+            out.insert(f[7].to_owned(), a);
         }
     }
     out
@@ -390,4 +391,173 @@ fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
     );
     probes.read_kernel_drops();
     assert_eq!(probes.status().kernel_drops, [0, 0, 0]);
+}
+
+#[test]
+fn the_checked_in_object_matches_its_sources_and_toolchain_pin() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-ebpf.sh");
+    let o = Command::new(&script)
+        .arg("--check")
+        .output()
+        .expect("run build-ebpf.sh");
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_fresh_build_of_the_programs_has_the_checked_in_objects_programs_and_maps() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-ebpf.sh");
+    let o = Command::new(&script)
+        .arg("--rebuild-check")
+        .output()
+        .expect("run build-ebpf.sh");
+    assert!(
+        o.status.success(),
+        "{}{}(scripts/setup.sh installs the eBPF toolchain)",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The libibverbs offsets the probes read, against the installed `infiniband/verbs.h`.
+#[test]
+fn the_verbs_abi_offsets_match_the_installed_header() {
+    use commscope_ebpf_common::ibv;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("offsets.c");
+    std::fs::write(
+        &src,
+        r#"#include <infiniband/verbs.h>
+#include <stddef.h>
+#include <stdio.h>
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %d %d %d %d\n",
+    offsetof(struct ibv_qp, context), offsetof(struct ibv_qp, qp_num),
+    offsetof(struct ibv_qp, qp_type), offsetof(struct ibv_context, device),
+    offsetof(struct ibv_device, name), offsetof(struct ibv_qp_attr, qp_state),
+    offsetof(struct ibv_qp_attr, dest_qp_num), offsetof(struct ibv_qp_attr, ah_attr.grh.dgid),
+    offsetof(struct ibv_qp_attr, ah_attr.dlid), offsetof(struct ibv_qp_attr, ah_attr.is_global),
+    offsetof(struct ibv_qp_attr, ah_attr.port_num), offsetof(struct ibv_mr, addr),
+    offsetof(struct ibv_mr, length), offsetof(struct ibv_async_event, event_type),
+    IBV_QP_STATE, IBV_QP_AV, IBV_QP_DEST_QPN, IBV_QPS_ERR);
+  return 0;
+}
+"#,
+    )
+    .expect("write");
+    let bin = dir.path().join("offsets");
+    let o = Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("cc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = Command::new(&bin).output().expect("run");
+    let got: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|v| v.parse().expect("number"))
+        .collect();
+    let want: Vec<i64> = [
+        ibv::QP_CONTEXT,
+        ibv::QP_QP_NUM,
+        ibv::QP_QP_TYPE,
+        ibv::CONTEXT_DEVICE,
+        ibv::DEVICE_NAME,
+        ibv::ATTR_QP_STATE,
+        ibv::ATTR_DEST_QP_NUM,
+        ibv::ATTR_AH_DGID,
+        ibv::ATTR_AH_DLID,
+        ibv::ATTR_AH_IS_GLOBAL,
+        ibv::ATTR_AH_PORT_NUM,
+        ibv::MR_ADDR,
+        ibv::MR_LENGTH,
+        ibv::ASYNC_EVENT_TYPE,
+    ]
+    .iter()
+    .map(|&v| v as i64)
+    .chain(
+        [
+            ibv::MASK_STATE,
+            ibv::MASK_AV,
+            ibv::MASK_DEST_QPN,
+            ibv::QPS_ERR,
+        ]
+        .iter()
+        .map(|&v| i64::from(v)),
+    )
+    .collect();
+    assert_eq!(got, want);
+}
+
+/// An agent that may not load eBPF (an unprivileged user here) keeps working: one clear
+/// warning in its log, and the metrics say the transport view is off and why-count.
+#[test]
+fn an_agent_without_the_privilege_for_ebpf_warns_once_and_keeps_working() {
+    use commscope_tests::services::{Service, free_port, http_get};
+    if !root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).expect("mkdir");
+    for p in [dir.path(), run.as_path()] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+    }
+    let port = free_port();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(commscope_tests::commscope_bin())
+        .arg("agent")
+        .arg("--trace-dir")
+        .arg(dir.path().join("traces"))
+        .arg("--socket")
+        .arg(run.join("agent.sock"))
+        .arg("--spool-dir")
+        .arg(dir.path().join("spool"))
+        .arg("--http")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("COMMSCOPE_SYSFS_ROOT", "off");
+    let mut agent = Service::spawn(cmd, "agent");
+    agent.wait_log("transport view off", std::time::Duration::from_secs(20));
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let metrics =
+        commscope_tests::wait("agent metrics", std::time::Duration::from_secs(10), || {
+            let (code, text) = http_get(addr, "/metrics");
+            (code == 200 && text.contains("commscope_agent_ebpf_loaded")).then_some(text)
+        });
+    agent.stop();
+    let log = agent.log();
+    // (Other parts warn too when unprivileged, e.g. about process exit statuses.)
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && (l.contains("eBPF") || l.contains("transport view")))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains("the eBPF programs could not be loaded")
+            && warnings[0].contains("Operation not permitted"),
+        "{log}"
+    );
+    for line in [
+        "commscope_agent_ebpf_loaded{node=",
+        "commscope_agent_ebpf_warnings{node=",
+        "commscope_agent_ebpf_probes_attached{node=",
+    ] {
+        let v = metrics
+            .lines()
+            .find(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line} in\n{metrics}"));
+        let want = if line.contains("warnings") {
+            " 1"
+        } else {
+            " 0"
+        };
+        assert!(v.ends_with(want), "{v}");
+    }
 }

@@ -39,8 +39,15 @@ pub struct Plan {
     pub missing: Vec<String>,
 }
 
-/// Verbs: (function, entry program, return program, cookie).
-const VERBS: [(&str, Option<&str>, Option<&str>, Option<u32>); 8] = [
+/// A verbs target: (function, entry program, return program, cookie).
+type VerbsTarget = (
+    &'static str,
+    Option<&'static str>,
+    Option<&'static str>,
+    Option<u32>,
+);
+
+const VERBS: [VerbsTarget; 8] = [
     ("ibv_create_qp", None, Some("ibv_create_qp_ret"), None),
     (
         "ibv_modify_qp",

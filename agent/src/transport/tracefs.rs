@@ -56,7 +56,7 @@ pub fn fields(format: &str) -> HashMap<String, (u16, u16)> {
         }
         // `__u8 saddr[28]` → `saddr`; `const void * skaddr` → `skaddr`.
         let name = decl
-            .and_then(|d| d.rsplit(|c: char| c == ' ' || c == '*').next())
+            .and_then(|d| d.rsplit([' ', '*']).next())
             .map(|n| n.split('[').next().unwrap_or(n));
         if let (Some(n), Some(o), Some(s)) = (name, offset, size) {
             out.insert(n.to_owned(), (o, s));

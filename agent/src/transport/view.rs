@@ -112,7 +112,7 @@ pub struct LinkError {
 #[derive(Debug, Default)]
 pub struct TransportView {
     pub flows: BTreeMap<u64, Flow>,
-    /// Totals of flows already gone, by remote address (so counters never go backwards).
+    /// Totals of owned flows already gone, by remote address (so counters never go backwards).
     pub gone: HashMap<IpAddr, TcpFlow>,
     pub qps: HashMap<(u32, u32), Qp>,
     pub conns: HashMap<NetKey, Conn>,
@@ -405,7 +405,9 @@ impl TransportView {
             // A reused socket address is a new flow.
             if t.first_ns != f.totals.first_ns && f.totals.first_ns != 0 {
                 let old = std::mem::take(&mut f.totals);
-                add(self.gone.entry(f.remote.ip()).or_default(), &old);
+                if f.pid.is_some() {
+                    add(self.gone.entry(f.remote.ip()).or_default(), &old);
+                }
                 f.local = sockaddr(t.family, &t.saddr, t.sport);
                 f.remote = sockaddr(t.family, &t.daddr, t.dport);
                 f.pid = None;
@@ -422,7 +424,9 @@ impl TransportView {
         let mut done = Vec::new();
         self.flows.retain(|sk, f| {
             if f.closed {
-                add(self.gone.entry(f.remote.ip()).or_default(), &f.totals);
+                if f.pid.is_some() {
+                    add(self.gone.entry(f.remote.ip()).or_default(), &f.totals);
+                }
                 done.push(*sk);
                 false
             } else {
@@ -467,13 +471,15 @@ impl TransportView {
         self.flows.values().filter(|f| f.pid.is_none()).count()
     }
 
-    /// TCP totals by remote address: live flows plus those gone.
+    /// TCP totals of the flows of known processes, by remote address: live flows plus those
+    /// gone. (Tracepoints see every socket on the host; flows no traced process owns are left
+    /// out, which also keeps other network namespaces' traffic out of a node's view.)
     pub fn tcp_by_peer(&self) -> BTreeMap<IpAddr, PeerTotals> {
         let mut out: BTreeMap<IpAddr, PeerTotals> = BTreeMap::new();
         for (ip, t) in &self.gone {
             out.entry(*ip).or_default().add(t, 0.0, 0.0, false);
         }
-        for f in self.flows.values() {
+        for f in self.flows.values().filter(|f| f.pid.is_some()) {
             out.entry(f.remote.ip())
                 .or_default()
                 .add(&f.totals, f.tx_rate, f.rx_rate, true);

@@ -138,7 +138,10 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let exact = l.sock_bytes_received != TpLayout::ABSENT && l.sock_bytes_acked != TpLayout::ABSENT;
     let (received, acked) = if exact {
-        (sock_u64(sk, l.sock_bytes_received), sock_u64(sk, l.sock_bytes_acked))
+        (
+            sock_u64(sk, l.sock_bytes_received),
+            sock_u64(sk, l.sock_bytes_acked),
+        )
     } else {
         (0, 0)
     };
@@ -289,8 +292,10 @@ fn device_name(context: u64) -> [u8; 16] {
     }
     if let Some(dev) = user::<u64>(context + ibv::CONTEXT_DEVICE as u64) {
         // SAFETY: checked by the helper; a bad address leaves the name empty.
-        if unsafe { bpf_probe_read_user_buf((dev + ibv::DEVICE_NAME as u64) as *const u8, &mut name) }
-            .is_err()
+        if unsafe {
+            bpf_probe_read_user_buf((dev + ibv::DEVICE_NAME as u64) as *const u8, &mut name)
+        }
+        .is_err()
         {
             count(stat::READ_FAILED);
         }
@@ -331,7 +336,8 @@ pub fn ibv_create_qp_ret(ctx: RetProbeContext) -> u32 {
 
 #[uprobe]
 pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
-    let (Some(qp), Some(attr), Some(mask)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<i32>(2))
+    let (Some(qp), Some(attr), Some(mask)) =
+        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<i32>(2))
     else {
         return 0;
     };
@@ -354,7 +360,10 @@ pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
         ev.is_global = user::<u8>(attr + ibv::ATTR_AH_IS_GLOBAL as u64).unwrap_or(0);
         ev.port_num = user::<u8>(attr + ibv::ATTR_AH_PORT_NUM as u64).unwrap_or(0);
     }
-    if QP_PENDING.insert(&bpf_get_current_pid_tgid(), &ev, 0).is_err() {
+    if QP_PENDING
+        .insert(&bpf_get_current_pid_tgid(), &ev, 0)
+        .is_err()
+    {
         count(stat::MAP_FULL);
     }
     0
@@ -376,7 +385,9 @@ pub fn ibv_modify_qp_ret(ctx: RetProbeContext) -> u32 {
 
 #[uprobe]
 pub fn ibv_destroy_qp(ctx: ProbeContext) -> u32 {
-    let Some(qp) = ctx.arg::<u64>(0) else { return 0 };
+    let Some(qp) = ctx.arg::<u64>(0) else {
+        return 0;
+    };
     let mut ev = QpEvent {
         head: head(kind::QP_DESTROY),
         state: -1,
@@ -393,7 +404,12 @@ pub fn ibv_destroy_qp(ctx: ProbeContext) -> u32 {
 pub fn ibv_reg_mr(ctx: ProbeContext) -> u32 {
     // SAFETY: the program's own context.
     let func = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
-    mr_enter(func, ctx.arg::<u64>(1).unwrap_or(0), ctx.arg::<u64>(2).unwrap_or(0), 0);
+    mr_enter(
+        func,
+        ctx.arg::<u64>(1).unwrap_or(0),
+        ctx.arg::<u64>(2).unwrap_or(0),
+        0,
+    );
     0
 }
 
