@@ -70,6 +70,9 @@ pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
     if a.no_ebpf {
         c.ebpf = None;
     }
+    if let Some(o) = c.ebpf.as_mut() {
+        o.nccl_data = std::env::var("COMMSCOPE_EBPF_NCCL_DATA").is_ok_and(|v| v == "1");
+    }
     if let Some(s) = a.spool_after.clone().or(f.spool_after) {
         c.spool_after = parse_duration(&s)?;
     }

@@ -241,6 +241,7 @@ fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
     let s = stand_ins();
     let mut probes = Probes::load(&only(Options {
         tcp: false,
+        nccl_data: true,
         libraries: vec![s.verbs.clone(), s.ncclnet.clone()],
         ..Options::default()
     }))

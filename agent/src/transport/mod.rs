@@ -56,6 +56,10 @@ pub struct Options {
     pub discover: bool,
     /// Library files to probe whoever maps them (tests, or a site's known path).
     pub libraries: Vec<PathBuf>,
+    /// Also probe NCCL's per-step data functions (`isend`/`irecv`). Off by default: they run
+    /// once per proxy step, and a uprobe costs the proxy thread microseconds per hit; the
+    /// profiler plugin sees the same steps far cheaper. Connect/accept are always probed.
+    pub nccl_data: bool,
     /// How often the flows and connections maps are read, and `/proc` is scanned.
     pub flow_every: Duration,
     pub scan_every: Duration,
@@ -68,6 +72,7 @@ impl Default for Options {
             tcp: true,
             discover: true,
             libraries: Vec::new(),
+            nccl_data: false,
             flow_every: Duration::from_secs(1),
             scan_every: Duration::from_secs(5),
             proc_root: PathBuf::from("/proc"),
@@ -99,6 +104,7 @@ pub struct Status {
 /// The loaded programs and their attachments.
 pub struct Probes {
     bpf: Ebpf,
+    nccl_data: bool,
     known_files: HashSet<(u64, u64)>,
     status: Status,
 }
@@ -121,6 +127,7 @@ impl Probes {
             .map_err(|e| format!("the eBPF programs could not be loaded: {}", chain(&e)))?;
         let mut p = Probes {
             bpf,
+            nccl_data: opts.nccl_data,
             known_files: HashSet::new(),
             status: Status {
                 loaded: true,
@@ -227,7 +234,11 @@ impl Probes {
             return Ok(0);
         }
         let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
-        let plan = plan::plan(&symbols);
+        let mut plan = plan::plan(&symbols);
+        if !self.nccl_data {
+            plan.targets
+                .retain(|t| !matches!(t.program, "net_isend" | "net_irecv"));
+        }
         if plan.library.is_none() {
             // A library by that name without a network layer (a stub, a build without one).
             tracing::info!(
