@@ -158,13 +158,24 @@ impl RunSpec {
         let env = self.env();
         match launcher {
             Launcher::OpenMpi => {
-                for (k, v) in &env {
-                    cmd.arg("-x").arg(format!("{k}={v}"));
-                }
+                let exports: Vec<String> = env
+                    .iter()
+                    .flat_map(|(k, v)| ["-x".to_owned(), format!("{k}={v}")])
+                    .collect();
+                cmd.args(&exports);
                 // The launcher itself needs no preload, but its local ranks read the rest too.
                 for (k, v) in env.iter().filter(|(k, _)| k != "LD_PRELOAD") {
                     cmd.env(k, v);
                 }
+                // `-x` reaches only the app context it belongs to: in an MPMD launch
+                // (`-np 2 a : -np 2 b`) every context after a `:` needs its own.
+                for a in args {
+                    cmd.arg(a);
+                    if a == ":" {
+                        cmd.args(&exports);
+                    }
+                }
+                return Ok(cmd);
             }
             Launcher::Hydra => {
                 for (k, v) in &env {
@@ -303,6 +314,18 @@ mod tests {
             "{a:?}"
         );
         assert_eq!(&a[a.len() - 3..], ["-np", "2", "./a.out"]);
+        // MPMD: each app context gets the exports.
+        let mut mpmd = spec("mpirun");
+        mpmd.command.extend([":".into(), "-np".into(), "1".into(), "./b.out".into()]);
+        let a = args(&mpmd.command().expect("command"));
+        let colon = a.iter().position(|x| x == ":").expect("separator");
+        assert_eq!(
+            a.iter().filter(|x| x.starts_with("LD_PRELOAD=")).count(),
+            2,
+            "{a:?}"
+        );
+        assert_eq!(a[colon + 1], "-x", "{a:?}");
+        assert_eq!(&a[a.len() - 3..], ["-np", "1", "./b.out"]);
         let c = spec("mpiexec.hydra").command().expect("command");
         let a = args(&c);
         assert!(

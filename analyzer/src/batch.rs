@@ -432,6 +432,7 @@ mod tests {
             liveness: Liveness {
                 hang_floor_ns: 60 * S,
                 dead_after_ns: 60 * S,
+                ..Default::default()
             },
             ..Default::default()
         };

@@ -3,7 +3,7 @@
 //! progress. The collector builds it from its live state ([`JobView::live`] is then true), and
 //! [`crate::replay`] builds it from a trace, so both run the very same detectors.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use commscope_wire::op::Op;
 
@@ -19,6 +19,17 @@ pub struct JobView {
     /// Global rank → its process.
     pub ranks: BTreeMap<i32, RankView>,
     pub comms: HashMap<u64, CommView>,
+    /// Nodes whose agent the collector lost contact with (live only): their ranks are out of
+    /// sight, and their silence is no evidence about them.
+    pub lost: BTreeMap<String, LostContact>,
+}
+
+/// A node out of contact: no stream from its agent since `since_ns` (realtime).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LostContact {
+    pub since_ns: u64,
+    /// How its last stream ended (the transport's error, or that it ended).
+    pub why: String,
 }
 
 /// One rank's process.
@@ -44,6 +55,9 @@ pub struct RankView {
     pub data_lost: bool,
     /// The process as its node's agent sees it (live only).
     pub process: Option<ProcessState>,
+    /// How long ago its agent last reported on it (live, while it runs; None: not yet, or a
+    /// trace).
+    pub observed_age_ns: Option<u64>,
     /// Extra evidence about the process (stacks, kernel state) for findings that name it.
     pub evidence: serde_json::Value,
 }
@@ -162,6 +176,32 @@ impl JobView {
             Some(name) if !name.is_empty() => format!("{id} ({name})"),
             _ => id,
         }
+    }
+
+    /// Ranks on nodes out of contact.
+    pub fn out_of_sight(&self) -> BTreeSet<i32> {
+        if self.lost.is_empty() {
+            return BTreeSet::new();
+        }
+        self.ranks
+            .values()
+            .filter(|r| self.lost.contains_key(&r.node))
+            .map(|r| r.rank)
+            .collect()
+    }
+
+    /// Live ranks still running whose agent has not reported on them for `after_ns`, on
+    /// nodes not (yet) known to be out of contact.
+    pub fn unseen(&self, after_ns: u64) -> BTreeSet<i32> {
+        if !self.live {
+            return BTreeSet::new();
+        }
+        self.ranks
+            .values()
+            .filter(|r| r.ended.is_none() && !r.finalized && !self.lost.contains_key(&r.node))
+            .filter(|r| r.observed_age_ns.is_some_and(|a| a >= after_ns))
+            .map(|r| r.rank)
+            .collect()
     }
 
     /// The node of a rank ("" when unknown).

@@ -2,12 +2,14 @@
 //! the analyzer's detectors over it — the same ones `commscope analyze` runs over a trace — and
 //! opens, updates and resolves findings (one log line per open and resolve).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use commscope_analyzer::detectors::{Liveness, liveness};
 use commscope_analyzer::finding::{Finding, Kind, Tracker};
-use commscope_analyzer::view::{CommView, Ending, InFlight, JobView, ProcessState, RankView};
+use commscope_analyzer::view::{
+    CommView, Ending, InFlight, JobView, LostContact, ProcessState, RankView,
+};
 use commscope_wire::op::Op;
 use serde_json::json;
 
@@ -45,7 +47,8 @@ impl Engine {
     }
 
     /// Re-evaluates every job; returns what opened and what resolved.
-    pub fn tick(&mut self, state: &mut State) -> Vec<Change> {
+    /// `lost`: nodes whose agent is out of contact now.
+    pub fn tick(&mut self, state: &mut State, lost: &BTreeMap<String, LostContact>) -> Vec<Change> {
         let mut now = Vec::new();
         let t = now_ns();
         self.last.retain(|j, _| state.jobs.contains_key(j));
@@ -57,7 +60,7 @@ impl Engine {
             let found = if job.in_flux() {
                 self.last.get(&job.job).cloned().unwrap_or_default()
             } else {
-                let v = view(job, t);
+                let v = view(job, t, lost);
                 let f = liveness(&v, &self.liveness, &mut mismatches);
                 self.last.insert(job.job.clone(), f.clone());
                 f
@@ -71,7 +74,7 @@ impl Engine {
 }
 
 /// The job as the detectors see it now.
-pub fn view(job: &JobState, now: u64) -> JobView {
+pub fn view(job: &JobState, now: u64, lost: &BTreeMap<String, LostContact>) -> JobView {
     let mut comms: HashMap<u64, CommView> = HashMap::with_capacity(job.comms.len());
     for (id, c) in &job.comms {
         comms.insert(
@@ -97,12 +100,18 @@ pub fn view(job: &JobState, now: u64) -> JobView {
         }
         ranks.insert(r.rank, rank_view(r, &comms, now, stream));
     }
+    let lost = lost
+        .iter()
+        .filter(|(node, _)| ranks.values().any(|r: &RankView| &r.node == *node))
+        .map(|(n, l)| (n.clone(), l.clone()))
+        .collect();
     JobView {
         job: job.job.clone(),
         live: true,
         now_ns: now,
         ranks,
         comms,
+        lost,
     }
 }
 
@@ -170,6 +179,10 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
         in_flight,
         busy_unseen: false,
         data_lost: false,
+        observed_age_ns: ended
+            .is_none()
+            .then(|| r.snapshot_at.map(|t| t.elapsed().as_nanos() as u64))
+            .flatten(),
         process: r.proc.as_ref().map(|p| ProcessState {
             state: p.state.clone(),
             wchan: p.wchan.clone(),

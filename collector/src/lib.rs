@@ -207,6 +207,26 @@ impl Shared {
 }
 
 impl Shared {
+    /// Nodes whose agent has no stream open now, with when and how the last one ended.
+    pub fn lost_nodes(&self) -> std::collections::BTreeMap<String, commscope_analyzer::view::LostContact> {
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, l)| l.streams == 0)
+            .filter_map(|(node, l)| {
+                let why = l.ended.clone()?;
+                Some((
+                    node.clone(),
+                    commscope_analyzer::view::LostContact {
+                        since_ns: l.since_ns,
+                        why,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// Asks the agents of these ranks of `job` for their processes' stacks (once per process).
     pub fn ask_for_stacks(&self, job: &str, ranks: &[i32]) {
         let wanted: Vec<(String, commscope_wire::grpc::ProbeRequest)> = {
@@ -496,12 +516,13 @@ pub async fn start(config: Config) -> Result<Running> {
 
 /// Re-evaluates every job's findings; logs what opened and resolved.
 fn findings_tick(sh: &Shared) {
+    let lost = sh.lost_nodes();
     let changes = {
         let mut st = sh.lock_state();
         sh.findings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .tick(&mut st)
+            .tick(&mut st, &lost)
     };
     for c in &changes {
         match c {

@@ -11,7 +11,9 @@
 //!   `communication-hang` with no rank, naming the communicator and instance;
 //! - a rank that died first ([`super::dead_rank`]): one `dead-rank` finding, with what the
 //!   others are blocked in as its evidence (also when nobody waits for it yet);
-//! - a mismatch: the mismatch finding, with the hang as its evidence.
+//! - a mismatch: the mismatch finding, with the hang as its evidence;
+//! - ranks on a node whose agent is out of contact (live): one `communication-hang` with no
+//!   rank and its link naming that node — their silence is lost contact, never their fault.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,10 +24,10 @@ use super::Liveness;
 use super::dead_rank::{Deaths, ending_phrase};
 use super::waits::{Root, Waits};
 use crate::finding::{
-    Class, Finding, HangCause, Kind, State, Waited, finding_id, hang_finding, ranks_phrase,
+    Class, Finding, HangCause, Kind, Link, State, Waited, finding_id, hang_finding, ranks_phrase,
 };
 use crate::stream::fmt_bytes;
-use crate::view::{InFlight, JobView, RankView};
+use crate::view::{InFlight, JobView, LostContact, RankView};
 
 /// A stuck call and the rank waiting in it.
 #[derive(Clone, Debug)]
@@ -67,6 +69,8 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
     view.ranks
         .values()
         .filter(|r| r.ended.is_none() && !r.finalized && !deaths.ended.contains_key(&r.rank))
+        // Out of contact: its last state is stale, and its silence says nothing about it.
+        .filter(|r| !view.lost.contains_key(&r.node))
         .filter(|r| {
             let silent = r.last_heard_ns > 0
                 && view.now_ns.saturating_sub(r.last_heard_ns) >= th.dead_after_ns;
@@ -94,7 +98,13 @@ pub fn findings(
     deaths: &Deaths,
     mismatches: &mut [Finding],
 ) -> Vec<Finding> {
-    let frozen = frozen(view, th, deaths);
+    // Ranks whose agent went silent: nothing is said about them, or about what waits on
+    // them, until contact resumes or the collector declares the node lost.
+    let unseen = view.unseen(th.unseen_after_ns);
+    let frozen: BTreeSet<i32> = frozen(view, th, deaths)
+        .difference(&unseen)
+        .copied()
+        .collect();
     let mut mismatched: BTreeMap<i32, usize> = BTreeMap::new();
     for (i, m) in mismatches.iter().enumerate() {
         for r in &m.ranks {
@@ -103,6 +113,10 @@ pub fn findings(
     }
     let mut explained: BTreeSet<i32> = deaths.roots.clone();
     explained.extend(&frozen);
+    // Ranks out of sight wait for nobody we can see; what waits on them is lost contact.
+    let out_of_sight = view.out_of_sight();
+    explained.extend(&out_of_sight);
+    explained.extend(&unseen);
     explained.extend(mismatched.keys());
     let waits = Waits {
         view,
@@ -172,6 +186,20 @@ pub fn findings(
     for r in &frozen {
         let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
         out.push(frozen_finding(view, &view.ranks[r], &victims));
+    }
+    for (node, lost) in &view.lost {
+        let ranks: BTreeSet<i32> = out_of_sight
+            .iter()
+            .copied()
+            .filter(|r| view.node(*r) == node)
+            .collect();
+        let victims: Vec<Victim> = ranks
+            .iter()
+            .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
+            .collect();
+        if !victims.is_empty() {
+            out.push(lost_finding(view, node, lost, &ranks, &victims));
+        }
     }
     for group in stall_groups(view, &by_root) {
         out.push(stall_finding(view, &group, &by_root));
@@ -663,6 +691,71 @@ fn stall_finding(
             })).collect::<Vec<_>>(),
             "victims": behind,
             "stuck": stuck_evidence(&victims),
+        }),
+    }
+}
+
+/// Ranks wait for ranks on a node whose agent is out of contact: that node's network (or the
+/// node) failed. One `communication-hang` with no rank, its link naming the node.
+fn lost_finding(
+    view: &JobView,
+    node: &str,
+    lost: &LostContact,
+    ranks: &BTreeSet<i32>,
+    victims: &[Victim],
+) -> Finding {
+    let anchor = victims
+        .iter()
+        .min_by_key(|v| (v.call.entered_ns, v.rank))
+        .map(|v| v.call);
+    let waiting: BTreeSet<i32> = victims.iter().map(|v| v.rank).collect();
+    let waiting_nodes = nodes_of(view, &waiting);
+    let out: Vec<i32> = ranks.iter().copied().collect();
+    let ago = match view.now_ns.saturating_sub(lost.since_ns) as f64 / 1e9 {
+        a if a < 1.0 => "just now".to_owned(),
+        a => format!("{a:.0} s ago"),
+    };
+    let what = anchor.map_or_else(|| "their calls".to_owned(), |c| call_phrase(view, c));
+    Finding {
+        id: finding_id(
+            Kind::Hang,
+            &view.job,
+            anchor.map(|c| c.comm),
+            &[],
+            anchor.map(|c| c.seq),
+        ),
+        kind: Kind::Hang,
+        class: Class::CommunicationHang,
+        state: State::Open,
+        job: view.job.clone(),
+        comm: anchor.map(|c| format_comm_id(c.comm)),
+        seq: anchor.and_then(|c| (!c.op.is_p2p()).then_some(c.seq)),
+        ranks: vec![],
+        nodes: vec![node.to_owned()],
+        link: Some(Link {
+            src: node.to_owned(),
+            dst: waiting_nodes.first().cloned().unwrap_or_default(),
+        }),
+        opened_at: anchor.map_or(view.now_ns, |c| c.entered_ns.max(lost.since_ns)),
+        resolved_at: None,
+        confidence: 0.7,
+        summary: format!(
+            "Contact with node {node} was lost {ago} ({}) while {} on {} wait{} in {what} for {} on it: node {node}'s network (or the node itself) failed, and its ranks are out of sight, not to blame — check node {node}'s link (ip link, NIC counters, its switch port) and whether the node is up",
+            lost.why,
+            ranks_phrase(&waiting.iter().copied().collect::<Vec<_>>()),
+            match waiting_nodes.len() {
+                1 => format!("node {}", waiting_nodes[0]),
+                _ => format!("nodes {}", waiting_nodes.join(", ")),
+            },
+            if waiting.len() == 1 { "s" } else { "" },
+            ranks_phrase(&out),
+        ),
+        evidence: json!({
+            "lost_contact": {"node": node, "since": lost.since_ns, "why": lost.why},
+            "out_of_sight": out,
+            "waiting": waiting,
+            "waiting_nodes": waiting_nodes,
+            "stuck": stuck_evidence(victims),
         }),
     }
 }

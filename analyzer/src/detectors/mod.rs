@@ -34,6 +34,10 @@ pub struct Liveness {
     pub hang_floor_ns: u64,
     /// A process silent this long while its peers go on is dead (trace) or frozen (live).
     pub dead_after_ns: u64,
+    /// Live: a process its agent has not reported on for this long is out of sight (its agent
+    /// is silent: the node's network may have failed; the collector learns within its
+    /// keepalive timeout). Until then it is neither blamed nor cleared.
+    pub unseen_after_ns: u64,
 }
 
 impl Default for Liveness {
@@ -41,6 +45,7 @@ impl Default for Liveness {
         Liveness {
             hang_floor_ns: 5_000_000_000,
             dead_after_ns: 3_000_000_000,
+            unseen_after_ns: 2_500_000_000,
         }
     }
 }

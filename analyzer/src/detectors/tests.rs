@@ -602,3 +602,95 @@ fn a_mismatched_job_killed_afterwards_is_the_mismatch_alone() {
     let f = liveness(&v, &Liveness::default(), &mut m);
     assert!(f.is_empty(), "{f:#?}");
 }
+
+/// Node n1 (ranks 4–7) out of contact since 15 s ago: its last known state is stale.
+fn lose_n1(v: &mut JobView) {
+    v.lost.insert(
+        "n1".into(),
+        crate::view::LostContact {
+            since_ns: NOW - 15 * S,
+            why: "its stream ended".into(),
+        },
+    );
+    for r in 4..8 {
+        let p = rank(v, r);
+        p.last_heard_ns = NOW - 15 * S;
+        // What its agent last said: running, CPU standing still (it is gone from sight).
+        if let Some(ps) = p.process.as_mut() {
+            ps.cpu_advancing = false;
+        }
+    }
+}
+
+#[test]
+fn ranks_waiting_for_a_node_out_of_contact_are_one_communication_hang_naming_it() {
+    // Ranks 0–3 (n0) wait in the all-reduce; ranks 4–7 (n1) had not been seen entering it when
+    // contact with n1 was lost.
+    let mut v = job(8, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    lose_n1(&mut v);
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
+    assert_eq!(f[0].class, Class::CommunicationHang);
+    let link = f[0].link.as_ref().expect("link");
+    assert_eq!((link.src.as_str(), link.dst.as_str()), ("n1", "n0"));
+    assert_eq!(f[0].nodes, ["n1"]);
+    assert_eq!(f[0].evidence["out_of_sight"], serde_json::json!([4, 5, 6, 7]));
+    assert_eq!(f[0].evidence["waiting"], serde_json::json!([0, 1, 2, 3]));
+    assert!(f[0].summary.starts_with("Contact with node n1 was lost 15 s ago"), "{}", f[0].summary);
+
+    // The same when n1's ranks had entered too: not a stall "while every process is alive".
+    for r in 4..8 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
+    assert_eq!(f[0].link.as_ref().map(|l| l.src.as_str()), Some("n1"));
+    assert!(f[0].summary.starts_with("Contact with node n1"), "{}", f[0].summary);
+}
+
+#[test]
+fn without_lost_contact_the_same_silence_is_a_frozen_rank() {
+    // The control: the same stale state with n1's agent still connected blames its ranks.
+    let mut v = job(8, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    lose_n1(&mut v);
+    v.lost.clear();
+    let f = run(&v);
+    // (Each frozen process is a finding of its own.)
+    let want: Vec<(Kind, Vec<i32>)> = (4..8).map(|r| (Kind::Hang, vec![r])).collect();
+    assert_eq!(kinds(&f), want, "{f:#?}");
+    assert!(f.iter().all(|x| x.class == Class::NonCommunicationHang));
+}
+
+#[test]
+fn a_node_out_of_contact_that_nobody_waits_for_is_no_finding() {
+    let mut v = job(8, 10, true);
+    lose_n1(&mut v);
+    assert!(run(&v).is_empty());
+}
+
+#[test]
+fn ranks_whose_agent_went_silent_are_held_until_contact_is_known() {
+    // n1's agent has not reported for 3 s (its stream not yet known dead): its ranks are
+    // neither frozen nor culprits, and nothing waits on a verdict about them.
+    let mut v = job(8, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    lose_n1(&mut v);
+    v.lost.clear();
+    for r in 4..8 {
+        rank(&mut v, r).observed_age_ns = Some(3 * S);
+    }
+    assert!(run(&v).is_empty(), "{:#?}", run(&v));
+    // Reports fresh again (the agent is back and sees them stuck): the frozen ranks are named.
+    for r in 4..8 {
+        rank(&mut v, r).observed_age_ns = Some(S / 2);
+    }
+    assert_eq!(run(&v).len(), 4);
+}

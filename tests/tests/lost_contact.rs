@@ -1,0 +1,175 @@
+//! A node cut off together with its ranks: its agent's stream dies and its ranks stop, while
+//! the ranks on the other node wait in the collective for them. From the collector this is
+//! lost contact with that node — never a rank computing or frozen. (Here the cut is made with
+//! signals, on one machine: both of node B's agents and ranks stop at once, as a downed link
+//! stops them for the collector.)
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use commscope_tests::services::{Service, Services, run_with_agent};
+use commscope_tests::{Flavour, build, commscope, wait};
+
+fn findings(svc: &Services, job: &str, state: &str) -> Vec<serde_json::Value> {
+    let q = if state.is_empty() {
+        format!("/api/v1/findings?job={job}")
+    } else {
+        format!("/api/v1/findings?job={job}&state={state}")
+    };
+    let (_, body) = svc.get(&q);
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["findings"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Pids of `prog`'s processes whose environment names `socket` as their agent.
+fn ranks_using(prog: &Path, socket: &Path) -> Vec<i32> {
+    let want = format!("COMMSCOPE_AGENT_SOCKET={}", socket.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let exe = std::fs::read_link(e.path().join("exe")).ok();
+        if exe.as_deref() != Some(prog) {
+            continue;
+        }
+        let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn signal(pids: &[i32], sig: i32) {
+    for p in pids {
+        // SAFETY: signals to processes this test started.
+        unsafe { libc::kill(*p, sig) };
+    }
+}
+
+#[test]
+fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
+    let mut svc = Services::start("node-a", &[], &["--no-ebpf"]);
+    // Node B's agent, on the same collector.
+    let b_socket = svc.dir.path().join("agent-b.sock");
+    let mut c = commscope();
+    c.arg("agent")
+        .arg("--collector")
+        .arg(format!("http://{}", svc.grpc))
+        .arg("--socket")
+        .arg(&b_socket)
+        .arg("--node")
+        .arg("node-b")
+        .arg("--http")
+        .arg("127.0.0.1:0")
+        .arg("--spool-dir")
+        .arg(svc.dir.path().join("spool-b"))
+        .arg("--no-ebpf");
+    let mut agent_b = Service::spawn(c, "agent on node-b");
+    agent_b.wait_log("registrations on", Duration::from_secs(30));
+
+    // Ranks 0–1 register with node A's agent, ranks 2–3 with node B's.
+    let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "steady")).expect("program");
+    let job = "lost-contact";
+    let p = prog.to_str().expect("utf-8").to_owned();
+    let b_env = format!("COMMSCOPE_AGENT_SOCKET={}", b_socket.display());
+    let cmd: Vec<std::ffi::OsString> = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        "lo",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "-np",
+        "2",
+        &p,
+        "600",
+        "20000",
+        ":",
+        "-np",
+        "2",
+        "env",
+        &b_env,
+        &p,
+        "600",
+        "20000",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    let socket = svc.socket.clone();
+    let runner = std::thread::spawn(move || run_with_agent(&socket, job, &cmd, &[]));
+    let mut last = None;
+    let started = std::time::Instant::now();
+    while svc.job(job).is_none_or(|j| j["ranks"].as_u64() != Some(4)) {
+        last = svc.job(job);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the job's four ranks: {last:#?}\n{}\n{}",
+            svc.collector().log(),
+            agent_b.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        findings(&svc, job, "open").is_empty(),
+        "a finding before the cut: {:#?}",
+        findings(&svc, job, "open")
+    );
+
+    // The cut: node B's ranks and agent stop together.
+    let b_ranks = ranks_using(&prog, &b_socket);
+    assert_eq!(b_ranks.len(), 2, "node B's ranks: {b_ranks:?}");
+    signal(&b_ranks, libc::SIGSTOP);
+    signal(&[agent_b.child.id() as i32], libc::SIGSTOP);
+    let f = wait("a live hang finding", Duration::from_secs(60), || {
+        findings(&svc, job, "open")
+            .into_iter()
+            .find(|f| f["kind"] == "hang")
+    });
+    eprintln!("lost contact: {}", f["summary"]);
+    // Let every detector have its say for a few evaluations.
+    std::thread::sleep(Duration::from_secs(4));
+    let open = findings(&svc, job, "open");
+    let all = findings(&svc, job, "");
+
+    // Take everything down.
+    signal(&[agent_b.child.id() as i32], libc::SIGCONT);
+    signal(&b_ranks, libc::SIGKILL);
+    let _ = Command::new("pkill")
+        .args(["-9", "-f", &p])
+        .status();
+    let _ = runner.join();
+    agent_b.stop();
+
+    assert_eq!(open.len(), 1, "open: {open:#?}");
+    assert_eq!(all.len(), 1, "open or resolved: {all:#?}");
+    let g = &open[0];
+    assert_eq!(g["id"], f["id"]);
+    assert_eq!(g["class"], "communication-hang", "{g:#}");
+    assert_eq!(g["ranks"], serde_json::json!([]), "{g:#}");
+    assert_eq!(g["link"]["src"], "node-b", "{g:#}");
+    assert_eq!(g["link"]["dst"], "node-a", "{g:#}");
+    assert_eq!(g["evidence"]["out_of_sight"], serde_json::json!([2, 3]), "{g:#}");
+    assert_eq!(g["evidence"]["waiting"], serde_json::json!([0, 1]), "{g:#}");
+    let summary = g["summary"].as_str().unwrap_or_default();
+    assert!(summary.starts_with("Contact with node node-b was lost"), "{summary}");
+    assert!(
+        svc.collector()
+            .log()
+            .contains("no stream from node node-b's agent any more"),
+        "{}",
+        svc.collector().log()
+    );
+}
