@@ -316,7 +316,8 @@ mod tests {
         assert_eq!(&a[a.len() - 3..], ["-np", "2", "./a.out"]);
         // MPMD: each app context gets the exports.
         let mut mpmd = spec("mpirun");
-        mpmd.command.extend([":".into(), "-np".into(), "1".into(), "./b.out".into()]);
+        mpmd.command
+            .extend([":".into(), "-np".into(), "1".into(), "./b.out".into()]);
         let a = args(&mpmd.command().expect("command"));
         let colon = a.iter().position(|x| x == ":").expect("separator");
         assert_eq!(

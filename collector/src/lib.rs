@@ -208,7 +208,9 @@ impl Shared {
 
 impl Shared {
     /// Nodes whose agent has no stream open now, with when and how the last one ended.
-    pub fn lost_nodes(&self) -> std::collections::BTreeMap<String, commscope_analyzer::view::LostContact> {
+    pub fn lost_nodes(
+        &self,
+    ) -> std::collections::BTreeMap<String, commscope_analyzer::view::LostContact> {
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())

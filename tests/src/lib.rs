@@ -10,6 +10,7 @@ pub mod nccl;
 pub mod prometheus;
 pub mod python;
 pub mod services;
+pub mod testbed;
 pub mod transport;
 
 use std::ffi::OsString;

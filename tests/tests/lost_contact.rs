@@ -109,18 +109,11 @@ fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
     .collect();
     let socket = svc.socket.clone();
     let runner = std::thread::spawn(move || run_with_agent(&socket, job, &cmd, &[]));
-    let mut last = None;
-    let started = std::time::Instant::now();
-    while svc.job(job).is_none_or(|j| j["ranks"].as_u64() != Some(4)) {
-        last = svc.job(job);
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the job's four ranks: {last:#?}\n{}\n{}",
-            svc.collector().log(),
-            agent_b.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait("the job's four ranks", Duration::from_secs(60), || {
+        svc.job(job)
+            .filter(|j| j["ranks"].as_u64() == Some(4))
+            .map(|_| ())
+    });
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         findings(&svc, job, "open").is_empty(),
@@ -147,9 +140,7 @@ fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
     // Take everything down.
     signal(&[agent_b.child.id() as i32], libc::SIGCONT);
     signal(&b_ranks, libc::SIGKILL);
-    let _ = Command::new("pkill")
-        .args(["-9", "-f", &p])
-        .status();
+    let _ = Command::new("pkill").args(["-9", "-f", &p]).status();
     let _ = runner.join();
     agent_b.stop();
 
@@ -161,10 +152,17 @@ fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
     assert_eq!(g["ranks"], serde_json::json!([]), "{g:#}");
     assert_eq!(g["link"]["src"], "node-b", "{g:#}");
     assert_eq!(g["link"]["dst"], "node-a", "{g:#}");
-    assert_eq!(g["evidence"]["out_of_sight"], serde_json::json!([2, 3]), "{g:#}");
+    assert_eq!(
+        g["evidence"]["out_of_sight"],
+        serde_json::json!([2, 3]),
+        "{g:#}"
+    );
     assert_eq!(g["evidence"]["waiting"], serde_json::json!([0, 1]), "{g:#}");
     let summary = g["summary"].as_str().unwrap_or_default();
-    assert!(summary.starts_with("Contact with node node-b was lost"), "{summary}");
+    assert!(
+        summary.starts_with("Contact with node node-b was lost"),
+        "{summary}"
+    );
     assert!(
         svc.collector()
             .log()

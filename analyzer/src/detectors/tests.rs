@@ -637,9 +637,17 @@ fn ranks_waiting_for_a_node_out_of_contact_are_one_communication_hang_naming_it(
     let link = f[0].link.as_ref().expect("link");
     assert_eq!((link.src.as_str(), link.dst.as_str()), ("n1", "n0"));
     assert_eq!(f[0].nodes, ["n1"]);
-    assert_eq!(f[0].evidence["out_of_sight"], serde_json::json!([4, 5, 6, 7]));
+    assert_eq!(
+        f[0].evidence["out_of_sight"],
+        serde_json::json!([4, 5, 6, 7])
+    );
     assert_eq!(f[0].evidence["waiting"], serde_json::json!([0, 1, 2, 3]));
-    assert!(f[0].summary.starts_with("Contact with node n1 was lost 15 s ago"), "{}", f[0].summary);
+    assert!(
+        f[0].summary
+            .starts_with("Contact with node n1 was lost 15 s ago"),
+        "{}",
+        f[0].summary
+    );
 
     // The same when n1's ranks had entered too: not a stall "while every process is alive".
     for r in 4..8 {
@@ -648,7 +656,11 @@ fn ranks_waiting_for_a_node_out_of_contact_are_one_communication_hang_naming_it(
     let f = run(&v);
     assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
     assert_eq!(f[0].link.as_ref().map(|l| l.src.as_str()), Some("n1"));
-    assert!(f[0].summary.starts_with("Contact with node n1"), "{}", f[0].summary);
+    assert!(
+        f[0].summary.starts_with("Contact with node n1"),
+        "{}",
+        f[0].summary
+    );
 }
 
 #[test]

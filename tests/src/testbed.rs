@@ -1,0 +1,180 @@
+//! A multi-node testbed on one machine: network-namespace nodes on a bridge ([`Nodes`]), a
+//! collector on the bridge's host side, and one agent per node in the node's network namespace
+//! with its own `/run/commscope` (a private mount namespace), so that the ranks Open MPI starts
+//! on a node (through an rsh agent that enters the node's namespaces) register with their own
+//! node's agent. Everything is torn down on drop, also when a test fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::services::{Service, addr_after, http_get};
+use crate::{Nodes, commscope_bin};
+
+/// The socket every node's agent listens on, inside that node's mount namespace.
+pub const NODE_SOCKET: &str = "/run/commscope/agent.sock";
+
+#[derive(Debug)]
+pub struct Testbed {
+    pub nodes: Nodes,
+    pub dir: tempfile::TempDir,
+    pub collector: Service,
+    /// The collector's HTTP API (on loopback) and gRPC listener (on the bridge).
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    /// One agent per node, in `nodes.names` order.
+    pub agents: Vec<Service>,
+    /// The rsh agent that starts processes inside a node's network, UTS and mount namespaces.
+    pub rsh: PathBuf,
+}
+
+impl Testbed {
+    /// `n` nodes, each with its agent; `agent_args` go to every agent.
+    pub fn new(n: usize, agent_args: &[&str]) -> Testbed {
+        let nodes = Nodes::new(n);
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all("/run/commscope").expect("mkdir /run/commscope");
+        let mut c = Command::new(commscope_bin());
+        c.arg("collector")
+            .arg("--listen")
+            .arg(format!("{}:0", nodes.gateway))
+            .arg("--http")
+            .arg("127.0.0.1:0")
+            .arg("--trace-dir")
+            .arg(dir.path().join("traces"));
+        let collector = Service::spawn(c, "collector");
+        collector.wait_log("listening:", Duration::from_secs(30));
+        let log = collector.log();
+        let grpc = addr_after(&log, "gRPC on ").expect("the collector's gRPC address");
+        let http = addr_after(&log, "HTTP on ").expect("the collector's HTTP address");
+        let mut agents = Vec::new();
+        for name in &nodes.names {
+            let script = format!(
+                "mount -t tmpfs commscope /run/commscope && exec {} agent --collector http://{grpc} --node {name} --socket {NODE_SOCKET} --http 127.0.0.1:0 --spool-dir {} {}",
+                commscope_bin().display(),
+                dir.path().join(format!("spool-{name}")).display(),
+                agent_args.join(" ")
+            );
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", name])
+                .args([
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "/bin/sh",
+                    "-c",
+                ])
+                .arg(script);
+            let agent = Service::spawn(c, "agent");
+            agent.wait_log("connected to the collector", Duration::from_secs(30));
+            agents.push(agent);
+        }
+        // Processes started on a node join its agent's mount namespace (its /run/commscope).
+        let rsh = dir.path().join("nsrsh");
+        let pids: Vec<String> = nodes
+            .names
+            .iter()
+            .zip(&agents)
+            .map(|(n, a)| format!("  {n}) pid={} ;;", a.child.id()))
+            .collect();
+        std::fs::write(
+            &rsh,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = -x ] && shift\nhost=$1; shift\ncase $host in\n{}\n  *) echo \"nsrsh: unknown host $host\" >&2; exit 1 ;;\nesac\nexec ip netns exec \"$host\" nsenter --mount=/proc/$pid/ns/mnt unshare --uts /bin/sh -c \"hostname $host; $*\"\n",
+                pids.join("\n")
+            ),
+        )
+        .expect("write rsh agent");
+        std::fs::set_permissions(&rsh, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        Testbed {
+            nodes,
+            dir,
+            collector,
+            http,
+            grpc,
+            agents,
+            rsh,
+        }
+    }
+
+    /// Open MPI launcher arguments placing `per_node` ranks on each node, over TCP on the
+    /// nodes' subnet.
+    pub fn openmpi_args(&self, per_node: u32) -> Vec<String> {
+        let mut a = self.nodes.openmpi_args(per_node);
+        let i = a
+            .iter()
+            .position(|x| x == "plm_rsh_agent")
+            .expect("rsh agent argument");
+        a[i + 1] = self.rsh.display().to_string();
+        a
+    }
+
+    /// `GET` on the collector's API.
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.http, path)
+    }
+
+    /// Findings of `job` (`state`: `open`, `resolved`, or "" for both).
+    pub fn findings(&self, job: &str, state: &str) -> Vec<serde_json::Value> {
+        let q = if state.is_empty() {
+            format!("/api/v1/findings?job={job}")
+        } else {
+            format!("/api/v1/findings?job={job}&state={state}")
+        };
+        let (_, body) = self.get(&q);
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["findings"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// The collector's view of `job`, once it knows it.
+    pub fn job(&self, job: &str) -> Option<serde_json::Value> {
+        let (st, body) = self.get(&format!("/api/v1/jobs/{job}"));
+        (st == 200).then(|| serde_json::from_str(&body).expect("job JSON"))
+    }
+
+    /// Sets node `i`'s link (its veth on the bridge) down or up.
+    pub fn link(&self, i: usize, up: bool) {
+        crate::ip(&[
+            "link",
+            "set",
+            &format!("v{}", self.nodes.names[i]),
+            if up { "up" } else { "down" },
+        ]);
+    }
+}
+
+impl Testbed {
+    /// Kills every process in the nodes' network namespaces but their agents: ranks and Open
+    /// MPI's daemons, including those behind a downed link that their launcher cannot reach.
+    pub fn kill_jobs(&self) {
+        let agents: Vec<u32> = self.agents.iter().map(|a| a.child.id()).collect();
+        for name in &self.nodes.names {
+            let Ok(o) = Command::new("ip").args(["netns", "pids", name]).output() else {
+                continue;
+            };
+            for pid in String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .filter(|p| !agents.contains(&(*p as u32)))
+            {
+                // SAFETY: a signal to a process in a namespace this testbed created.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        self.kill_jobs();
+        for a in &mut self.agents {
+            a.stop();
+        }
+        self.collector.stop();
+    }
+}
