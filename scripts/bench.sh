@@ -7,11 +7,17 @@
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
 #   scripts/bench.sh nccl [CALLS]           host-side cost the shim adds per NCCL call (test doubles)
 #   scripts/bench.sh plugin [OPS]           cost of the profiler plugin's callbacks per NCCL operation
+#   scripts/bench.sh probes                 the eBPF transport probes: cost per probe hit, per TCP
+#                                           round trip, agent CPU per event and per poll (root)
 #   scripts/bench.sh postmortem [RECORDS]   analyze and report on a generated Parquet trace
 #                                           (default 100,000,000 records): wall time, peak memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
+  probes)
+    cargo build --release --quiet -p commscope-tests --bin bench-probes
+    exec target/release/bench-probes
+    ;;
   postmortem)
     # A 256-rank job trace (gen-trace: rank 37 computes 30 % slower), generated once into a
     # cache outside the clone; then `analyze` and `report` on it, each timed by GNU time for

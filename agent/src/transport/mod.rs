@@ -359,10 +359,35 @@ impl Probes {
         }
     }
 
+    /// Per loaded program: (name, runs, ns spent running) — counted only while run-time stats
+    /// are enabled ([`enable_run_time_stats`]).
+    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+        let mut v: Vec<(String, u64, u64)> = self
+            .bpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let i = p.info().ok()?;
+                Some((
+                    name.to_owned(),
+                    i.run_count(),
+                    i.run_time().as_nanos() as u64,
+                ))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The event ring buffer (taken once, for the reader task).
     pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
         RingBuf::try_from(self.bpf.take_map("EVENTS")?).ok()
     }
+}
+
+/// Turns on the kernel's per-program run-time accounting (BPF_ENABLE_STATS) while the
+/// returned descriptor is open; it costs two clock reads per program run.
+pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, String> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| chain(&e))
 }
 
 /// Lifts the locked-memory limit for maps on kernels that still charge it (< 5.11).
