@@ -64,6 +64,8 @@ pub struct Options {
     pub flow_every: Duration,
     pub scan_every: Duration,
     pub proc_root: PathBuf,
+    /// The kernel's BTF, for `struct tcp_sock`'s counters.
+    pub btf: PathBuf,
 }
 
 impl Default for Options {
@@ -76,6 +78,7 @@ impl Default for Options {
             flow_every: Duration::from_secs(1),
             scan_every: Duration::from_secs(5),
             proc_root: PathBuf::from("/proc"),
+            btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
         }
     }
 }
@@ -135,7 +138,7 @@ impl Probes {
             },
         };
         if opts.tcp {
-            p.attach_tcp();
+            p.attach_tcp(&opts.btf);
         }
         for lib in &opts.libraries {
             match p.attach_library(lib) {
@@ -158,14 +161,14 @@ impl Probes {
         &self.status
     }
 
-    fn attach_tcp(&mut self) {
+    fn attach_tcp(&mut self, btf: &Path) {
         let tracefs = match tracefs::root() {
             Ok(t) => t,
             Err(e) => return self.warn(format!("no TCP view: {e}")),
         };
         let mut layout = tracefs::layout(&tracefs);
-        let counters = std::fs::read("/sys/kernel/btf/vmlinux")
-            .map_err(|e| format!("/sys/kernel/btf/vmlinux: {e}"))
+        let counters = std::fs::read(btf)
+            .map_err(|e| format!("{}: {e}", btf.display()))
             .and_then(|b| btf::member_offsets(&b, "tcp_sock", &["bytes_received", "bytes_acked"]))
             .and_then(|m| match (m.get("bytes_received"), m.get("bytes_acked")) {
                 (Some(&r), Some(&a)) => Ok((u16::try_from(r), u16::try_from(a))),
