@@ -86,6 +86,7 @@ pub(crate) fn feed_time(p: &ProcessTrace, r: &Record) -> Option<u64> {
             real_time(p, c.t, Clock::HostMono)
         }
         Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
+        Record::Flow(f) => real_time(p, f.t_end, Clock::HostMono),
         _ => return None,
     })
 }
@@ -102,6 +103,7 @@ pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64) {
         }
         Record::Comm(c) => det.comm_failed(c, t),
         Record::Link(l) => det.link(l, t),
+        Record::Flow(f) => det.flow(f, t),
         _ => {}
     }
 }
@@ -115,7 +117,9 @@ fn feed_in_time_order(
 ) {
     let mut order: Vec<(u64, u32, u32)> = Vec::new();
     for (pi, p) in processes.iter().enumerate() {
-        det.rank_node(p.header.rank, &p.header.node);
+        if p.header.rank >= 0 {
+            det.rank_node(p.header.rank, &p.header.node);
+        }
         for (ri, r) in p.records.iter().enumerate() {
             if let Some(t) = feed_time(p, r) {
                 order.push((t, pi as u32, ri as u32));

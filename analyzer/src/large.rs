@@ -255,7 +255,9 @@ impl Cursor {
 fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Damage) -> Streamed {
     let mut det = Detectors::new(job, th.tuning.clone());
     for c in &cursors {
-        det.rank_node(c.trace.header.rank, &c.trace.header.node);
+        if c.trace.header.rank >= 0 {
+            det.rank_node(c.trace.header.rank, &c.trace.header.node);
+        }
     }
     // Decoders on threads of their own, each merging its share of the processes in time
     // order; this thread merges their streams and runs the detectors. Ties in time go in
@@ -322,7 +324,10 @@ fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Da
     let mut records = 0;
     for (_, c) in done {
         records += c.records;
-        add_rank(&mut view, c.replay.finish(&c.trace));
+        // The agents' transport records are not a rank's.
+        if c.trace.header.rank >= 0 {
+            add_rank(&mut view, c.replay.finish(&c.trace));
+        }
         processes.push(c.trace);
     }
     let view = finish(view);

@@ -3,6 +3,7 @@
 //! - [`stream`]: the instance detectors (slow-rank, degraded-collective, mismatch, comm-error),
 //!   fed one completed call at a time in time order — live in the collector, and from a trace.
 //! - [`links`]: slow-link, from the per-link step timing of NCCL's profiler plugin.
+//! - [`flows`]: slow-link, from the TCP flows of the node agents' transport view (eBPF).
 //! - [`reorder`]: puts live records, delivered in per-process bursts, back into time order.
 //! - [`view`]: one view of a job (members, progress, calls in flight, how processes stand),
 //!   built live by the collector and from a trace by [`replay`].
@@ -19,6 +20,7 @@ pub mod aggregate;
 pub mod batch;
 pub mod detectors;
 pub mod finding;
+pub mod flows;
 pub mod large;
 pub mod lateness;
 pub mod links;

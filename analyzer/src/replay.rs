@@ -23,7 +23,8 @@ pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
         live: false,
         ..Default::default()
     };
-    for p in processes {
+    // The agents' transport records are not a rank's.
+    for p in processes.iter().filter(|p| p.header.rank >= 0) {
         let mut r = ProcessReplay::new(p);
         for rec in &p.records {
             r.record(p, rec, &mut v.comms);
@@ -86,6 +87,7 @@ pub fn until(processes: &[ProcessTrace], t_ns: u64) -> Vec<ProcessTrace> {
                         Record::Comm(c) => at(c.t),
                         Record::Skip(k) => at(k.t_last),
                         Record::Link(l) => at(l.t_end),
+                        Record::Flow(f) => at(f.t_end),
                     };
                     (t <= t_ns).then_some(*r)
                 })

@@ -177,6 +177,7 @@ pub struct Detectors {
     step_intervals: VecDeque<f64>,
     /// The slow-link detector (link records of NCCL's profiler plugin).
     pub links: crate::links::Links,
+    pub flows: crate::flows::FlowLinks,
     now_s: f64,
     /// Instances judged, and instances dropped before all members arrived.
     pub instances: u64,
@@ -224,6 +225,7 @@ impl Detectors {
             markers: FastMap::default(),
             step_intervals: VecDeque::new(),
             links: crate::links::Links::default(),
+            flows: crate::flows::FlowLinks::default(),
             now_s: 0.0,
             instances: 0,
             incomplete: 0,
@@ -247,6 +249,18 @@ impl Detectors {
     }
 
     /// One link record (NCCL's profiler plugin), at `now_ns` on the common time base.
+    /// One flow record of the agents' transport view: its node is its owning rank's.
+    pub fn flow(&mut self, f: &commscope_wire::record::Flow, now_ns: u64) {
+        let now = now_ns as f64 / 1e9;
+        if now > self.now_s {
+            self.now_s = now;
+        }
+        let Some(node) = node_of(&self.nodes, f.rank) else {
+            return;
+        };
+        self.flows.record(&node, f, now);
+    }
+
     pub fn link(&mut self, l: &commscope_wire::record::Link, now_ns: u64) {
         let now = now_ns as f64 / 1e9;
         if now > self.now_s {
@@ -489,7 +503,11 @@ impl Detectors {
         let ranks = &self.nodes;
         self.links
             .findings(&self.job, self.now_s, |r| node_of(ranks, r), &mut out);
-        self.degraded_findings(&mut out);
+        self.flows.findings(&self.job, self.now_s, &mut out);
+        // A slow TCP path explains the job's slow collectives (one finding per root cause).
+        if !self.flows.any_slow() {
+            self.degraded_findings(&mut out);
+        }
         // One finding per communicator and diverging ranks: their first mismatched instance
         // (the ones after it follow from it).
         let mut seen: BTreeSet<(String, Vec<i32>)> = BTreeSet::new();

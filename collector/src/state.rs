@@ -563,6 +563,27 @@ impl State {
         job.world_size = job.world_size.max(header.world_size);
         job.reorder.expect_ranks(job.world_size.max(0) as usize);
         job.records += records.len() as u64;
+        // The node agent's transport records: not a rank of the job.
+        if header.rank == commscope_wire::record::TRANSPORT_RANK {
+            let offset = clock.map_or(0, |c| c.offset_ns);
+            for r in records {
+                if let Record::Flow(f) = r {
+                    let t = if header.mono_anchor == 0 || f.t_end == 0 {
+                        now
+                    } else {
+                        (i128::from(header.real_anchor) + i128::from(f.t_end)
+                            - i128::from(header.mono_anchor)
+                            + i128::from(offset))
+                        .clamp(
+                            i128::from(now.saturating_sub(60_000_000_000)),
+                            i128::from(now),
+                        ) as u64
+                    };
+                    job.detectors.flow(f, t);
+                }
+            }
+            return false;
+        }
         let key = ProcessKey::of(header);
         let rank = job.ranks.entry(key).or_insert_with(|| RankInfo {
             rank: header.rank,
@@ -715,6 +736,7 @@ impl State {
                     }
                 }
                 Record::Link(l) => job.detectors.link(l, at(l.t_end)),
+                Record::Flow(f) => job.detectors.flow(f, at(f.t_end)),
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;

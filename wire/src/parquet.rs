@@ -179,6 +179,18 @@ pub fn schema() -> SchemaRef {
         u64f("link_peer_wait_ns", true),
         u64f("link_xfer_bytes", true),
         Field::new("link_steps_done", DataType::UInt32, true),
+        // flow (the agent's transport view)
+        strf("flow_transport", true),
+        strf("flow_local", true),
+        strf("flow_remote", true),
+        u64f("flow_bytes_sent", true),
+        u64f("flow_bytes_received", true),
+        u64f("flow_busy_ns", true),
+        Field::new("flow_retransmits", DataType::UInt32, true),
+        Field::new("flow_srtt_us", DataType::UInt32, true),
+        Field::new("flow_cwnd", DataType::UInt32, true),
+        i32f("flow_rank", true),
+        Field::new("flow_pid", DataType::UInt32, true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -251,6 +263,17 @@ struct Columns {
     link_peer_wait_ns: UInt64Builder,
     link_xfer_bytes: UInt64Builder,
     link_steps_done: UInt32Builder,
+    flow_transport: StringBuilder,
+    flow_local: StringBuilder,
+    flow_remote: StringBuilder,
+    flow_bytes_sent: UInt64Builder,
+    flow_bytes_received: UInt64Builder,
+    flow_busy_ns: UInt64Builder,
+    flow_retransmits: UInt32Builder,
+    flow_srtt_us: UInt32Builder,
+    flow_cwnd: UInt32Builder,
+    flow_rank: Int32Builder,
+    flow_pid: UInt32Builder,
     rows: usize,
     /// The last communicator id and its printed form (rows of a process mostly repeat it).
     comm_text: (u64, String),
@@ -299,6 +322,11 @@ impl Columns {
         } else {
             None
         };
+        let flow = if let Record::Flow(f) = r {
+            Some(f)
+        } else {
+            None
+        };
         let flags = match r {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
@@ -306,6 +334,7 @@ impl Columns {
             Record::Process(p) => p.flags,
             Record::Skip(k) => k.flags,
             Record::Link(l) => l.flags,
+            Record::Flow(f) => f.flags,
         };
         self.flags.append_value(u32::from(flags));
         self.op.append_option(
@@ -356,13 +385,15 @@ impl Columns {
         self.t_enter.append_option(
             call.map(|c| c.t_enter)
                 .or(skip.map(|k| k.t_first))
-                .or(link.map(|l| l.t_start)),
+                .or(link.map(|l| l.t_start))
+                .or(flow.map(|f| f.t_start)),
         );
         self.t_exit.append_option(
             call.filter(|_| matches!(r, Record::Call(_)))
                 .map(|c| c.t_exit)
                 .or(skip.map(|k| k.t_last))
-                .or(link.map(|l| l.t_end)),
+                .or(link.map(|l| l.t_end))
+                .or(flow.map(|f| f.t_end)),
         );
         self.gpu_start
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
@@ -453,6 +484,23 @@ impl Columns {
             .append_option(link.map(|l| l.xfer_bytes));
         self.link_steps_done
             .append_option(link.map(|l| l.steps_done));
+        self.flow_transport
+            .append_option(flow.map(|f| crate::record::flow_transport::name(f.transport)));
+        self.flow_local
+            .append_option(flow.map(|f| f.local_addr().to_string()));
+        self.flow_remote
+            .append_option(flow.map(|f| f.remote_addr().to_string()));
+        self.flow_bytes_sent
+            .append_option(flow.map(|f| f.bytes_sent));
+        self.flow_bytes_received
+            .append_option(flow.map(|f| f.bytes_received));
+        self.flow_busy_ns.append_option(flow.map(|f| f.busy_ns));
+        self.flow_retransmits
+            .append_option(flow.map(|f| f.retransmits));
+        self.flow_srtt_us.append_option(flow.map(|f| f.srtt_us));
+        self.flow_cwnd.append_option(flow.map(|f| f.cwnd));
+        self.flow_rank.append_option(flow.map(|f| f.rank));
+        self.flow_pid.append_option(flow.map(|f| f.pid));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -522,6 +570,17 @@ impl Columns {
             Arc::new(self.link_peer_wait_ns.finish()),
             Arc::new(self.link_xfer_bytes.finish()),
             Arc::new(self.link_steps_done.finish()),
+            Arc::new(self.flow_transport.finish()),
+            Arc::new(self.flow_local.finish()),
+            Arc::new(self.flow_remote.finish()),
+            Arc::new(self.flow_bytes_sent.finish()),
+            Arc::new(self.flow_bytes_received.finish()),
+            Arc::new(self.flow_busy_ns.finish()),
+            Arc::new(self.flow_retransmits.finish()),
+            Arc::new(self.flow_srtt_us.finish()),
+            Arc::new(self.flow_cwnd.finish()),
+            Arc::new(self.flow_rank.finish()),
+            Arc::new(self.flow_pid.finish()),
         ]
     }
 }
@@ -1317,6 +1376,28 @@ impl Reader {
         let link_peer_wait_ns = c.get::<UInt64Array>("link_peer_wait_ns", false)?;
         let link_xfer_bytes = c.get::<UInt64Array>("link_xfer_bytes", false)?;
         let link_steps_done = c.get::<UInt32Array>("link_steps_done", false)?;
+        // Written since the agent's transport view records flows.
+        let flow_transport = c.get::<StringArray>("flow_transport", false)?;
+        let flow_local = c.get::<StringArray>("flow_local", false)?;
+        let flow_remote = c.get::<StringArray>("flow_remote", false)?;
+        let flow_bytes_sent = c.get::<UInt64Array>("flow_bytes_sent", false)?;
+        let flow_bytes_received = c.get::<UInt64Array>("flow_bytes_received", false)?;
+        let flow_busy_ns = c.get::<UInt64Array>("flow_busy_ns", false)?;
+        let flow_retransmits = c.get::<UInt32Array>("flow_retransmits", false)?;
+        let flow_srtt_us = c.get::<UInt32Array>("flow_srtt_us", false)?;
+        let flow_cwnd = c.get::<UInt32Array>("flow_cwnd", false)?;
+        let flow_rank = c.get::<Int32Array>("flow_rank", false)?;
+        let flow_pid = c.get::<UInt32Array>("flow_pid", false)?;
+        let u32_of = |a: Option<&UInt32Array>, i: usize| {
+            a.filter(|a| !a.is_null(i)).map_or(0, |a| a.value(i))
+        };
+        let addr_of = |a: Option<&StringArray>, i: usize| {
+            opt_str(a, i)
+                .parse::<std::net::SocketAddr>()
+                .map_or(([0u8; 16], 0), |s| {
+                    (crate::record::Flow::addr_bytes(s.ip()), s.port())
+                })
+        };
 
         for i in 0..batch.num_rows() {
             let row = ids.row(i);
@@ -1445,6 +1526,32 @@ impl Reader {
                     comm_size: opt_i32(comm_size, i, 0),
                     modulus: modulus(i),
                 }),
+                "flow" => {
+                    let (local, local_port) = addr_of(flow_local, i);
+                    let (remote, remote_port) = addr_of(flow_remote, i);
+                    Record::Flow(crate::record::Flow {
+                        rec_seq: rec_seq.value(i),
+                        transport: crate::record::flow_transport::from_name(opt_str(
+                            flow_transport,
+                            i,
+                        )),
+                        flags: fl,
+                        bytes_sent: opt_u64(flow_bytes_sent, i),
+                        bytes_received: opt_u64(flow_bytes_received, i),
+                        busy_ns: opt_u64(flow_busy_ns, i),
+                        retransmits: u32_of(flow_retransmits, i),
+                        srtt_us: u32_of(flow_srtt_us, i),
+                        cwnd: u32_of(flow_cwnd, i),
+                        local,
+                        remote,
+                        local_port,
+                        remote_port,
+                        t_start: opt_u64(t_enter, i),
+                        t_end: opt_u64(t_exit, i),
+                        rank: opt_i32(flow_rank, i, -1),
+                        pid: u32_of(flow_pid, i),
+                    })
+                }
                 "link" => Record::Link(crate::record::Link {
                     rec_seq: rec_seq.value(i),
                     op: opc,
@@ -1675,6 +1782,25 @@ mod tests {
                 c.device = 1;
                 c.set_name(b"unhandled system error");
                 c
+            }),
+            Record::Flow(crate::record::Flow {
+                rec_seq: 15,
+                transport: crate::record::flow_transport::TCP,
+                flags: flags::FLOW_CLOSED,
+                bytes_sent: 1 << 33,
+                bytes_received: 12,
+                busy_ns: 900,
+                retransmits: 2,
+                srtt_us: 41,
+                cwnd: 10,
+                local: crate::record::Flow::addr_bytes("10.0.0.1".parse().expect("ip")),
+                remote: crate::record::Flow::addr_bytes("fd00::2".parse().expect("ip")),
+                local_port: 1,
+                remote_port: 65535,
+                t_start: 970,
+                t_end: 990,
+                rank: 2,
+                pid: 8,
             }),
             Record::Process(Process {
                 rec_seq: 14,

@@ -22,6 +22,7 @@ pub mod kind {
     pub const PROCESS: u8 = 5;
     pub const SKIP: u8 = 6;
     pub const LINK: u8 = 7;
+    pub const FLOW: u8 = 8;
 }
 
 /// `comm` record events (byte 9).
@@ -386,6 +387,88 @@ pub enum Record {
     Process(Process),
     Skip(Skip),
     Link(Link),
+    Flow(Flow),
+}
+
+/// One network flow's activity over one interval (kind `flow`), from the node agent's transport
+/// view (eBPF), not from a rank: the agent writes these under a process identity of its own per
+/// job, whose `rank` is [`TRANSPORT_RANK`]; [`Flow::rank`] names the rank owning the socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flow {
+    pub rec_seq: u64,
+    /// [`flow_transport`].
+    pub transport: u8,
+    /// [`crate::op::flags::FLOW_CLOSED`]: the flow ended during the interval.
+    pub flags: u16,
+    /// Bytes sent and acknowledged, and bytes received, during the interval.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Time during the interval with sent data not yet acknowledged (the network busy with
+    /// this flow): `bytes_sent / busy_ns` is its rate while busy.
+    pub busy_ns: u64,
+    pub retransmits: u32,
+    /// Mean smoothed round-trip time over the interval's samples (µs; 0: none).
+    pub srtt_us: u32,
+    /// The congestion window at the interval's end (segments).
+    pub cwnd: u32,
+    /// Local and remote addresses (IPv4 as IPv4-mapped IPv6) and ports.
+    pub local: [u8; 16],
+    pub remote: [u8; 16],
+    pub local_port: u16,
+    pub remote_port: u16,
+    /// Host-mono times the interval began and ended.
+    pub t_start: u64,
+    pub t_end: u64,
+    /// The global rank and pid owning the socket (-1 / 0 when unknown).
+    pub rank: i32,
+    pub pid: u32,
+}
+
+/// The `rank` of the process identity under which a node's agent writes its transport records.
+pub const TRANSPORT_RANK: i32 = -1;
+
+/// Transports of [`Flow`] records.
+pub mod flow_transport {
+    pub const TCP: u8 = 1;
+
+    pub fn name(t: u8) -> &'static str {
+        match t {
+            TCP => "tcp",
+            _ => "other",
+        }
+    }
+
+    pub fn from_name(s: &str) -> u8 {
+        match s {
+            "tcp" => TCP,
+            _ => 0,
+        }
+    }
+}
+
+impl Flow {
+    /// The local and remote socket addresses (IPv4-mapped addresses shown as IPv4).
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(
+            std::net::Ipv6Addr::from(self.local).to_canonical(),
+            self.local_port,
+        )
+    }
+
+    pub fn remote_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(
+            std::net::Ipv6Addr::from(self.remote).to_canonical(),
+            self.remote_port,
+        )
+    }
+
+    /// Stores an address in the 16-byte form.
+    pub fn addr_bytes(ip: std::net::IpAddr) -> [u8; 16] {
+        match ip {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        }
+    }
 }
 
 /// One link's share of an operation (kind `link`), from NCCL's profiler plugin: a proxy
@@ -455,6 +538,7 @@ impl Record {
             Record::Process(p) => p.rec_seq,
             Record::Skip(k) => k.rec_seq,
             Record::Link(l) => l.rec_seq,
+            Record::Flow(f) => f.rec_seq,
         }
     }
 
@@ -467,6 +551,7 @@ impl Record {
             Record::Process(p) => p.rec_seq = seq,
             Record::Skip(k) => k.rec_seq = seq,
             Record::Link(l) => l.rec_seq = seq,
+            Record::Flow(f) => f.rec_seq = seq,
         }
     }
 
@@ -480,6 +565,7 @@ impl Record {
             Record::Process(_) => "process",
             Record::Skip(_) => "skip",
             Record::Link(_) => "link",
+            Record::Flow(_) => "flow",
         }
     }
 
@@ -579,6 +665,24 @@ impl Record {
                 put_u64(b, 112, l.peer_wait_ns);
                 put_u32(b, 120, l.steps_done);
                 b[124..128].fill(0);
+            }
+            Record::Flow(f) => {
+                header(b, kind::FLOW, f.transport, f.flags, 0);
+                put_u64(b, 16, f.bytes_sent);
+                put_u64(b, 24, f.bytes_received);
+                put_u64(b, 32, f.busy_ns);
+                put_u32(b, 40, f.retransmits);
+                put_u32(b, 44, f.srtt_us);
+                b[48..64].copy_from_slice(&f.local);
+                put_u64(b, 64, f.t_start);
+                put_u64(b, 72, f.t_end);
+                b[80..96].copy_from_slice(&f.remote);
+                put_i32(b, 96, f.rank);
+                put_u16(b, 100, f.local_port);
+                put_u16(b, 102, f.remote_port);
+                put_u32(b, 104, f.pid);
+                put_u32(b, 108, f.cwnd);
+                b[112..128].fill(0);
             }
         }
     }
@@ -705,6 +809,31 @@ impl Record {
                 xfer_bytes: get_u64(b, 104),
                 steps_done: get_u32(b, 120),
             })),
+            kind::FLOW => {
+                let mut local = [0u8; 16];
+                let mut remote = [0u8; 16];
+                local.copy_from_slice(&b[48..64]);
+                remote.copy_from_slice(&b[80..96]);
+                Ok(Record::Flow(Flow {
+                    rec_seq,
+                    transport: b[9],
+                    flags,
+                    bytes_sent: get_u64(b, 16),
+                    bytes_received: get_u64(b, 24),
+                    busy_ns: get_u64(b, 32),
+                    retransmits: get_u32(b, 40),
+                    srtt_us: get_u32(b, 44),
+                    local,
+                    t_start: get_u64(b, 64),
+                    t_end: get_u64(b, 72),
+                    remote,
+                    rank: get_i32(b, 96),
+                    local_port: get_u16(b, 100),
+                    remote_port: get_u16(b, 102),
+                    pid: get_u32(b, 104),
+                    cwnd: get_u32(b, 108),
+                }))
+            }
             other => Err(DecodeError::UnknownKind(other)),
         }
     }
@@ -872,6 +1001,31 @@ mod tests {
         };
         assert_eq!(l.net_rate(), Some((3u64 << 18) as f64 * 1e9 / 600.0));
         assert_eq!(Link { steps_done: 0, ..l }.net_rate(), None);
+        let f = Flow {
+            rec_seq: 9,
+            transport: flow_transport::TCP,
+            flags: crate::op::flags::FLOW_CLOSED,
+            bytes_sent: 1 << 30,
+            bytes_received: 77,
+            busy_ns: 5_000_000,
+            retransmits: 3,
+            srtt_us: 250,
+            cwnd: 10,
+            local: Flow::addr_bytes("10.1.2.3".parse().expect("ip")),
+            remote: Flow::addr_bytes("fe80::1".parse().expect("ip")),
+            local_port: 40000,
+            remote_port: 5201,
+            t_start: 100,
+            t_end: 1_000_000_100,
+            rank: 5,
+            pid: 4242,
+        };
+        assert_eq!(
+            Record::decode(&Record::Flow(f).encode()),
+            Ok(Record::Flow(f))
+        );
+        assert_eq!(f.local_addr().to_string(), "10.1.2.3:40000");
+        assert_eq!(f.remote_addr().to_string(), "[fe80::1]:5201");
         let raw = Record::Link(l).encode();
         assert_eq!(raw[8], kind::LINK);
         assert_eq!(Record::decode(&raw), Ok(Record::Link(l)));

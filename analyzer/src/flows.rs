@@ -1,0 +1,413 @@
+//! **Slow link** from the node agents' transport view: TCP flows (`flow` records), for jobs
+//! whose traffic goes over sockets (MPI over TCP, NCCL's socket transport, Gloo) — no profiler
+//! plugin needed.
+//!
+//! A flow record says how many bytes a socket sent during an interval and for how long sent
+//! data was waiting for its acknowledgement (the network busy with it). Summed per link —
+//! (sending node, receiving node) — over a window, `bytes / busy` is the rate the path moved
+//! this job's data while it had some to move. Every link of a ring or tree carries the same
+//! bytes; on a slow path they take longer to deliver, so its rate while busy drops, while the
+//! other links, idle part of the time waiting for it, keep theirs.
+//!
+//! A link is slow when its rate is below `ratio` × the median of the job's other TCP links (at
+//! least `min_links` links judged, each with `min_bytes` and `min_busy_s` in the window);
+//! it recovers above `recover`. The receiving node is the node whose own flows use the remote
+//! address; a peer no agent reports is named by its address. Flows within one node are left
+//! out (no network link). RTT and retransmissions of the link and of the others go into the
+//! evidence: a congested or throttled path shows a longer RTT, a lossy one retransmits.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::IpAddr;
+
+use commscope_wire::hash::Hasher;
+use commscope_wire::record::Flow;
+use serde_json::json;
+
+use crate::finding::{Class, Finding, Kind, Link, State, finding_id};
+use crate::stream::{fmt_bw, median};
+
+/// Thresholds of the flow-based slow-link detector.
+#[derive(Clone, Debug)]
+pub struct FlowTuning {
+    /// The window a link's rate is measured over (s).
+    pub window_s: f64,
+    pub ratio: f64,
+    pub recover: f64,
+    /// A link is judged with at least this many bytes and this much busy time in the window.
+    pub min_bytes: u64,
+    pub min_busy_s: f64,
+    /// Links judged in the job before one is compared with the others.
+    pub min_links: usize,
+}
+
+impl Default for FlowTuning {
+    fn default() -> Self {
+        FlowTuning {
+            window_s: 20.0,
+            ratio: 0.5,
+            recover: 0.7,
+            min_bytes: 1 << 20,
+            min_busy_s: 0.05,
+            min_links: 3,
+        }
+    }
+}
+
+/// One flow record's share of a link.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    t_s: f64,
+    bytes: u64,
+    busy_ns: u64,
+    srtt_us: u32,
+    retransmits: u32,
+    rank: i32,
+}
+
+#[derive(Debug, Default)]
+struct LinkSt {
+    samples: VecDeque<Sample>,
+    slow_since: Option<f64>,
+    /// At the last evaluation: its rate, the others' median, their RTTs.
+    rate: f64,
+    others: f64,
+    srtt_us: f64,
+    others_srtt_us: f64,
+    retransmits: u64,
+    bytes: u64,
+    busy_s: f64,
+}
+
+/// The detector's state: per (sending node, remote address), the window of samples.
+#[derive(Debug, Default)]
+pub struct FlowLinks {
+    pub tuning: FlowTuning,
+    links: HashMap<(String, IpAddr), LinkSt>,
+    /// Addresses the job's own flows use locally, and their node.
+    addr_node: HashMap<IpAddr, String>,
+}
+
+impl FlowLinks {
+    /// One flow record of a socket on `node`, at `now_s`.
+    pub fn record(&mut self, node: &str, f: &Flow, now_s: f64) {
+        let local = f.local_addr().ip();
+        self.addr_node.insert(local, node.to_owned());
+        let remote = f.remote_addr().ip();
+        if remote.is_loopback() || remote == local {
+            return;
+        }
+        let s = self.links.entry((node.to_owned(), remote)).or_default();
+        s.samples.push_back(Sample {
+            t_s: now_s,
+            bytes: f.bytes_sent,
+            busy_ns: f.busy_ns,
+            srtt_us: f.srtt_us,
+            retransmits: f.retransmits,
+            rank: f.rank,
+        });
+        let cutoff = now_s - self.tuning.window_s;
+        while s.samples.front().is_some_and(|x| x.t_s < cutoff) {
+            s.samples.pop_front();
+        }
+    }
+
+    /// The receiving node of a link (its address when no agent reports it).
+    fn dst(&self, remote: &IpAddr) -> String {
+        self.addr_node
+            .get(remote)
+            .cloned()
+            .unwrap_or_else(|| remote.to_string())
+    }
+
+    /// Updates every link at `now_s`; returns the slow ones.
+    fn evaluate(&mut self, now_s: f64) -> Vec<(String, IpAddr)> {
+        let t = self.tuning.clone();
+        let cutoff = now_s - t.window_s;
+        let mut judged: Vec<((String, IpAddr), f64, f64)> = Vec::new();
+        for (k, s) in &mut self.links {
+            while s.samples.front().is_some_and(|x| x.t_s < cutoff) {
+                s.samples.pop_front();
+            }
+            s.bytes = s.samples.iter().map(|x| x.bytes).sum();
+            s.busy_s = s.samples.iter().map(|x| x.busy_ns).sum::<u64>() as f64 / 1e9;
+            s.retransmits = s.samples.iter().map(|x| u64::from(x.retransmits)).sum();
+            let mut rtts: Vec<f64> = s
+                .samples
+                .iter()
+                .filter(|x| x.srtt_us > 0)
+                .map(|x| f64::from(x.srtt_us))
+                .collect();
+            s.srtt_us = if rtts.is_empty() {
+                0.0
+            } else {
+                median(&mut rtts)
+            };
+            s.rate = 0.0;
+            if s.bytes >= t.min_bytes && s.busy_s >= t.min_busy_s {
+                s.rate = s.bytes as f64 / s.busy_s;
+                judged.push((k.clone(), s.rate, s.srtt_us));
+            } else {
+                s.slow_since = None;
+            }
+        }
+        if judged.len() < t.min_links.max(2) {
+            for s in self.links.values_mut() {
+                s.slow_since = None;
+            }
+            return Vec::new();
+        }
+        let mut slow = Vec::new();
+        for (k, rate, _) in &judged {
+            let mut others: Vec<f64> = judged.iter().filter(|x| &x.0 != k).map(|x| x.1).collect();
+            let mut others_rtt: Vec<f64> = judged
+                .iter()
+                .filter(|x| &x.0 != k && x.2 > 0.0)
+                .map(|x| x.2)
+                .collect();
+            let m = median(&mut others);
+            let s = self.links.get_mut(k).expect("judged link");
+            s.others = m;
+            s.others_srtt_us = if others_rtt.is_empty() {
+                0.0
+            } else {
+                median(&mut others_rtt)
+            };
+            let limit = if s.slow_since.is_some() {
+                t.recover
+            } else {
+                t.ratio
+            };
+            if *rate < limit * m {
+                s.slow_since.get_or_insert(now_s);
+                slow.push(k.clone());
+            } else {
+                s.slow_since = None;
+            }
+        }
+        slow.sort();
+        slow
+    }
+
+    /// The slow-link findings open now.
+    pub fn findings(&mut self, job: &str, now_s: f64, out: &mut Vec<Finding>) {
+        let slow = self.evaluate(now_s);
+        let judged_links = self
+            .links
+            .values()
+            .filter(|s| s.rate > 0.0 && s.bytes >= self.tuning.min_bytes)
+            .count();
+        for k in slow {
+            let s = &self.links[&k];
+            let (src, dst) = (k.0.clone(), self.dst(&k.1));
+            let mut owners: Vec<i32> = s
+                .samples
+                .iter()
+                .map(|x| x.rank)
+                .filter(|r| *r >= 0)
+                .collect();
+            owners.sort_unstable();
+            owners.dedup();
+            let rtt = |us: f64| {
+                if us >= 1000.0 {
+                    format!("{:.1} ms", us / 1000.0)
+                } else {
+                    format!("{us:.0} µs")
+                }
+            };
+            let mut nodes = vec![src.clone(), dst.clone()];
+            nodes.sort();
+            nodes.dedup();
+            let id = Hasher::new().str("tcp").str(&src).str(&dst).finish();
+            out.push(Finding {
+                id: finding_id(Kind::SlowLink, job, Some(id), &[], None),
+                kind: Kind::SlowLink,
+                class: Class::CommunicationSlow,
+                state: State::Open,
+                job: job.to_owned(),
+                comm: None,
+                seq: None,
+                ranks: vec![],
+                nodes,
+                link: Some(Link {
+                    src: src.clone(),
+                    dst: dst.clone(),
+                }),
+                opened_at: (s.slow_since.unwrap_or(now_s) * 1e9) as u64,
+                resolved_at: None,
+                confidence: 0.8,
+                summary: format!(
+                    "The TCP link from {src} to {dst} moved this job's data at {} while busy over the last {:.0} s, against a median of {} on its {} other TCP links (round trip {} against {}; {} retransmissions): the path between {src} and {dst} is slow, not a rank — check that link (NIC and switch-port counters, ethtool -S, a traffic shaper such as tc qdisc, cabling) or move the job off it",
+                    fmt_bw(s.rate),
+                    self.tuning.window_s,
+                    fmt_bw(s.others),
+                    judged_links.saturating_sub(1),
+                    rtt(s.srtt_us),
+                    rtt(s.others_srtt_us),
+                    s.retransmits,
+                ),
+                evidence: json!({
+                    "transport": "tcp",
+                    "rate_bytes_per_s": s.rate,
+                    "others_median_bytes_per_s": s.others,
+                    "bytes": s.bytes,
+                    "busy_s": s.busy_s,
+                    "srtt_us": s.srtt_us,
+                    "others_srtt_us": s.others_srtt_us,
+                    "retransmits": s.retransmits,
+                    "remote_address": k.1.to_string(),
+                    "ranks": owners,
+                    "links": self.summary(),
+                }),
+            });
+        }
+    }
+
+    /// Every judged link: (src, dst, rate while busy, bytes) — for evidence and views.
+    pub fn summary(&self) -> Vec<serde_json::Value> {
+        let mut v: BTreeMap<(String, String), (f64, u64)> = BTreeMap::new();
+        for ((src, remote), s) in &self.links {
+            if s.bytes > 0 {
+                v.insert((src.clone(), self.dst(remote)), (s.rate, s.bytes));
+            }
+        }
+        v.into_iter()
+            .map(|((src, dst), (rate, bytes))| {
+                json!({"src": src, "dst": dst, "rate_bytes_per_s": rate, "bytes": bytes})
+            })
+            .collect()
+    }
+
+    /// Whether any link is slow now (the degraded-collective detector defers to it).
+    pub fn any_slow(&self) -> bool {
+        self.links.values().any(|s| s.slow_since.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commscope_wire::record::flow_transport;
+
+    fn flow(local: &str, remote: &str, bytes: u64, busy_ms: u64, srtt_us: u32, rank: i32) -> Flow {
+        Flow {
+            transport: flow_transport::TCP,
+            bytes_sent: bytes,
+            busy_ns: busy_ms * 1_000_000,
+            srtt_us,
+            local: Flow::addr_bytes(local.parse().expect("ip")),
+            remote: Flow::addr_bytes(remote.parse().expect("ip")),
+            local_port: 40000,
+            remote_port: 1024,
+            rank,
+            ..Flow::default()
+        }
+    }
+
+    /// Three nodes in a ring, a second of records each for 10 s: node 1 → node 2 throttled.
+    fn ring(f: &mut FlowLinks, slow: bool) {
+        for t in 0..10 {
+            let now = f64::from(t);
+            // Every link moves 8 MiB a second; the others are busy 20 ms for it.
+            f.record(
+                "n0",
+                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
+                now,
+            );
+            let busy = if slow { 900 } else { 20 };
+            let rtt = if slow { 40_000 } else { 100 };
+            f.record(
+                "n1",
+                &flow("10.0.0.2", "10.0.0.3", 8 << 20, busy, rtt, 1),
+                now,
+            );
+            f.record(
+                "n2",
+                &flow("10.0.0.3", "10.0.0.1", 8 << 20, 20, 100, 2),
+                now,
+            );
+        }
+    }
+
+    #[test]
+    fn the_throttled_link_of_a_ring_is_the_one_slow_link() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, true);
+        let mut out = Vec::new();
+        f.findings("j", 10.0, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let l = out[0].link.as_ref().expect("link");
+        assert_eq!((l.src.as_str(), l.dst.as_str()), ("n1", "n2"));
+        assert!(out[0].ranks.is_empty());
+        assert_eq!(out[0].evidence["ranks"], json!([1]));
+        assert!(
+            out[0]
+                .summary
+                .starts_with("The TCP link from n1 to n2 moved this job's data at"),
+            "{}",
+            out[0].summary
+        );
+        assert!(
+            out[0].summary.contains("round trip 40.0 ms against 100 µs"),
+            "{}",
+            out[0].summary
+        );
+        assert!(f.any_slow());
+    }
+
+    #[test]
+    fn an_even_ring_has_no_slow_link_and_two_links_are_not_judged() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, false);
+        let mut out = Vec::new();
+        f.findings("j", 10.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        // Two links only: nothing to compare against.
+        let mut two = FlowLinks::default();
+        for t in 0..10 {
+            let now = f64::from(t);
+            two.record(
+                "n0",
+                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
+                now,
+            );
+            two.record(
+                "n1",
+                &flow("10.0.0.2", "10.0.0.1", 8 << 20, 900, 100, 1),
+                now,
+            );
+        }
+        two.findings("j", 10.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+    }
+
+    #[test]
+    fn a_slow_link_recovers_once_its_window_is_fast_again() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, true);
+        let mut out = Vec::new();
+        f.findings("j", 10.0, &mut out);
+        assert_eq!(out.len(), 1);
+        for t in 10..40 {
+            let now = f64::from(t);
+            f.record(
+                "n0",
+                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
+                now,
+            );
+            f.record(
+                "n1",
+                &flow("10.0.0.2", "10.0.0.3", 8 << 20, 20, 100, 1),
+                now,
+            );
+            f.record(
+                "n2",
+                &flow("10.0.0.3", "10.0.0.1", 8 << 20, 20, 100, 2),
+                now,
+            );
+        }
+        out.clear();
+        f.findings("j", 40.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        assert!(!f.any_slow());
+    }
+}
