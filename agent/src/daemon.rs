@@ -296,14 +296,31 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .iter()
-                    .map(|p| p.pid)
-                    .collect::<Vec<u32>>()
+                    .map(|p| crate::transport::Owner {
+                        pid: p.pid,
+                        job: p.job.clone(),
+                        rank: p.rank,
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        // Flow records join the queue through the pump; a full channel loses them (counted),
+        // never blocks the probes' task.
+        let sink = {
+            let ev = ev_tx.clone();
+            let shared = shared.clone();
+            move |job: String, flows: Vec<commscope_wire::record::Flow>| {
+                let n = flows.len() as u64;
+                if ev.try_send(Event::Flows(job, flows)).is_err() {
+                    shared.records_dropped.fetch_add(n, Ordering::Relaxed);
+                }
             }
         };
         tasks.push(tokio::spawn(crate::transport::run(
             opts,
             shared,
             owners,
+            sink,
             stop_rx.clone(),
         )));
     }
@@ -355,6 +372,7 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         exits,
         events: ev_tx.clone(),
         rates: HashMap::new(),
+        transport: HashMap::new(),
     };
     tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
     tracing::info!(
@@ -398,6 +416,8 @@ enum Event {
     /// A registered process ended (and how, when the kernel said).
     /// A process ended: its source, how, and when it was seen (realtime, monotonic ns).
     Exited(u64, Option<Ending>, (u64, u64)),
+    /// The transport view's `flow` records of one job for an interval.
+    Flows(String, Vec<commscope_wire::record::Flow>),
 }
 
 /// Keeps one stream to the collector open, reconnecting with backoff.
@@ -503,6 +523,18 @@ pub fn now_real() -> u64 {
 }
 
 /// Host CLOCK_MONOTONIC (ns).
+/// The agent's own start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
+fn own_start_time() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    stat.rfind(')')
+        .map(|i| &stat[i + 1..])
+        .and_then(|rest| rest.split_whitespace().nth(19))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 pub(crate) fn now_mono() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -545,6 +577,8 @@ enum Origin {
     Exit {
         source: u64,
     },
+    /// The agent's own records (the transport view's flows), under its per-job identity.
+    Transport,
     Spool(u64),
 }
 
@@ -580,6 +614,9 @@ struct Pump {
     events: mpsc::Sender<Event>,
     /// Consistent sampling: the collector's rates, per job.
     rates: HashMap<String, Rates>,
+    /// Per job: the identity the agent writes its transport records under, and its next
+    /// `rec_seq`.
+    transport: HashMap<String, (ProcessId, u64)>,
 }
 
 impl Pump {
@@ -649,7 +686,66 @@ impl Pump {
                 self.drain_rings();
                 self.flush();
             }
+            Event::Flows(job, flows) => self.queue_flows(job, flows),
         }
+    }
+
+    /// Queues the transport view's records of `job` under the agent's identity for that job:
+    /// this node, the agent's pid and start time, rank [`TRANSPORT_RANK`].
+    fn queue_flows(&mut self, job: String, mut flows: Vec<commscope_wire::record::Flow>) {
+        if flows.is_empty() {
+            return;
+        }
+        let Some(template) = self
+            .sources
+            .values()
+            .find(|s| s.process.job == job)
+            .map(|s| s.process.clone())
+        else {
+            return;
+        };
+        let (id, next) = self.transport.entry(job.clone()).or_insert_with(|| {
+            (
+                ProcessId {
+                    job,
+                    node: self.cfg.node.clone(),
+                    pid: std::process::id(),
+                    start_time: own_start_time(),
+                    rank: commscope_wire::record::TRANSPORT_RANK,
+                    world_size: template.world_size,
+                    flavour: template.flavour.clone(),
+                    mono_anchor_ns: now_mono(),
+                    real_anchor_ns: now_real(),
+                    library: String::new(),
+                },
+                1,
+            )
+        });
+        let first = *next;
+        let mut records = Vec::with_capacity(flows.len() * RECORD_SIZE);
+        for f in &mut flows {
+            f.rec_seq = *next;
+            *next += 1;
+            records.extend_from_slice(&Record::Flow(*f).encode());
+        }
+        let process = id.clone();
+        self.next_order += 1;
+        self.queue.push_back(Outgoing {
+            order: self.next_order,
+            batch: RecordBatch {
+                process: Some(process),
+                first_rec_seq: first,
+                record_size: RECORD_SIZE as u32,
+                records,
+                clock_offset_ns: None,
+                clock_error_ns: 0,
+                dropped_overrun: 0,
+            },
+            origin: Origin::Transport,
+            records: flows.len() as u64,
+            not_before: None,
+        });
+        self.flush();
     }
 
     fn register(&mut self, r: Registered) {
@@ -950,7 +1046,7 @@ impl Pump {
                         }
                     }
                     // Small and not in any ring: kept in memory until it can go.
-                    Origin::Exit { .. } => self.requeue(out),
+                    Origin::Exit { .. } | Origin::Transport => self.requeue(out),
                     Origin::Spool(_) => {}
                 }
                 false
@@ -975,7 +1071,7 @@ impl Pump {
                     s.exit_done = true;
                 }
             }
-            Origin::Spool(_) => {}
+            Origin::Transport | Origin::Spool(_) => {}
         }
     }
 
@@ -985,7 +1081,7 @@ impl Pump {
         if self.spooling() {
             while let Some(o) = self.queue.pop_front() {
                 match o.origin {
-                    Origin::Ring { .. } | Origin::Exit { .. } => {
+                    Origin::Ring { .. } | Origin::Exit { .. } | Origin::Transport => {
                         if !self.spool_one(o) {
                             break;
                         }
@@ -1147,6 +1243,7 @@ impl Pump {
     fn done(&mut self, out: Outgoing) {
         match out.origin {
             Origin::Ring { .. } | Origin::Exit { .. } => self.complete_ring(&out.origin),
+            Origin::Transport => {}
             Origin::Spool(seq) => {
                 self.spool.remove(seq);
                 self.spool_loaded.retain(|s| *s != seq);

@@ -369,6 +369,13 @@ fn fill_transport(s: &Stats, node: &str, o: &mut Sink) {
         o.value(&EBPF_LOST, &[node, reason], st.kernel_drops[i] as f64);
     }
     o.value(&EBPF_LOST, &[node, "undecodable"], v.undecodable as f64);
+    o.value(
+        &EBPF_LOST,
+        &[node, "queue_full"],
+        s.transport
+            .records_dropped
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
     for (peer, t) in v.tcp_by_peer() {
         let peer = peer.to_string();
         o.value(&TCP_BYTES, &[node, &peer, "sent"], t.bytes_sent as f64);

@@ -47,7 +47,9 @@ impl Default for FlowTuning {
             ratio: 0.5,
             recover: 0.7,
             min_bytes: 1 << 20,
-            min_busy_s: 0.05,
+            // A healthy link is busy only briefly for its bytes: this only keeps a rate from
+            // being divided by next to nothing.
+            min_busy_s: 0.001,
             min_links: 3,
         }
     }
@@ -196,9 +198,40 @@ impl FlowLinks {
             .values()
             .filter(|s| s.rate > 0.0 && s.bytes >= self.tuning.min_bytes)
             .count();
+        // Slow links that share a node are one cause (that node's port, cable or path): one
+        // finding, led by the slowest against its peers.
+        let mut slow = slow;
+        slow.sort_by(|a, b| {
+            let (x, y) = (&self.links[a], &self.links[b]);
+            (x.rate / x.others).total_cmp(&(y.rate / y.others))
+        });
+        let mut groups: Vec<Vec<(String, IpAddr)>> = Vec::new();
         for k in slow {
+            let (src, dst) = (k.0.clone(), self.dst(&k.1));
+            let shares = |g: &Vec<(String, IpAddr)>| {
+                g.iter().any(|m| {
+                    let (a, b) = (m.0.clone(), self.dst(&m.1));
+                    a == src || a == dst || b == src || b == dst
+                })
+            };
+            match groups.iter_mut().find(|g| shares(g)) {
+                Some(g) => g.push(k),
+                None => groups.push(vec![k]),
+            }
+        }
+        for group in groups {
+            let k = group[0].clone();
             let s = &self.links[&k];
             let (src, dst) = (k.0.clone(), self.dst(&k.1));
+            let also: Vec<serde_json::Value> = group[1..]
+                .iter()
+                .map(|m| {
+                    let l = &self.links[m];
+                    json!({"src": m.0, "dst": self.dst(&m.1), "rate_bytes_per_s": l.rate,
+                           "others_median_bytes_per_s": l.others, "srtt_us": l.srtt_us,
+                           "retransmits": l.retransmits})
+                })
+                .collect();
             let mut owners: Vec<i32> = s
                 .samples
                 .iter()
@@ -236,7 +269,7 @@ impl FlowLinks {
                 resolved_at: None,
                 confidence: 0.8,
                 summary: format!(
-                    "The TCP link from {src} to {dst} moved this job's data at {} while busy over the last {:.0} s, against a median of {} on its {} other TCP links (round trip {} against {}; {} retransmissions): the path between {src} and {dst} is slow, not a rank — check that link (NIC and switch-port counters, ethtool -S, a traffic shaper such as tc qdisc, cabling) or move the job off it",
+                    "The TCP link from {src} to {dst} moved this job's data at {} while busy over the last {:.0} s, against a median of {} on its {} other TCP links (round trip {} against {}; {} retransmissions){}: the path between {src} and {dst} is slow, not a rank — check that link (NIC and switch-port counters, ethtool -S, a traffic shaper such as tc qdisc, cabling) or move the job off it",
                     fmt_bw(s.rate),
                     self.tuning.window_s,
                     fmt_bw(s.others),
@@ -244,6 +277,11 @@ impl FlowLinks {
                     rtt(s.srtt_us),
                     rtt(s.others_srtt_us),
                     s.retransmits,
+                    match also.len() {
+                        0 => String::new(),
+                        1 => "; 1 more link through the same node is slower than its peers too".to_owned(),
+                        n => format!("; {n} more links through the same nodes are slower than their peers too"),
+                    },
                 ),
                 evidence: json!({
                     "transport": "tcp",
@@ -256,6 +294,7 @@ impl FlowLinks {
                     "retransmits": s.retransmits,
                     "remote_address": k.1.to_string(),
                     "ranks": owners,
+                    "also_slow": also,
                     "links": self.summary(),
                 }),
             });
@@ -352,6 +391,37 @@ mod tests {
             out[0].summary
         );
         assert!(f.any_slow());
+    }
+
+    #[test]
+    fn slow_links_through_one_node_are_one_finding_led_by_the_slowest() {
+        // n1 → n2 throttled; n2 → n1 (its acknowledgements queue behind that) slowed too.
+        let mut f = FlowLinks::default();
+        ring(&mut f, true);
+        for t in 0..10 {
+            let now = f64::from(t);
+            f.record(
+                "n2",
+                &flow("10.0.0.3", "10.0.0.2", 8 << 20, 200, 300, 2),
+                now,
+            );
+            f.record(
+                "n0",
+                &flow("10.0.0.1", "10.0.0.3", 8 << 20, 20, 100, 0),
+                now,
+            );
+        }
+        let mut out = Vec::new();
+        f.findings("j", 10.0, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let l = out[0].link.as_ref().expect("link");
+        assert_eq!((l.src.as_str(), l.dst.as_str()), ("n1", "n2"));
+        assert_eq!(out[0].evidence["also_slow"][0]["src"], "n2");
+        assert!(
+            out[0].summary.contains("1 more link through the same node"),
+            "{}",
+            out[0].summary
+        );
     }
 
     #[test]

@@ -398,6 +398,19 @@ impl Nodes {
                     .output();
             }
         }
+        // Host ends of veth pairs whose namespace could not go (a process was still in it).
+        let links = Command::new("ip")
+            .args(["-br", "link", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        for line in links.unwrap_or_default().lines() {
+            let name = line.split(['@', ' ']).next().unwrap_or("");
+            if let Some(tag) = name.strip_prefix('v').and_then(tag_of)
+                && !alive(tag)
+            {
+                let _ = Command::new("ip").args(["link", "del", name]).output();
+            }
+        }
         remove_host_lines(|host| tag_of(host).is_some_and(|t| !alive(t)));
     }
 }
@@ -436,6 +449,11 @@ fn remove_host_lines(gone: impl Fn(&str) -> bool) {
 impl Drop for Nodes {
     fn drop(&mut self) {
         for name in &self.names {
+            // The veth pair goes with its host end at once; with the namespace only once the
+            // last process in it is gone.
+            let _ = Command::new("ip")
+                .args(["link", "del", &format!("v{name}")])
+                .output();
             let _ = Command::new("ip").args(["netns", "del", name]).output();
         }
         let _ = Command::new("ip")

@@ -15,6 +15,10 @@ use crate::{Nodes, commscope_bin};
 /// The socket every node's agent listens on, inside that node's mount namespace.
 pub const NODE_SOCKET: &str = "/run/commscope/agent.sock";
 
+/// One testbed at a time per test process: node names, the bridge and the subnet derive from
+/// the process id, and two 3-node jobs at once would swamp two cores anyway.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[derive(Debug)]
 pub struct Testbed {
     pub nodes: Nodes,
@@ -27,11 +31,13 @@ pub struct Testbed {
     pub agents: Vec<Service>,
     /// The rsh agent that starts processes inside a node's network, UTS and mount namespaces.
     pub rsh: PathBuf,
+    _one: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Testbed {
     /// `n` nodes, each with its agent; `agent_args` go to every agent.
     pub fn new(n: usize, agent_args: &[&str]) -> Testbed {
+        let one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let nodes = Nodes::new(n);
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all("/run/commscope").expect("mkdir /run/commscope");
@@ -97,6 +103,7 @@ impl Testbed {
             grpc,
             agents,
             rsh,
+            _one: one,
         }
     }
 
@@ -137,6 +144,56 @@ impl Testbed {
         (st == 200).then(|| serde_json::from_str(&body).expect("job JSON"))
     }
 
+    /// Throttles what node `i` receives (its veth's egress on the bridge side) to `rate`
+    /// (`tc` syntax, e.g. `40mbit`) with a token bucket, or removes the throttle (`None`).
+    pub fn throttle(&self, i: usize, rate: Option<&str>) {
+        let dev = format!("v{}", self.nodes.names[i]);
+        match rate {
+            Some(r) => {
+                let o = Command::new("tc")
+                    .args(["qdisc", "replace", "dev", &dev, "root", "tbf", "rate", r])
+                    .args(["burst", "64kb", "latency", "200ms"])
+                    .output()
+                    .expect("run tc");
+                assert!(
+                    o.status.success(),
+                    "tc: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            None => {
+                let _ = Command::new("tc")
+                    .args(["qdisc", "del", "dev", &dev, "root"])
+                    .output();
+            }
+        }
+    }
+
+    /// Runs an Open MPI job of `ranks` ranks, `per_node` a node, through `commscope run` with
+    /// every rank on its node's agent; returns the launcher's exit status.
+    pub fn run_job(
+        &self,
+        job: &str,
+        per_node: u32,
+        ranks: u32,
+        program: &[&str],
+    ) -> std::process::ExitStatus {
+        let mut cmd = Command::new(commscope_bin());
+        cmd.arg("run")
+            .arg("--agent-socket")
+            .arg(NODE_SOCKET)
+            .arg("--job-id")
+            .arg(job)
+            .arg("--")
+            .arg("mpirun")
+            .args(self.openmpi_args(per_node))
+            .args(["-np", &ranks.to_string()])
+            .args(program)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        cmd.status().expect("run the job")
+    }
+
     /// Sets node `i`'s link (its veth on the bridge) down or up.
     pub fn link(&self, i: usize, up: bool) {
         crate::ip(&[
@@ -153,18 +210,36 @@ impl Testbed {
     /// MPI's daemons, including those behind a downed link that their launcher cannot reach.
     pub fn kill_jobs(&self) {
         let agents: Vec<u32> = self.agents.iter().map(|a| a.child.id()).collect();
-        for name in &self.nodes.names {
-            let Ok(o) = Command::new("ip").args(["netns", "pids", name]).output() else {
-                continue;
-            };
-            for pid in String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
+        let others = || -> Vec<i32> {
+            self.nodes
+                .names
+                .iter()
+                .filter_map(|name| {
+                    Command::new("ip")
+                        .args(["netns", "pids", name])
+                        .output()
+                        .ok()
+                })
+                .flat_map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok())
+                        .collect::<Vec<_>>()
+                })
                 .filter(|p| !agents.contains(&(*p as u32)))
-            {
+                .collect()
+        };
+        let t = std::time::Instant::now();
+        loop {
+            let left = others();
+            if left.is_empty() || t.elapsed() > Duration::from_secs(10) {
+                return;
+            }
+            for pid in left {
                 // SAFETY: a signal to a process in a namespace this testbed created.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }

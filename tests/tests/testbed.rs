@@ -76,3 +76,56 @@ fn a_node_link_down_during_an_allreduce_is_one_communication_hang_naming_the_nod
         "{g:#}"
     );
 }
+
+/// The transport view's TCP flows across the testbed: an all-reduce job over TCP, first on
+/// healthy links (no finding at all), then with node 1's link throttled to 40 Mbit/s: one
+/// `slow-link` naming node 1, and no rank blamed — live, and from the collector's trace.
+#[test]
+fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
+    let bed = Testbed::new(3, &[]);
+    let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "bench_allreduce")).expect("program");
+    let p = prog.to_str().expect("utf-8");
+
+    // Healthy: 4 MiB all-reduces for a while.
+    let healthy = "testbed-healthy";
+    assert!(bed.run_job(healthy, 1, 3, &[p, "4194304", "300"]).success());
+    let f = bed.findings(healthy, "");
+    assert!(f.is_empty(), "findings on healthy links: {f:#?}");
+
+    bed.throttle(1, Some("40mbit"));
+    let slow = "testbed-throttled";
+    let status = bed.run_job(slow, 1, 3, &[p, "4194304", "25"]);
+    bed.throttle(1, None);
+    assert!(status.success());
+    let all = bed.findings(slow, "");
+    let node1 = bed.nodes.names[1].as_str();
+    let is_link = |f: &serde_json::Value| {
+        f["kind"] == "slow-link"
+            && (f["link"]["src"] == node1 || f["link"]["dst"] == node1)
+            && f["ranks"] == serde_json::json!([])
+    };
+    eprintln!(
+        "throttled: {}",
+        all.iter()
+            .map(|f| f["summary"].as_str().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(all.len(), 1, "live: {all:#?}");
+    assert!(is_link(&all[0]), "live: {:#}", all[0]);
+
+    // The collector's trace of the job says the same.
+    let dir = bed.dir.path().join("traces").join(slow);
+    wait("the job's trace", Duration::from_secs(60), || {
+        std::fs::read_dir(&dir)
+            .ok()?
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+            .then_some(())
+    });
+    let v = commscope_tests::analyze_json(&dir);
+    let found = v["findings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(found.len(), 1, "analyze: {found:#?}");
+    assert!(is_link(&found[0]), "analyze: {:#}", found[0]);
+    assert_eq!(found[0]["link"], all[0]["link"]);
+}

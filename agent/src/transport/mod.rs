@@ -423,6 +423,8 @@ fn chain(e: &dyn std::error::Error) -> String {
 pub struct Shared {
     pub view: Mutex<TransportView>,
     pub status: Mutex<Status>,
+    /// `flow` records lost because the agent's queue was full.
+    pub records_dropped: std::sync::atomic::AtomicU64,
 }
 
 /// Monotonic now (ns), the clock the programs stamp with.
@@ -436,14 +438,24 @@ fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// A traced process whose sockets' flows are attributed to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub pid: u32,
+    pub job: String,
+    pub rank: i32,
+}
+
 /// Loads the probes and runs them until `stop` turns true: reads the ring buffer, the maps
-/// every `flow_every`, and `/proc` every `scan_every`. `owners` gives the pids whose sockets
-/// flows are attributed to (the node's registered ranks). On failure to load, records the one
-/// warning in `shared.status` and returns.
+/// every `flow_every`, and `/proc` every `scan_every`. `owners` gives the processes whose
+/// sockets flows are attributed to (the node's registered ranks); `sink` takes each job's
+/// `flow` records of an interval. On failure to load, records the one warning in
+/// `shared.status` and returns.
 pub async fn run(
     opts: Options,
     shared: Arc<Shared>,
-    owners: impl Fn() -> Vec<u32> + Send + 'static,
+    owners: impl Fn() -> Vec<Owner> + Send + 'static,
+    sink: impl Fn(String, Vec<commscope_wire::record::Flow>) + Send + 'static,
     mut stop: watch::Receiver<bool>,
 ) {
     let loaded = {
@@ -496,19 +508,55 @@ pub async fn run(
                 let conns = probes.read_conns();
                 probes.read_kernel_drops();
                 let now = mono_ns();
-                let (gone, unowned) = {
+                let unowned = {
                     let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
-                    let gone = v.update_flows(now, &flows);
+                    v.update_flows(now, &flows);
                     v.update_conns(now, &conns);
-                    (gone, v.unowned())
+                    v.unowned()
                 };
-                probes.forget_flows(&gone);
+                let owned_by = owners();
                 if unowned > 0 {
-                    let pids = owners();
+                    let pids: Vec<u32> = owned_by.iter().map(|o| o.pid).collect();
                     let root = opts.proc_root.clone();
                     if let Ok(map) = tokio::task::spawn_blocking(move || procfs::socket_owners(&root, &pids)).await {
                         shared.view.lock().unwrap_or_else(|p| p.into_inner()).attribute(&map);
                     }
+                }
+                let (records, gone) = {
+                    let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+                    let records = v.flow_records(now, |pid| {
+                        owned_by.iter().find(|o| o.pid == pid).map(|o| o.rank)
+                    });
+                    (records, v.sweep())
+                };
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    let v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+                    let unowned: Vec<String> = v
+                        .flows
+                        .values()
+                        .filter(|f| f.pid.is_none() && !f.remote.ip().is_loopback())
+                        .take(8)
+                        .map(|f| format!("{}->{}", f.local, f.remote))
+                        .collect();
+                    tracing::debug!(
+                        "transport view: {} flows in the map, {} records for owners {:?}, {} swept; unowned: {}",
+                        flows.len(),
+                        records.len(),
+                        owned_by.iter().map(|o| o.pid).collect::<Vec<_>>(),
+                        gone.len(),
+                        unowned.join(" ")
+                    );
+                }
+                probes.forget_flows(&gone);
+                let mut by_job: std::collections::BTreeMap<&str, Vec<commscope_wire::record::Flow>> =
+                    std::collections::BTreeMap::new();
+                for (pid, r) in records {
+                    if let Some(o) = owned_by.iter().find(|o| o.pid == pid) {
+                        by_job.entry(o.job.as_str()).or_default().push(r);
+                    }
+                }
+                for (job, recs) in by_job {
+                    sink(job.to_owned(), recs);
                 }
                 *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
             }

@@ -110,6 +110,7 @@ pub fn layout(tracefs: &Path) -> Layout {
         probe_family: TpLayout::ABSENT,
         probe_data_len: TpLayout::ABSENT,
         probe_snd_una: TpLayout::ABSENT,
+        probe_snd_nxt: TpLayout::ABSENT,
         probe_snd_cwnd: TpLayout::ABSENT,
         probe_srtt: TpLayout::ABSENT,
         probe_skaddr: TpLayout::ABSENT,
@@ -161,6 +162,7 @@ pub fn layout(tracefs: &Path) -> Layout {
                 l.probe_family = at("family", 2);
                 l.probe_data_len = at("data_len", 2);
                 l.probe_snd_una = at("snd_una", 4);
+                l.probe_snd_nxt = at("snd_nxt", 4);
                 l.probe_snd_cwnd = at("snd_cwnd", 4);
                 l.probe_srtt = at("srtt", 4);
                 l.probe_skaddr = at("skaddr", 8);

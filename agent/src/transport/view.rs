@@ -28,6 +28,9 @@ pub struct Flow {
     pub retransmits_recent: u32,
     /// The socket was closed; its entry goes after its last totals are read.
     pub closed: bool,
+    /// Its totals, and the time (monotonic ns), at its last `flow` record.
+    pub emitted: TcpFlow,
+    pub emitted_at: u64,
 }
 
 /// A queue pair and what is known of its peer.
@@ -383,9 +386,8 @@ impl TransportView {
         v
     }
 
-    /// Takes a read of the flows map at `now_ns` (monotonic). Returns the sockets whose entries
-    /// can be deleted from the map (closed, and their last totals read).
-    pub fn update_flows(&mut self, now_ns: u64, read: &[(u64, TcpFlow)]) -> Vec<u64> {
+    /// Takes a read of the flows map at `now_ns` (monotonic).
+    pub fn update_flows(&mut self, now_ns: u64, read: &[(u64, TcpFlow)]) {
         let dt = self
             .last_flow_read
             .map(|t| now_ns.saturating_sub(t) as f64 / 1e9)
@@ -401,6 +403,8 @@ impl TransportView {
                 rx_rate: 0.0,
                 retransmits_recent: 0,
                 closed: false,
+                emitted: TcpFlow::default(),
+                emitted_at: 0,
             });
             // A reused socket address is a new flow.
             if t.first_ns != f.totals.first_ns && f.totals.first_ns != 0 {
@@ -412,6 +416,8 @@ impl TransportView {
                 f.remote = sockaddr(t.family, &t.daddr, t.dport);
                 f.pid = None;
                 f.closed = false;
+                f.emitted = TcpFlow::default();
+                f.emitted_at = 0;
             }
             let prev = f.totals;
             if let Some(dt) = dt {
@@ -421,6 +427,72 @@ impl TransportView {
             f.retransmits_recent = t.retransmits.saturating_sub(prev.retransmits);
             f.totals = *t;
         }
+    }
+
+    /// The `flow` records of owned flows that moved since their last one (or closed): what
+    /// changed since then. `rank_of` gives an owner's global rank. Returns (owner pid, record).
+    pub fn flow_records(
+        &mut self,
+        now_ns: u64,
+        rank_of: impl Fn(u32) -> Option<i32>,
+    ) -> Vec<(u32, commscope_wire::record::Flow)> {
+        use commscope_wire::record::{Flow as Rec, flow_transport};
+        let mut out = Vec::new();
+        for f in self.flows.values_mut() {
+            let Some(pid) = f.pid else { continue };
+            let (t, e) = (&f.totals, &f.emitted);
+            let sent = t.bytes_acked.saturating_sub(e.bytes_acked);
+            let received = t.bytes_received.saturating_sub(e.bytes_received);
+            let busy = t.busy_ns.saturating_sub(e.busy_ns);
+            let retrans = t.retransmits.saturating_sub(e.retransmits);
+            if sent == 0 && received == 0 && retrans == 0 && !f.closed {
+                continue;
+            }
+            let samples = t.srtt_samples.saturating_sub(e.srtt_samples);
+            let srtt = if samples > 0 {
+                (t.srtt_sum_us.saturating_sub(e.srtt_sum_us) / u64::from(samples)) as u32
+            } else {
+                t.srtt_us
+            };
+            out.push((
+                pid,
+                Rec {
+                    rec_seq: 0,
+                    transport: flow_transport::TCP,
+                    flags: if f.closed {
+                        commscope_wire::op::flags::FLOW_CLOSED
+                    } else {
+                        0
+                    },
+                    bytes_sent: sent,
+                    bytes_received: received,
+                    busy_ns: busy,
+                    retransmits: retrans,
+                    srtt_us: srtt,
+                    cwnd: t.snd_cwnd,
+                    local: Rec::addr_bytes(f.local.ip()),
+                    remote: Rec::addr_bytes(f.remote.ip()),
+                    local_port: f.local.port(),
+                    remote_port: f.remote.port(),
+                    t_start: if f.emitted_at > 0 {
+                        f.emitted_at
+                    } else {
+                        t.first_ns
+                    },
+                    t_end: now_ns,
+                    rank: rank_of(pid).unwrap_or(-1),
+                    pid,
+                },
+            ));
+            f.emitted = *t;
+            f.emitted_at = now_ns;
+        }
+        out
+    }
+
+    /// Drops closed flows (after their last record): returns the sockets whose entries can be
+    /// deleted from the map.
+    pub fn sweep(&mut self) -> Vec<u64> {
         let mut done = Vec::new();
         self.flows.retain(|sk, f| {
             if f.closed {
@@ -665,10 +737,8 @@ mod tests {
     #[test]
     fn flow_rates_come_from_successive_reads_and_closed_flows_keep_their_totals() {
         let mut v = TransportView::default();
-        assert!(
-            v.update_flows(1_000_000_000, &[(7, flow(0, 0, 0))])
-                .is_empty()
-        );
+        v.update_flows(1_000_000_000, &[(7, flow(0, 0, 0))]);
+        assert!(v.sweep().is_empty());
         v.update_flows(3_000_000_000, &[(7, flow(4_000_000, 1_000, 2))]);
         let f = &v.flows[&7];
         assert_eq!(f.tx_rate, 2_000_000.0);
@@ -688,8 +758,19 @@ mod tests {
             newstate: tcp_state::CLOSE,
             ..Default::default()
         }));
-        let done = v.update_flows(4_000_000_000, &[(7, flow(5_000_000, 1_000, 2))]);
-        assert_eq!(done, vec![7]);
+        v.update_flows(4_000_000_000, &[(7, flow(5_000_000, 1_000, 2))]);
+        // Its records: everything up to the close, in one (it was owned from the first read).
+        let recs = v.flow_records(4_000_000_000, |pid| (pid == 42).then_some(3));
+        assert_eq!(recs.len(), 1);
+        let (pid, r) = recs[0];
+        assert_eq!(
+            (pid, r.rank, r.bytes_sent, r.retransmits),
+            (42, 3, 5_000_000, 2)
+        );
+        assert_eq!(r.flags, commscope_wire::op::flags::FLOW_CLOSED);
+        assert_eq!(r.remote_addr(), "10.9.0.2:5000".parse().expect("addr"));
+        assert_eq!(r.srtt_us, 100);
+        assert_eq!(v.sweep(), vec![7]);
         assert!(v.flows.is_empty());
         let peers = v.tcp_by_peer();
         let p = peers[&"10.9.0.2".parse::<IpAddr>().expect("ip")];

@@ -99,7 +99,12 @@ pub struct TcpFlow {
     pub snd_cwnd: u32,
     pub last_snd_una: u32,
     pub retransmits: u32,
-    pub _pad2: u32,
+    /// `snd_nxt` at the last sample.
+    pub last_snd_nxt: u32,
+    /// Time with sent data not yet acknowledged: an interval between two samples counts when
+    /// data was outstanding at both ends (no acknowledgement came in between, so it stayed
+    /// outstanding); when only at its end, at most one smoothed RTT of it.
+    pub busy_ns: u64,
 }
 
 /// Where the TCP tracepoints keep their fields on this kernel: byte offsets into the raw
@@ -117,6 +122,7 @@ pub struct TpLayout {
     pub probe_family: u16,
     pub probe_data_len: u16,
     pub probe_snd_una: u16,
+    pub probe_snd_nxt: u16,
     pub probe_snd_cwnd: u16,
     pub probe_srtt: u16,
     pub probe_skaddr: u16,

@@ -131,6 +131,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let Some(l) = LAYOUT.get(0) else { return 0 };
     let sk: u64 = field(&ctx, l.probe_skaddr);
     let snd_una: u32 = field(&ctx, l.probe_snd_una);
+    let snd_nxt: u32 = field(&ctx, l.probe_snd_nxt);
     let data_len: u16 = field(&ctx, l.probe_data_len);
     let srtt: u32 = field(&ctx, l.probe_srtt);
     let cwnd: u32 = field(&ctx, l.probe_snd_cwnd);
@@ -145,10 +146,17 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     } else {
         (0, 0)
     };
-    if let Some(f) = TCP_FLOWS.get_ptr_mut(&sk) {
-        // SAFETY: the socket's events are serialised by its lock; a racing eviction can at
-        // worst lose one sample.
-        let f = unsafe { &mut *f };
+    let sport: u16 = field(&ctx, l.probe_sport);
+    let dport: u16 = field(&ctx, l.probe_dport);
+    // SAFETY: the socket's events are serialised by its lock; a racing eviction can at worst
+    // lose one sample.
+    let existing = TCP_FLOWS
+        .get_ptr_mut(&sk)
+        .map(|f| unsafe { &mut *f })
+        // A freed socket's memory is soon another socket: an entry whose ports differ is a
+        // connection that is gone, and this one starts afresh.
+        .filter(|f| f.sport == sport && f.dport == dport);
+    if let Some(f) = existing {
         if exact {
             f.bytes_received = received;
             f.bytes_acked = acked;
@@ -160,7 +168,20 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
             }
             f.bytes_received += data_len as u64;
         }
+        // Busy time: data outstanding now (before this segment's acknowledgement is taken).
+        if (snd_nxt.wrapping_sub(snd_una) as i32) > 0 {
+            let dt = now.saturating_sub(f.last_ns);
+            // Outstanding right after the last sample too (what was sent by then is not all
+            // acknowledged yet): busy throughout. Else the sending began in between: at most
+            // one round trip of it.
+            if (f.last_snd_nxt.wrapping_sub(snd_una) as i32) > 0 {
+                f.busy_ns += dt;
+            } else {
+                f.busy_ns += dt.min(srtt as u64 * 1000);
+            }
+        }
         f.last_snd_una = snd_una;
+        f.last_snd_nxt = snd_nxt;
         f.segs_in += 1;
         f.srtt_us = srtt;
         f.srtt_sum_us += srtt as u64;
@@ -172,8 +193,8 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     let family: u16 = field(&ctx, l.probe_family);
     let mut f = TcpFlow {
         family,
-        sport: field(&ctx, l.probe_sport),
-        dport: field(&ctx, l.probe_dport),
+        sport,
+        dport,
         first_ns: now,
         last_ns: now,
         bytes_received: if exact { received } else { data_len as u64 },
@@ -184,6 +205,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         srtt_samples: 1,
         snd_cwnd: cwnd,
         last_snd_una: snd_una,
+        last_snd_nxt: snd_nxt,
         ..TcpFlow::default()
     };
     // `saddr`/`daddr` are a `struct sockaddr_in` or `sockaddr_in6` (28 bytes).

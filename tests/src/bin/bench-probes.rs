@@ -274,6 +274,7 @@ fn main() {
         let read = tcp.read_flows();
         flows = read.len();
         view.update_flows(i * 1_000_000_000, &read);
+        view.sweep();
     }
     let per_read = t.elapsed().as_secs_f64() / reads as f64;
     let t = Instant::now();
