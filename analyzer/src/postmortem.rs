@@ -155,7 +155,11 @@ pub fn report(
     let (records, start, t) = (agg.shape.rows, agg.shape.start, agg.shape);
     let end = analysis.view.now_ns.max(start);
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
-    let ranks: BTreeSet<i32> = processes.iter().map(|p| p.header.rank).collect();
+    let ranks: BTreeSet<i32> = processes
+        .iter()
+        .map(|p| p.header.rank)
+        .filter(|r| *r >= 0)
+        .collect();
     let nodes: BTreeSet<&str> = processes
         .iter()
         .map(|p| p.header.node.as_str())

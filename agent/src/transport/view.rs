@@ -440,6 +440,10 @@ impl TransportView {
         let mut out = Vec::new();
         for f in self.flows.values_mut() {
             let Some(pid) = f.pid else { continue };
+            // Within the node (loopback, or to its own address): no network link.
+            if f.remote.ip().is_loopback() || f.remote.ip() == f.local.ip() {
+                continue;
+            }
             let (t, e) = (&f.totals, &f.emitted);
             let sent = t.bytes_acked.saturating_sub(e.bytes_acked);
             let received = t.bytes_received.saturating_sub(e.bytes_received);
@@ -759,7 +763,12 @@ mod tests {
             ..Default::default()
         }));
         v.update_flows(4_000_000_000, &[(7, flow(5_000_000, 1_000, 2))]);
-        // Its records: everything up to the close, in one (it was owned from the first read).
+        // Its records: everything up to the close, in one (it was owned from the first read);
+        // a flow within the node gives none.
+        let mut own = flow(9, 9, 0);
+        own.daddr = own.saddr;
+        v.update_flows(4_000_000_000, &[(8, own)]);
+        v.flows.get_mut(&8).expect("flow").pid = Some(42);
         let recs = v.flow_records(4_000_000_000, |pid| (pid == 42).then_some(3));
         assert_eq!(recs.len(), 1);
         let (pid, r) = recs[0];
@@ -771,7 +780,7 @@ mod tests {
         assert_eq!(r.remote_addr(), "10.9.0.2:5000".parse().expect("addr"));
         assert_eq!(r.srtt_us, 100);
         assert_eq!(v.sweep(), vec![7]);
-        assert!(v.flows.is_empty());
+        assert_eq!(v.flows.keys().collect::<Vec<_>>(), [&8]);
         let peers = v.tcp_by_peer();
         let p = peers[&"10.9.0.2".parse::<IpAddr>().expect("ip")];
         assert_eq!((p.bytes_sent, p.retransmits, p.flows), (5_000_000, 2, 0));
