@@ -130,7 +130,6 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
     assert_eq!(found[0]["link"], all[0]["link"]);
     // The agents' flow records are in the trace, and not taken for ranks.
     let (sum, _) = commscope_tests::summary_json(&[dir.as_path()]);
-    let sum = &sum["jobs"][0];
     assert_eq!(
         (sum["ranks"].as_u64(), sum["processes"].as_u64()),
         (Some(3), Some(3)),

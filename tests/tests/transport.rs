@@ -631,3 +631,97 @@ fn without_btf_or_a_library_the_probes_warn_once_each_and_keep_working() {
     );
     let _ = probes.take_events();
 }
+
+/// Zero-touch: a process in a mount namespace of its own (as in a container) maps libraries
+/// at a path only it sees; the agent's `/proc` scan finds them through `/proc/<pid>/root` and
+/// probes them, and the process's calls produce events — no preload, no registration.
+#[test]
+fn libraries_of_a_process_in_its_own_mount_namespace_are_found_and_probed() {
+    if !root() {
+        return;
+    }
+    let s = stand_ins();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let private = dir.path().join("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let go = dir.path().join("go");
+    // Inside: a tmpfs over `private` (invisible outside), holding the stand-ins under the
+    // names the scan looks for.
+    let script = format!(
+        "mount -t tmpfs commscope-test {p} && cp {v} {p}/libibverbs.so.1 && cp {n} {p}/libnccl.so.2 && exec {d} {p}/libibverbs.so.1 {p}/libnccl.so.2",
+        p = private.display(),
+        v = s.verbs.display(),
+        n = s.ncclnet.display(),
+        d = s.driver.display()
+    );
+    let mut probes = Probes::load(&Options {
+        tcp: false,
+        discover: false,
+        nccl_data: true,
+        ..Options::default()
+    })
+    .expect("load");
+    let mut ring = probes.take_events().expect("ring");
+    let child = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "/bin/sh", "-c", &script])
+        .env("TRANSPORT_DRIVER_WAIT", &go)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    let pid = child.id();
+    assert!(
+        !private.join("libibverbs.so.1").exists(),
+        "the private mount is visible outside"
+    );
+    let found = commscope_tests::wait(
+        "the scan to find both libraries",
+        std::time::Duration::from_secs(30),
+        || {
+            probes.discover(Path::new("/proc"));
+            let libs: Vec<String> = probes
+                .status()
+                .libraries
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect();
+            (libs.len() == 2).then_some(libs)
+        },
+    );
+    for l in &found {
+        assert!(
+            l.starts_with(&format!("/proc/{pid}/root/")),
+            "{l} is not reached through the process's root"
+        );
+    }
+    assert!(
+        probes.status().warnings.is_empty(),
+        "{:?}",
+        probes.status().warnings
+    );
+    std::fs::write(&go, b"").expect("go");
+    let out = child.wait_with_output().expect("driver");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut kinds: BTreeMap<u32, u32> = BTreeMap::new();
+    while let Some(item) = ring.next() {
+        let ev = decode(&item).expect("decodable");
+        let head = match &ev {
+            Event::Qp(e) => e.head,
+            Event::Mr(e) => e.head,
+            Event::Async(e) => e.head,
+            Event::Conn(e) => e.head,
+            Event::TcpState(e) => e.head,
+        };
+        assert_eq!(head.pid, pid, "{ev:?}");
+        *kinds.entry(head.kind).or_default() += 1;
+    }
+    assert_eq!(kinds.get(&kind::QP_CREATE), Some(&4), "{kinds:?}");
+    assert_eq!(kinds.get(&kind::NET_CONN), Some(&2), "{kinds:?}");
+    let conns = probes.read_conns();
+    assert_eq!(conns.len(), 2, "{conns:?}");
+    assert!(conns.iter().all(|(k, _)| k.pid == pid));
+}

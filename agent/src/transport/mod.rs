@@ -233,10 +233,12 @@ impl Probes {
             use std::os::unix::fs::MetadataExt;
             (meta.dev(), meta.ino())
         };
-        if !self.known_files.insert(id) {
+        if self.known_files.contains(&id) {
             return Ok(0);
         }
+        // Unreadable now: tried again at the next scan (its warning is given once).
         let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
+        self.known_files.insert(id);
         let mut plan = plan::plan(&symbols);
         if !self.nccl_data {
             plan.targets

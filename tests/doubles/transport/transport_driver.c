@@ -8,7 +8,8 @@
  * - an "async" thread: two ibv_get_async_event calls (a port error, a fatal QP error).
  * - a "proxy" thread: connect and accept (two calls each, one queue pair each), 10 isends of
  *   1 MiB, 5 irecvs of two 256 KiB buffers, and 1000 test polls.
- * Prints `pid <pid> send_comm <ptr> recv_comm <ptr>`. */
+ * Prints `pid <pid> send_comm <ptr> recv_comm <ptr>`.
+ * TRANSPORT_DRIVER_WAIT=FILE: after mapping the libraries, wait until FILE exists. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -79,6 +80,13 @@ int main(int argc, char **argv) {
   if (!verbs || !net) {
     fprintf(stderr, "transport_driver: %s\n", dlerror());
     return 2;
+  }
+  /* TRANSPORT_DRIVER_WAIT=FILE: with the libraries mapped, wait (up to 60 s) until FILE exists,
+   * so that probes found by scanning /proc are in place before the calls. */
+  const char *wait_for = getenv("TRANSPORT_DRIVER_WAIT");
+  if (wait_for) {
+    fprintf(stderr, "transport_driver: mapped, waiting for %s\n", wait_for);
+    for (int i = 0; i < 600 && access(wait_for, F_OK) != 0; i++) usleep(100000);
   }
   struct ibv_qp *(*create)(struct ibv_pd *, struct ibv_qp_init_attr *) =
       sym(verbs, "ibv_create_qp", "IBVERBS_1.1");
