@@ -91,7 +91,10 @@ pub fn analyze(paths: &[PathBuf], json: bool) -> Result<ExitCode> {
                 println!(
                     "job {}: no findings ({} ranks, {} records)",
                     job.job,
-                    job.processes.iter().filter(|p| p.header.rank >= 0).count(),
+                    job.processes
+                        .iter()
+                        .filter(|p| !p.header.is_transport())
+                        .count(),
                     job.records
                 );
             }
@@ -266,7 +269,7 @@ pub fn perfetto(paths: &[PathBuf], out: &Path) -> Result<ExitCode> {
         let us = |t: u64| t.saturating_sub(start) as f64 / 1e3;
         let end = a.view.now_ns.max(start);
         let pid_of = |rank: i32| (ji as i64) * 1_000_000 + i64::from(rank) + 1;
-        for p in j.processes.iter().filter(|p| p.header.rank >= 0) {
+        for p in j.processes.iter().filter(|p| !p.header.is_transport()) {
             let pid = pid_of(p.header.rank);
             let name = if p.header.node.is_empty() {
                 format!("{}: rank {}", j.job, p.header.rank)

@@ -231,8 +231,8 @@ pub fn summarize(job: &JobTrace) -> anyhow::Result<Summary> {
     let mut unfinished = Vec::new();
     let mut sampled_out = 0;
 
-    // The agents' transport records (rank -1) are not a rank's.
-    for proc in job.processes.iter().filter(|p| p.header.rank >= 0) {
+    // The agents' transport records are not a rank's.
+    for proc in job.processes.iter().filter(|p| !p.header.is_transport()) {
         ranks.insert(proc.header.rank);
         let mut completed: HashSet<(u64, u64)> = HashSet::new();
         let mut last_beat = 0u64;
@@ -433,7 +433,11 @@ pub fn summarize(job: &JobTrace) -> anyhow::Result<Summary> {
         job: job.job.clone(),
         records: job.records() as u64,
         ranks: ranks.len() as u64,
-        processes: job.processes.iter().filter(|p| p.header.rank >= 0).count() as u64,
+        processes: job
+            .processes
+            .iter()
+            .filter(|p| !p.header.is_transport())
+            .count() as u64,
         comms,
         p2p,
         in_flight,

@@ -523,18 +523,6 @@ pub fn now_real() -> u64 {
 }
 
 /// Host CLOCK_MONOTONIC (ns).
-/// The agent's own start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
-fn own_start_time() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0;
-    };
-    stat.rfind(')')
-        .map(|i| &stat[i + 1..])
-        .and_then(|rest| rest.split_whitespace().nth(19))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
 pub(crate) fn now_mono() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -710,7 +698,7 @@ impl Pump {
                     job,
                     node: self.cfg.node.clone(),
                     pid: std::process::id(),
-                    start_time: own_start_time(),
+                    start_time: commscope_wire::registration::process_start_time(),
                     rank: commscope_wire::record::TRANSPORT_RANK,
                     world_size: template.world_size,
                     flavour: template.flavour.clone(),

@@ -117,7 +117,7 @@ fn feed_in_time_order(
 ) {
     let mut order: Vec<(u64, u32, u32)> = Vec::new();
     for (pi, p) in processes.iter().enumerate() {
-        if p.header.rank >= 0 {
+        if !p.header.is_transport() {
             det.rank_node(p.header.rank, &p.header.node);
         }
         for (ri, r) in p.records.iter().enumerate() {

@@ -342,29 +342,35 @@ mod tests {
         }
     }
 
-    /// Three nodes in a ring, a second of records each for 10 s: node 1 → node 2 throttled.
-    fn ring(f: &mut FlowLinks, slow: bool) {
-        for t in 0..10 {
-            let now = f64::from(t);
-            // Every link moves 8 MiB a second; the others are busy 20 ms for it.
-            f.record(
-                "n0",
-                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
-                now,
-            );
-            let busy = if slow { 900 } else { 20 };
-            let rtt = if slow { 40_000 } else { 100 };
-            f.record(
-                "n1",
-                &flow("10.0.0.2", "10.0.0.3", 8 << 20, busy, rtt, 1),
-                now,
-            );
-            f.record(
-                "n2",
-                &flow("10.0.0.3", "10.0.0.1", 8 << 20, 20, 100, 2),
-                now,
-            );
+    /// A link's second: (node, local, remote, busy ms, RTT µs, owning rank), 8 MiB sent.
+    type Second<'a> = (&'a str, &'a str, &'a str, u64, u32, i32);
+
+    /// Each of `links` records a second of 8 MiB for every second in `secs`.
+    fn each_second(f: &mut FlowLinks, secs: std::ops::Range<u32>, links: &[Second]) {
+        for t in secs {
+            for &(node, local, remote, busy_ms, rtt_us, rank) in links {
+                f.record(
+                    node,
+                    &flow(local, remote, 8 << 20, busy_ms, rtt_us, rank),
+                    f64::from(t),
+                );
+            }
         }
+    }
+
+    /// Three nodes in a ring, a second of records each for 10 s: node 1 → node 2 throttled.
+    /// Every link moves 8 MiB a second; the others are busy 20 ms for it.
+    fn ring(f: &mut FlowLinks, slow: bool) {
+        let (busy, rtt) = if slow { (900, 40_000) } else { (20, 100) };
+        each_second(
+            f,
+            0..10,
+            &[
+                ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+                ("n1", "10.0.0.2", "10.0.0.3", busy, rtt, 1),
+                ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
+            ],
+        );
     }
 
     #[test]
@@ -398,19 +404,14 @@ mod tests {
         // n1 → n2 throttled; n2 → n1 (its acknowledgements queue behind that) slowed too.
         let mut f = FlowLinks::default();
         ring(&mut f, true);
-        for t in 0..10 {
-            let now = f64::from(t);
-            f.record(
-                "n2",
-                &flow("10.0.0.3", "10.0.0.2", 8 << 20, 200, 300, 2),
-                now,
-            );
-            f.record(
-                "n0",
-                &flow("10.0.0.1", "10.0.0.3", 8 << 20, 20, 100, 0),
-                now,
-            );
-        }
+        each_second(
+            &mut f,
+            0..10,
+            &[
+                ("n2", "10.0.0.3", "10.0.0.2", 200, 300, 2),
+                ("n0", "10.0.0.1", "10.0.0.3", 20, 100, 0),
+            ],
+        );
         let mut out = Vec::new();
         f.findings("j", 10.0, &mut out);
         assert_eq!(out.len(), 1, "{out:#?}");
@@ -433,19 +434,14 @@ mod tests {
         assert!(out.is_empty(), "{out:#?}");
         // Two links only: nothing to compare against.
         let mut two = FlowLinks::default();
-        for t in 0..10 {
-            let now = f64::from(t);
-            two.record(
-                "n0",
-                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
-                now,
-            );
-            two.record(
-                "n1",
-                &flow("10.0.0.2", "10.0.0.1", 8 << 20, 900, 100, 1),
-                now,
-            );
-        }
+        each_second(
+            &mut two,
+            0..10,
+            &[
+                ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+                ("n1", "10.0.0.2", "10.0.0.1", 900, 100, 1),
+            ],
+        );
         two.findings("j", 10.0, &mut out);
         assert!(out.is_empty(), "{out:#?}");
     }
@@ -457,24 +453,15 @@ mod tests {
         let mut out = Vec::new();
         f.findings("j", 10.0, &mut out);
         assert_eq!(out.len(), 1);
-        for t in 10..40 {
-            let now = f64::from(t);
-            f.record(
-                "n0",
-                &flow("10.0.0.1", "10.0.0.2", 8 << 20, 20, 100, 0),
-                now,
-            );
-            f.record(
-                "n1",
-                &flow("10.0.0.2", "10.0.0.3", 8 << 20, 20, 100, 1),
-                now,
-            );
-            f.record(
-                "n2",
-                &flow("10.0.0.3", "10.0.0.1", 8 << 20, 20, 100, 2),
-                now,
-            );
-        }
+        each_second(
+            &mut f,
+            10..40,
+            &[
+                ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+                ("n1", "10.0.0.2", "10.0.0.3", 20, 100, 1),
+                ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
+            ],
+        );
         out.clear();
         f.findings("j", 40.0, &mut out);
         assert!(out.is_empty(), "{out:#?}");

@@ -255,7 +255,7 @@ impl Cursor {
 fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Damage) -> Streamed {
     let mut det = Detectors::new(job, th.tuning.clone());
     for c in &cursors {
-        if c.trace.header.rank >= 0 {
+        if !c.trace.header.is_transport() {
             det.rank_node(c.trace.header.rank, &c.trace.header.node);
         }
     }
@@ -325,7 +325,7 @@ fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Da
     for (_, c) in done {
         records += c.records;
         // The agents' transport records are not a rank's.
-        if c.trace.header.rank >= 0 {
+        if !c.trace.header.is_transport() {
             add_rank(&mut view, c.replay.finish(&c.trace));
         }
         processes.push(c.trace);

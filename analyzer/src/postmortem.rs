@@ -157,8 +157,8 @@ pub fn report(
     let s = |t: u64| t.saturating_sub(start) as f64 / 1e9;
     let ranks: BTreeSet<i32> = processes
         .iter()
+        .filter(|p| !p.header.is_transport())
         .map(|p| p.header.rank)
-        .filter(|r| *r >= 0)
         .collect();
     let nodes: BTreeSet<&str> = processes
         .iter()

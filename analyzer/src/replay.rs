@@ -24,7 +24,7 @@ pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
         ..Default::default()
     };
     // The agents' transport records are not a rank's.
-    for p in processes.iter().filter(|p| p.header.rank >= 0) {
+    for p in processes.iter().filter(|p| !p.header.is_transport()) {
         let mut r = ProcessReplay::new(p);
         for rec in &p.records {
             r.record(p, rec, &mut v.comms);

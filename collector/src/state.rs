@@ -507,6 +507,21 @@ pub struct State {
 }
 
 /// Wall clock in ns since the epoch.
+/// When a record of `header`'s process happened, on the collector's clock: its host-mono time
+/// `t_mono` through the process's clock anchors and the node's `offset`; never ahead of `now`
+/// (arrival), at most a minute behind it; `now` when the time is unknown.
+fn event_time(header: &Header, offset: i64, now: u64, t_mono: u64) -> u64 {
+    if header.mono_anchor == 0 || header.real_anchor == 0 || t_mono == 0 {
+        return now;
+    }
+    let real = i128::from(header.real_anchor) + i128::from(t_mono) - i128::from(header.mono_anchor)
+        + i128::from(offset);
+    real.clamp(
+        i128::from(now.saturating_sub(60_000_000_000)),
+        i128::from(now),
+    ) as u64
+}
+
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -564,22 +579,12 @@ impl State {
         job.reorder.expect_ranks(job.world_size.max(0) as usize);
         job.records += records.len() as u64;
         // The node agent's transport records: not a rank of the job.
-        if header.rank == commscope_wire::record::TRANSPORT_RANK {
+        if header.is_transport() {
             let offset = clock.map_or(0, |c| c.offset_ns);
             for r in records {
                 if let Record::Flow(f) = r {
-                    let t = if header.mono_anchor == 0 || f.t_end == 0 {
-                        now
-                    } else {
-                        (i128::from(header.real_anchor) + i128::from(f.t_end)
-                            - i128::from(header.mono_anchor)
-                            + i128::from(offset))
-                        .clamp(
-                            i128::from(now.saturating_sub(60_000_000_000)),
-                            i128::from(now),
-                        ) as u64
-                    };
-                    job.detectors.flow(f, t);
+                    job.detectors
+                        .flow(f, event_time(header, offset, now, f.t_end));
                 }
             }
             return false;
@@ -627,19 +632,7 @@ impl State {
         // The detectors' clock: when a record happened (its host time on the collector's clock),
         // not when it arrived — agents deliver in bursts, and blame is a rate over time.
         let offset = clock.or(rank.clock).map_or(0, |c| c.offset_ns);
-        let (mono_anchor, real_anchor) = (header.mono_anchor, header.real_anchor);
-        let at = |t_mono: u64| -> u64 {
-            if mono_anchor == 0 || real_anchor == 0 || t_mono == 0 {
-                return now;
-            }
-            let real = i128::from(real_anchor) + i128::from(t_mono) - i128::from(mono_anchor)
-                + i128::from(offset);
-            // Never ahead of arrival, and at most a minute behind it.
-            (real.clamp(
-                i128::from(now.saturating_sub(60_000_000_000)),
-                i128::from(now),
-            )) as u64
-        };
+        let at = |t_mono: u64| event_time(header, offset, now, t_mono);
         let mut calls = 0u64;
         let mut status = rank.status;
         let mut exit = (rank.exit_status, rank.signal);

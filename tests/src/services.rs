@@ -236,8 +236,12 @@ impl Services {
 
     /// `GET /api/v1/jobs/{job}` as JSON, once it answers 200.
     pub fn job(&self, job: &str) -> Option<serde_json::Value> {
-        let (st, body) = self.get(&format!("/api/v1/jobs/{job}"));
-        (st == 200).then(|| serde_json::from_str(&body).expect("job JSON"))
+        job_at(self.http, job)
+    }
+
+    /// The findings of `job` ([`findings_at`]).
+    pub fn findings(&self, job: &str, state: &str) -> Vec<serde_json::Value> {
+        findings_at(self.http, job, state)
     }
 
     /// Waits until the collector says the job ended; returns its detail.
@@ -328,6 +332,26 @@ fn dechunk(mut s: &str) -> String {
         s = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// A collector's `GET /api/v1/jobs/{job}` at `http` as JSON, once it answers 200.
+pub fn job_at(http: SocketAddr, job: &str) -> Option<serde_json::Value> {
+    let (st, body) = http_get(http, &format!("/api/v1/jobs/{job}"));
+    (st == 200).then(|| serde_json::from_str(&body).expect("job JSON"))
+}
+
+/// A collector's findings of `job` at `http` (`state`: `open`, `resolved`, or "" for both).
+pub fn findings_at(http: SocketAddr, job: &str, state: &str) -> Vec<serde_json::Value> {
+    let q = if state.is_empty() {
+        format!("/api/v1/findings?job={job}")
+    } else {
+        format!("/api/v1/findings?job={job}&state={state}")
+    };
+    let (_, body) = http_get(http, &q);
+    serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["findings"].as_array().cloned())
+        .unwrap_or_default()
 }
 
 /// Runs `commscope run --agent-socket SOCK --job-id JOB -- CMD…` (no trace directory).

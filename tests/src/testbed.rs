@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::services::{Service, addr_after, http_get};
+use crate::services::{Service, addr_after, findings_at, job_at};
 use crate::{Nodes, commscope_bin};
 
 /// The socket every node's agent listens on, inside that node's mount namespace.
@@ -119,29 +119,14 @@ impl Testbed {
         a
     }
 
-    /// `GET` on the collector's API.
-    pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(self.http, path)
-    }
-
     /// Findings of `job` (`state`: `open`, `resolved`, or "" for both).
     pub fn findings(&self, job: &str, state: &str) -> Vec<serde_json::Value> {
-        let q = if state.is_empty() {
-            format!("/api/v1/findings?job={job}")
-        } else {
-            format!("/api/v1/findings?job={job}&state={state}")
-        };
-        let (_, body) = self.get(&q);
-        serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["findings"].as_array().cloned())
-            .unwrap_or_default()
+        findings_at(self.http, job, state)
     }
 
     /// The collector's view of `job`, once it knows it.
     pub fn job(&self, job: &str) -> Option<serde_json::Value> {
-        let (st, body) = self.get(&format!("/api/v1/jobs/{job}"));
-        (st == 200).then(|| serde_json::from_str(&body).expect("job JSON"))
+        job_at(self.http, job)
     }
 
     /// Throttles what node `i` receives (its veth's egress on the bridge side) to `rate`
@@ -169,8 +154,7 @@ impl Testbed {
         }
     }
 
-    /// Runs an Open MPI job of `ranks` ranks, `per_node` a node, through `commscope run` with
-    /// every rank on its node's agent; returns the launcher's exit status.
+    /// Runs [`Testbed::job_command`]; returns the launcher's exit status.
     pub fn run_job(
         &self,
         job: &str,
@@ -178,6 +162,15 @@ impl Testbed {
         ranks: u32,
         program: &[&str],
     ) -> std::process::ExitStatus {
+        self.job_command(job, per_node, ranks, program)
+            .status()
+            .expect("run the job")
+    }
+
+    /// An Open MPI job of `ranks` ranks, `per_node` a node, through `commscope run` with every
+    /// rank on its node's agent. Its output goes nowhere: daemons cut off behind a downed link
+    /// would hold a pipe open.
+    pub fn job_command(&self, job: &str, per_node: u32, ranks: u32, program: &[&str]) -> Command {
         let mut cmd = Command::new(commscope_bin());
         cmd.arg("run")
             .arg("--agent-socket")
@@ -191,7 +184,7 @@ impl Testbed {
             .args(program)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        cmd.status().expect("run the job")
+        cmd
     }
 
     /// Sets node `i`'s link (its veth on the bridge) down or up.

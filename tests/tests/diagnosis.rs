@@ -15,14 +15,6 @@ use commscope_tests::{Flavour, analyze_json, assert_ok, build, ip, launch, summa
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn findings(svc: &Services, job: &str, state: &str) -> Vec<serde_json::Value> {
-    let (_, body) = svc.get(&format!("/api/v1/findings?job={job}&state={state}"));
-    serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["findings"].as_array().cloned())
-        .unwrap_or_default()
-}
-
 fn analyze(dir: &Path) -> Vec<serde_json::Value> {
     let v = analyze_json(dir);
     let found = v["findings"].as_array().cloned().unwrap_or_default();
@@ -59,9 +51,10 @@ struct Verdicts {
 
 fn verdicts_after_the_end(svc: &Services, job: &str, cst_dir: &Path) -> Verdicts {
     svc.wait_job_ended(job, Duration::from_secs(60));
-    let live = findings(svc, job, "open")
+    let live = svc
+        .findings(job, "open")
         .into_iter()
-        .chain(findings(svc, job, "resolved"))
+        .chain(svc.findings(job, "resolved"))
         .collect();
     svc.wait_segments(job, Duration::from_secs(60));
     Verdicts {
@@ -195,7 +188,7 @@ fn run_case(flavour: Flavour, c: Case) {
                 &format!("live {kind} finding for {}", c.mode),
                 Duration::from_secs(90),
                 || {
-                    findings(&svc, &job, "open")
+                    svc.findings(&job, "open")
                         .into_iter()
                         .find(|f| f["kind"] == kind)
                 },
@@ -210,7 +203,8 @@ fn run_case(flavour: Flavour, c: Case) {
                 // The agent takes its stacks on the collector's request: it sleeps in sleep().
                 let t = Instant::now();
                 let stacks = loop {
-                    let s = findings(&svc, &job, "open")
+                    let s = svc
+                        .findings(&job, "open")
                         .into_iter()
                         .find(|g| g["id"] == f["id"])
                         .map(|g| g["evidence"]["culprits"][0]["stacks"].clone())
@@ -660,14 +654,14 @@ fn stall(flavour: Flavour) {
     });
     std::thread::sleep(Duration::from_secs(4));
     assert!(
-        findings(&svc, &job, "open").is_empty(),
+        svc.findings(&job, "open").is_empty(),
         "a finding before the stall: {:#?}",
-        findings(&svc, &job, "open")
+        svc.findings(&job, "open")
     );
     ns.tc(&["qdisc", "add", "dev", "lo", "root", "pfifo", "limit", "0"]);
     let began = Instant::now();
     let f = wait("a live stall finding", Duration::from_secs(60), || {
-        findings(&svc, &job, "open")
+        svc.findings(&job, "open")
             .into_iter()
             .find(|f| f["kind"] == "hang")
     });
@@ -678,7 +672,7 @@ fn stall(flavour: Flavour) {
         f["summary"]
     );
     std::thread::sleep(Duration::from_secs(2));
-    let live_open = findings(&svc, &job, "open");
+    let live_open = svc.findings(&job, "open");
     let _ = Command::new("pkill")
         .args(["-9", "-f", prog.to_str().expect("utf-8")])
         .status();

@@ -11,19 +11,6 @@ use std::time::Duration;
 use commscope_tests::services::{Service, Services, run_with_agent};
 use commscope_tests::{Flavour, build, commscope, wait};
 
-fn findings(svc: &Services, job: &str, state: &str) -> Vec<serde_json::Value> {
-    let q = if state.is_empty() {
-        format!("/api/v1/findings?job={job}")
-    } else {
-        format!("/api/v1/findings?job={job}&state={state}")
-    };
-    let (_, body) = svc.get(&q);
-    serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["findings"].as_array().cloned())
-        .unwrap_or_default()
-}
-
 /// Pids of `prog`'s processes whose environment names `socket` as their agent.
 fn ranks_using(prog: &Path, socket: &Path) -> Vec<i32> {
     let want = format!("COMMSCOPE_AGENT_SOCKET={}", socket.display());
@@ -116,9 +103,9 @@ fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
     });
     std::thread::sleep(Duration::from_secs(3));
     assert!(
-        findings(&svc, job, "open").is_empty(),
+        svc.findings(job, "open").is_empty(),
         "a finding before the cut: {:#?}",
-        findings(&svc, job, "open")
+        svc.findings(job, "open")
     );
 
     // The cut: node B's ranks and agent stop together.
@@ -127,15 +114,15 @@ fn a_node_cut_off_with_its_ranks_is_one_lost_contact_hang_naming_it() {
     signal(&b_ranks, libc::SIGSTOP);
     signal(&[agent_b.child.id() as i32], libc::SIGSTOP);
     let f = wait("a live hang finding", Duration::from_secs(60), || {
-        findings(&svc, job, "open")
+        svc.findings(job, "open")
             .into_iter()
             .find(|f| f["kind"] == "hang")
     });
     eprintln!("lost contact: {}", f["summary"]);
     // Let every detector have its say for a few evaluations.
     std::thread::sleep(Duration::from_secs(4));
-    let open = findings(&svc, job, "open");
-    let all = findings(&svc, job, "");
+    let open = svc.findings(job, "open");
+    let all = svc.findings(job, "");
 
     // Take everything down.
     signal(&[agent_b.child.id() as i32], libc::SIGCONT);

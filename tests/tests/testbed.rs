@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use commscope_tests::testbed::{NODE_SOCKET, Testbed};
-use commscope_tests::{Flavour, build, commscope, wait};
+use commscope_tests::testbed::Testbed;
+use commscope_tests::{Flavour, build, wait};
 
 /// Node 1's link goes down in the middle of the job's all-reduces: its agent is cut off from
 /// the collector together with its ranks. Exactly one finding: a `communication-hang` with no
@@ -15,22 +15,11 @@ fn a_node_link_down_during_an_allreduce_is_one_communication_hang_naming_the_nod
     let bed = Testbed::new(3, &["--no-ebpf"]);
     let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "steady")).expect("program");
     let job = "testbed-link-down";
-    let mut cmd = commscope();
-    cmd.arg("run")
-        .arg("--agent-socket")
-        .arg(NODE_SOCKET)
-        .arg("--job-id")
-        .arg(job)
-        .arg("--")
-        .arg("mpirun")
-        .args(bed.openmpi_args(1))
-        .args(["-np", "3"])
-        .arg(&prog)
-        .args(["600", "20000"]);
-    // Its output goes nowhere: daemons cut off behind the downed link would hold a pipe open.
-    cmd.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut runner = cmd.spawn().expect("run the job");
+    let p = prog.to_str().expect("utf-8");
+    let mut runner = bed
+        .job_command(job, 1, 3, &[p, "600", "20000"])
+        .spawn()
+        .expect("run the job");
     wait("the job's three ranks", Duration::from_secs(60), || {
         bed.job(job)
             .filter(|j| j["ranks"].as_u64() == Some(3))

@@ -93,6 +93,11 @@ pub struct Header {
 }
 
 impl Header {
+    /// The node agent's own identity for its transport records (`flow`), not a rank's.
+    pub fn is_transport(&self) -> bool {
+        self.rank == crate::record::TRANSPORT_RANK
+    }
+
     /// The canonical file name for this header: `<node>-<pid>-<rank>.cst`.
     pub fn file_name(&self) -> String {
         format!(

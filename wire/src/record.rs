@@ -424,8 +424,9 @@ pub struct Flow {
     pub pid: u32,
 }
 
-/// The `rank` of the process identity under which a node's agent writes its transport records.
-pub const TRANSPORT_RANK: i32 = -1;
+/// The `rank` of the process identity under which a node's agent writes its transport records
+/// (not -1, which a trace file without a rank reads as).
+pub const TRANSPORT_RANK: i32 = -2;
 
 /// Transports of [`Flow`] records.
 pub mod flow_transport {

@@ -180,6 +180,21 @@ impl Reply {
     }
 }
 
+/// The process start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
+pub fn process_start_time() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

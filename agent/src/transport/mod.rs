@@ -228,29 +228,24 @@ impl Probes {
 
     /// Probes one library file (whoever maps it, now or later). Returns the targets attached.
     pub fn attach_library(&mut self, path: &Path) -> Result<usize, String> {
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let id = {
-            use std::os::unix::fs::MetadataExt;
-            (meta.dev(), meta.ino())
-        };
+        let id = file_id(path)?;
         if self.known_files.contains(&id) {
             return Ok(0);
         }
-        // Unreadable now: tried again at the next scan (its warning is given once).
-        let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
+        let plan = read_plan(path, self.nccl_data)?;
+        Ok(self.attach_plan(id, path, &plan))
+    }
+
+    /// Attaches a library's plan (read by [`read_plan`], off the async threads when live).
+    fn attach_plan(&mut self, id: (u64, u64), path: &Path, plan: &plan::Plan) -> usize {
         self.known_files.insert(id);
-        let mut plan = plan::plan(&symbols);
-        if !self.nccl_data {
-            plan.targets
-                .retain(|t| !matches!(t.program, "net_isend" | "net_irecv"));
-        }
         if plan.library.is_none() {
             // A library by that name without a network layer (a stub, a build without one).
             tracing::info!(
                 "transport view: {} has neither libibverbs' control path nor NCCL's network layer: not probed",
                 path.display()
             );
-            return Ok(0);
+            return 0;
         }
         let mut attached = 0;
         for t in &plan.targets {
@@ -283,7 +278,7 @@ impl Probes {
         self.status
             .libraries
             .push((path.to_path_buf(), plan.missing.clone()));
-        Ok(attached)
+        attached
     }
 
     fn attach_uprobe(&mut self, t: &plan::Target, path: &Path) -> Result<(), String> {
@@ -307,9 +302,19 @@ impl Probes {
 
     /// Probes libraries newly mapped by processes under `proc_root`.
     pub fn discover(&mut self, proc_root: &Path) {
-        for lib in procfs::libraries(proc_root, &self.known_files) {
-            if let Err(e) = self.attach_library(&lib.path) {
-                self.warn(e);
+        let found = scan(proc_root, &self.known_files, self.nccl_data);
+        self.attach_found(found);
+    }
+
+    /// Attaches what a [`scan`] found; warns once about what it could not read (tried again at
+    /// the next scan).
+    fn attach_found(&mut self, found: Vec<Scanned>) {
+        for (lib, plan) in found {
+            match plan {
+                Ok(plan) => {
+                    self.attach_plan(lib.id, &lib.path, &plan);
+                }
+                Err(e) => self.warn(e),
             }
         }
     }
@@ -395,6 +400,39 @@ pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, String> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| chain(&e))
 }
 
+/// A library file's identity: (device, inode).
+fn file_id(path: &Path) -> Result<(u64, u64), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Reads a library's symbols and plans its probes (file I/O: a blocking call).
+fn read_plan(path: &Path, nccl_data: bool) -> Result<plan::Plan, String> {
+    let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
+    let mut plan = plan::plan(&symbols);
+    if !nccl_data {
+        plan.targets
+            .retain(|t| !matches!(t.program, "net_isend" | "net_irecv"));
+    }
+    Ok(plan)
+}
+
+/// A library a scan found, and its plan or why it could not be read.
+type Scanned = (procfs::Library, Result<plan::Plan, String>);
+
+/// Finds the libraries newly mapped under `proc_root` and plans them: the `/proc` walk and the
+/// symbol reading, all blocking I/O, in one call for a blocking thread.
+fn scan(proc_root: &Path, known: &HashSet<(u64, u64)>, nccl_data: bool) -> Vec<Scanned> {
+    procfs::libraries(proc_root, known)
+        .into_iter()
+        .map(|lib| {
+            let plan = read_plan(&lib.path, nccl_data);
+            (lib, plan)
+        })
+        .collect()
+}
+
 /// Lifts the locked-memory limit for maps on kernels that still charge it (< 5.11).
 fn raise_memlock() {
     let unlimited = libc::rlimit {
@@ -427,17 +465,6 @@ pub struct Shared {
     pub status: Mutex<Status>,
     /// `flow` records lost because the agent's queue was full.
     pub records_dropped: std::sync::atomic::AtomicU64,
-}
-
-/// Monotonic now (ns), the clock the programs stamp with.
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A traced process whose sockets' flows are attributed to it.
@@ -475,7 +502,14 @@ pub async fn run(
         Err(_) => return,
     };
     if opts.discover {
-        probes.discover(&opts.proc_root);
+        let (root, known, data) = (
+            opts.proc_root.clone(),
+            probes.known_files.clone(),
+            probes.nccl_data,
+        );
+        if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, data)).await {
+            probes.attach_found(found);
+        }
     }
     *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
     let ring = probes.take_events().and_then(|r| {
@@ -509,7 +543,8 @@ pub async fn run(
                 let flows = probes.read_flows();
                 let conns = probes.read_conns();
                 probes.read_kernel_drops();
-                let now = mono_ns();
+                // CLOCK_MONOTONIC: the clock the programs stamp with.
+                let now = crate::daemon::now_mono();
                 let unowned = {
                     let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
                     v.update_flows(now, &flows);
@@ -563,7 +598,10 @@ pub async fn run(
                 *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
             }
             _ = scan_tick.tick(), if opts.discover => {
-                probes.discover(&opts.proc_root);
+                let (root, known, data) = (opts.proc_root.clone(), probes.known_files.clone(), probes.nccl_data);
+                if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, data)).await {
+                    probes.attach_found(found);
+                }
             }
         }
     }

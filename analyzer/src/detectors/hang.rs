@@ -69,8 +69,12 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
     view.ranks
         .values()
         .filter(|r| r.ended.is_none() && !r.finalized && !deaths.ended.contains_key(&r.rank))
-        // Out of contact: its last state is stale, and its silence says nothing about it.
-        .filter(|r| !view.lost.contains_key(&r.node))
+        // Out of contact, or its agent silent: its last state is stale, and its silence says
+        // nothing about it.
+        .filter(|r| {
+            !view.lost.contains_key(&r.node)
+                && r.observed_age_ns.is_none_or(|a| a < th.unseen_after_ns)
+        })
         .filter(|r| {
             let silent = r.last_heard_ns > 0
                 && view.now_ns.saturating_sub(r.last_heard_ns) >= th.dead_after_ns;
@@ -98,13 +102,7 @@ pub fn findings(
     deaths: &Deaths,
     mismatches: &mut [Finding],
 ) -> Vec<Finding> {
-    // Ranks whose agent went silent: nothing is said about them, or about what waits on
-    // them, until contact resumes or the collector declares the node lost.
-    let unseen = view.unseen(th.unseen_after_ns);
-    let frozen: BTreeSet<i32> = frozen(view, th, deaths)
-        .difference(&unseen)
-        .copied()
-        .collect();
+    let frozen = frozen(view, th, deaths);
     let mut mismatched: BTreeMap<i32, usize> = BTreeMap::new();
     for (i, m) in mismatches.iter().enumerate() {
         for r in &m.ranks {
@@ -116,7 +114,9 @@ pub fn findings(
     // Ranks out of sight wait for nobody we can see; what waits on them is lost contact.
     let out_of_sight = view.out_of_sight();
     explained.extend(&out_of_sight);
-    explained.extend(&unseen);
+    // Ranks whose agent went silent: nothing is said about them, or about what waits on
+    // them, until contact resumes or the collector declares the node lost.
+    explained.extend(view.unseen(th.unseen_after_ns));
     explained.extend(mismatched.keys());
     let waits = Waits {
         view,
