@@ -250,7 +250,17 @@ impl FlowLinks {
             let mut nodes = vec![src.clone(), dst.clone()];
             nodes.sort();
             nodes.dedup();
-            let id = Hasher::new().str("tcp").str(&src).str(&dst).finish();
+            // The finding is the nodes every slow link of the group goes through (a node's
+            // port, or one pair's path), whichever link leads it at the moment.
+            let mut common: Vec<String> = nodes.clone();
+            for m in &group[1..] {
+                let (a, b) = (m.0.clone(), self.dst(&m.1));
+                common.retain(|n| *n == a || *n == b);
+            }
+            let id = common
+                .iter()
+                .fold(Hasher::new().str("tcp"), |h, n| h.str(n))
+                .finish();
             out.push(Finding {
                 id: finding_id(Kind::SlowLink, job, Some(id), &[], None),
                 kind: Kind::SlowLink,
@@ -423,6 +433,31 @@ mod tests {
             "{}",
             out[0].summary
         );
+    }
+
+    #[test]
+    fn a_nodes_slow_links_keep_one_finding_whichever_leads() {
+        // n2's port is slow: n0 → n2 and n3 → n2 both; which is the slower one changes.
+        let fast = [
+            ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
+            ("n1", "10.0.0.2", "10.0.0.1", 20, 100, 1),
+            ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+        ];
+        let mut f = FlowLinks::default();
+        let mut ids = Vec::new();
+        for (secs, busy0, busy3) in [(0..20, 900, 600), (20..40, 600, 900)] {
+            let mut links = fast.to_vec();
+            links.push(("n0", "10.0.0.1", "10.0.0.3", busy0, 100, 0));
+            links.push(("n3", "10.0.0.4", "10.0.0.3", busy3, 100, 3));
+            let end = secs.end;
+            each_second(&mut f, secs, &links);
+            let mut out = Vec::new();
+            f.findings("j", f64::from(end), &mut out);
+            assert_eq!(out.len(), 1, "{out:#?}");
+            ids.push((out[0].id.clone(), out[0].link.clone().expect("link").src));
+        }
+        assert_eq!(ids[0].0, ids[1].0);
+        assert_eq!((ids[0].1.as_str(), ids[1].1.as_str()), ("n0", "n3"));
     }
 
     #[test]
