@@ -592,7 +592,7 @@ impl Stalled<'_> {
     }
 }
 
-/// One finding for stalled instances that share nodes, anchored on the one entered first.
+/// One finding for stalled instances that share nodes, anchored on the lowest (seq, comm).
 fn stall_finding(
     view: &JobView,
     group: &[(u64, u64)],
@@ -623,8 +623,17 @@ fn stall_finding(
             }
         })
         .collect();
-    stalled.sort_by_key(|s| (s.call.map_or(u64::MAX, |c| c.entered_ns), s.comm, s.seq));
+    // The anchor (and so the finding's id) must not depend on which member's entry time
+    // happens to be known at this tick: instances entered within microseconds of each other
+    // swap places from one tick to the next. The lowest sequence number is the one that
+    // stalled first in its communicator; ties go to the communicator id.
+    stalled.sort_by_key(|s| (s.seq, s.comm));
     let first = &stalled[0];
+    let opened_at = stalled
+        .iter()
+        .filter_map(|s| s.call.map(|c| c.entered_ns))
+        .min()
+        .unwrap_or(view.now_ns);
     let victims: Vec<Victim> = group
         .iter()
         .flat_map(|&(c, s)| by_root.get(&Root::Stall(c, s)).cloned().unwrap_or_default())
@@ -663,7 +672,7 @@ fn stall_finding(
         ranks: vec![],
         nodes: vec![],
         link: None,
-        opened_at: first.call.map_or(view.now_ns, |c| c.entered_ns),
+        opened_at,
         resolved_at: None,
         confidence: 0.8,
         summary: format!(

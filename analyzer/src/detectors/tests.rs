@@ -298,6 +298,38 @@ fn a_transport_that_stops_mid_step_is_one_stall_over_every_communicator_it_stops
 }
 
 #[test]
+fn a_stall_keeps_its_id_whichever_instance_was_entered_first() {
+    // Two halves stalled in their all-reduce #17 at the same moment: which half's entry is
+    // earliest is noise that changes from tick to tick, and must not change the finding.
+    const EVEN: u64 = 0x200;
+    const ODD: u64 = 0x300;
+    let stalled = |even_first: bool| {
+        let mut v = job(8, 17, true);
+        v.comms.clear();
+        for r in 0..8 {
+            rank(&mut v, r).node = "n0".into();
+        }
+        comm(&mut v, EVEN, &[0, 2, 4, 6], 17);
+        comm(&mut v, ODD, &[1, 3, 5, 7], 17);
+        for r in 0..8 {
+            let (c, early) = if r % 2 == 0 {
+                (EVEN, even_first)
+            } else {
+                (ODD, !even_first)
+            };
+            inside(&mut v, r, c, 17, if early { 20 * S } else { 20 * S - 1 });
+        }
+        run(&v)
+    };
+    let (a, b) = (stalled(true), stalled(false));
+    assert_eq!(kinds(&a), [(Kind::Hang, vec![])], "{a:#?}");
+    assert_eq!(kinds(&b), [(Kind::Hang, vec![])], "{b:#?}");
+    assert_eq!(a[0].id, b[0].id);
+    assert_eq!((a[0].comm.as_deref(), a[0].seq), (Some("0x200"), Some(17)));
+    assert_eq!(a[0].summary, b[0].summary);
+}
+
+#[test]
 fn a_gpu_that_stopped_finishing_work_its_peers_completed_is_the_culprit_not_a_stall() {
     // NCCL work (GPU streams): rank 0 still holds all-reduce #10, which ranks 1-3 completed,
     // and never queued #11, which they wait in. Rank 0 is the culprit; #10 is no stall.
