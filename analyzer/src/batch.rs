@@ -260,6 +260,8 @@ pub(crate) fn conclude(
     let instance = ev.finish(&mut det, unfinished, view.now_ns);
     let (mut mismatches, mut findings): (Vec<Finding>, Vec<Finding>) =
         instance.into_iter().partition(|f| f.kind == Kind::Mismatch);
+    let mut view = view;
+    view.dead_links = det.dead_links(view.now_ns);
     findings.extend(crate::detectors::liveness(
         &view,
         &th.liveness,

@@ -11,7 +11,7 @@
 //!
 //! A link is slow when its rate is below `ratio` × the median of the job's other TCP links (at
 //! least `min_links` links judged, each with `min_bytes` and `min_busy_s` in the window);
-//! it recovers above `recover`. The receiving node is the node whose own flows use the remote
+//! it recovers above `recover`, and is reported once it has been slow for `sustain_s`. The receiving node is the node whose own flows use the remote
 //! address; a peer no agent reports is named by its address. Flows within one node are left
 //! out (no network link). RTT and retransmissions of the link and of the others go into the
 //! evidence: a congested or throttled path shows a longer RTT, a lossy one retransmits.
@@ -38,6 +38,16 @@ pub struct FlowTuning {
     pub min_busy_s: f64,
     /// Links judged in the job before one is compared with the others.
     pub min_links: usize,
+    /// A link is reported once it has been slow this long (a job's first seconds, and bursts
+    /// of CPU contention on a node, make a link look slow for a moment).
+    pub sustain_s: f64,
+    /// A link is dead after this many retransmissions over at least `dead_after_s` with
+    /// nothing acknowledged (TCP's retransmission timer doubles from 200 ms: 3 within about
+    /// 1.5 s of the failure). It is forgotten `dead_forget_s` after its last retransmission
+    /// (TCP retries at most every 120 s).
+    pub dead_retransmits: u64,
+    pub dead_after_s: f64,
+    pub dead_forget_s: f64,
 }
 
 impl Default for FlowTuning {
@@ -51,6 +61,10 @@ impl Default for FlowTuning {
             // being divided by next to nothing.
             min_busy_s: 0.001,
             min_links: 3,
+            sustain_s: 5.0,
+            dead_retransmits: 3,
+            dead_after_s: 1.0,
+            dead_forget_s: 150.0,
         }
     }
 }
@@ -66,9 +80,21 @@ struct Sample {
     rank: i32,
 }
 
+/// A link that retransmits with nothing acknowledged: since when, how much, whose sockets.
+#[derive(Clone, Debug, Default)]
+struct Dead {
+    since_s: f64,
+    last_s: f64,
+    retransmits: u64,
+    ranks: Vec<i32>,
+}
+
 #[derive(Debug, Default)]
 struct LinkSt {
     samples: VecDeque<Sample>,
+    /// Set by a record that retransmitted with nothing acknowledged, cleared by one that had
+    /// data acknowledged.
+    dead: Option<Dead>,
     slow_since: Option<f64>,
     /// At the last evaluation: its rate, the others' median, their RTTs.
     rate: f64,
@@ -99,6 +125,20 @@ impl FlowLinks {
             return;
         }
         let s = self.links.entry((node.to_owned(), remote)).or_default();
+        if f.bytes_sent > 0 {
+            s.dead = None;
+        } else if f.retransmits > 0 {
+            let d = s.dead.get_or_insert(Dead {
+                since_s: now_s,
+                ..Default::default()
+            });
+            d.last_s = now_s;
+            d.retransmits += u64::from(f.retransmits);
+            if f.rank >= 0 && !d.ranks.contains(&f.rank) {
+                d.ranks.push(f.rank);
+                d.ranks.sort_unstable();
+            }
+        }
         s.samples.push_back(Sample {
             t_s: now_s,
             bytes: f.bytes_sent,
@@ -192,7 +232,16 @@ impl FlowLinks {
 
     /// The slow-link findings open now.
     pub fn findings(&mut self, job: &str, now_s: f64, out: &mut Vec<Finding>) {
-        let slow = self.evaluate(now_s);
+        let sustain = self.tuning.sustain_s;
+        let slow: Vec<(String, IpAddr)> = self
+            .evaluate(now_s)
+            .into_iter()
+            .filter(|k| {
+                self.links[k]
+                    .slow_since
+                    .is_some_and(|t| now_s - t >= sustain)
+            })
+            .collect();
         let judged_links = self
             .links
             .values()
@@ -326,6 +375,33 @@ impl FlowLinks {
             .collect()
     }
 
+    /// The links dead at `now_s`: their senders retransmitted at least `dead_retransmits`
+    /// times over at least `dead_after_s` with nothing acknowledged. Sorted, most
+    /// retransmissions first.
+    pub fn dead_links(&self, now_s: f64) -> Vec<crate::view::DeadLink> {
+        let t = &self.tuning;
+        let mut v: Vec<crate::view::DeadLink> = self
+            .links
+            .iter()
+            .filter_map(|((src, remote), s)| {
+                let d = s.dead.as_ref()?;
+                (d.retransmits >= t.dead_retransmits
+                    && now_s - d.since_s >= t.dead_after_s
+                    && now_s - d.last_s <= t.dead_forget_s)
+                    .then(|| crate::view::DeadLink {
+                        src: src.clone(),
+                        dst: self.dst(remote),
+                        transport: "tcp",
+                        dead_s: now_s - d.since_s,
+                        retransmits: d.retransmits,
+                        ranks: d.ranks.clone(),
+                    })
+            })
+            .collect();
+        v.sort_by(|a, b| (b.retransmits, &a.src, &a.dst).cmp(&(a.retransmits, &b.src, &b.dst)));
+        v
+    }
+
     /// Whether any link is slow now (the degraded-collective detector defers to it).
     pub fn any_slow(&self) -> bool {
         self.links.values().any(|s| s.slow_since.is_some())
@@ -355,7 +431,8 @@ mod tests {
     /// A link's second: (node, local, remote, busy ms, RTT µs, owning rank), 8 MiB sent.
     type Second<'a> = (&'a str, &'a str, &'a str, u64, u32, i32);
 
-    /// Each of `links` records a second of 8 MiB for every second in `secs`.
+    /// Each of `links` records a second of 8 MiB for every second in `secs`; the detector
+    /// evaluates after each second, as the collector's tick does.
     fn each_second(f: &mut FlowLinks, secs: std::ops::Range<u32>, links: &[Second]) {
         for t in secs {
             for &(node, local, remote, busy_ms, rtt_us, rank) in links {
@@ -365,6 +442,7 @@ mod tests {
                     f64::from(t),
                 );
             }
+            f.evaluate(f64::from(t));
         }
     }
 
@@ -381,6 +459,78 @@ mod tests {
                 ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
             ],
         );
+    }
+
+    /// A record of `node`'s socket to `remote` that retransmitted `n` times with nothing
+    /// acknowledged.
+    fn retransmitted(f: &mut FlowLinks, node: &str, local: &str, remote: &str, n: u32, t: f64) {
+        let mut r = flow(local, remote, 0, 0, 0, 1);
+        r.retransmits = n;
+        f.record(node, &r, t);
+    }
+
+    #[test]
+    fn retransmissions_with_nothing_acknowledged_make_a_dead_link_until_data_moves() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, false);
+        // n1 cut off at 10 s: n0's sends to it retransmit at 10.2, 10.6, 11.4 s.
+        retransmitted(&mut f, "n0", "10.0.0.1", "10.0.0.2", 1, 10.5);
+        assert_eq!(f.dead_links(11.0), [], "one retransmission is no dead link");
+        retransmitted(&mut f, "n0", "10.0.0.1", "10.0.0.2", 1, 11.0);
+        retransmitted(&mut f, "n0", "10.0.0.1", "10.0.0.2", 1, 11.5);
+        let d = f.dead_links(12.0);
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_eq!((d[0].src.as_str(), d[0].dst.as_str()), ("n0", "n1"));
+        assert_eq!(
+            (d[0].retransmits, d[0].dead_s, d[0].ranks.clone()),
+            (3, 1.5, vec![1])
+        );
+        // Long after the last retransmission (the connection gave up), it is forgotten.
+        assert_eq!(f.dead_links(200.0), []);
+        // Data acknowledged again: alive.
+        let mut f2 = FlowLinks::default();
+        for t in [10.5, 11.0, 11.5] {
+            retransmitted(&mut f2, "n0", "10.0.0.1", "10.0.0.2", 1, t);
+        }
+        assert_eq!(f2.dead_links(12.0).len(), 1);
+        f2.record(
+            "n0",
+            &flow("10.0.0.1", "10.0.0.2", 1 << 20, 5, 100, 0),
+            12.5,
+        );
+        assert_eq!(f2.dead_links(13.0), []);
+        // Retransmissions in a second that also had data acknowledged are loss, not death.
+        let mut f3 = FlowLinks::default();
+        for t in 0..5 {
+            let mut r = flow("10.0.0.1", "10.0.0.2", 1 << 20, 5, 100, 0);
+            r.retransmits = 4;
+            f3.record("n0", &r, f64::from(t));
+        }
+        assert_eq!(f3.dead_links(5.0), []);
+    }
+
+    #[test]
+    fn a_link_slow_for_less_than_the_sustain_time_is_not_reported_yet() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, true);
+        // Slow from the first second: at 4 s it has been slow for 4 s, at 10 s for 10 s.
+        let mut early = FlowLinks::default();
+        let (busy, rtt) = (900, 40_000);
+        each_second(
+            &mut early,
+            0..4,
+            &[
+                ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+                ("n1", "10.0.0.2", "10.0.0.3", busy, rtt, 1),
+                ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
+            ],
+        );
+        let mut out = Vec::new();
+        early.findings("j", 4.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        assert!(early.any_slow());
+        f.findings("j", 10.0, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
     }
 
     #[test]

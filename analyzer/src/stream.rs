@@ -261,6 +261,12 @@ impl Detectors {
         self.flows.record(&node, f, now);
     }
 
+    /// The links the transport view shows dead at `now_ns` (or at the latest record, when that
+    /// is later) — for the hang detector's view.
+    pub fn dead_links(&self, now_ns: u64) -> Vec<crate::view::DeadLink> {
+        self.flows.dead_links(self.now_s.max(now_ns as f64 / 1e9))
+    }
+
     pub fn link(&mut self, l: &commscope_wire::record::Link, now_ns: u64) {
         let now = now_ns as f64 / 1e9;
         if now > self.now_s {

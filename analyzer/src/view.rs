@@ -22,6 +22,22 @@ pub struct JobView {
     /// Nodes whose agent the collector lost contact with (live only): their ranks are out of
     /// sight, and their silence is no evidence about them.
     pub lost: BTreeMap<String, LostContact>,
+    /// Network links the transport view shows dead: data sent and retransmitted with nothing
+    /// acknowledged ([`crate::flows::FlowLinks::dead_links`]).
+    pub dead_links: Vec<DeadLink>,
+}
+
+/// A link whose sender has retransmitted with nothing acknowledged since `dead_s` ago.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeadLink {
+    /// The sending node, and the receiving node (its address when no agent reports it).
+    pub src: String,
+    pub dst: String,
+    pub transport: &'static str,
+    pub dead_s: f64,
+    pub retransmits: u64,
+    /// The ranks whose sockets retransmitted.
+    pub ranks: Vec<i32>,
 }
 
 /// A node out of contact: no stream from its agent since `since_ns` (realtime).

@@ -112,6 +112,7 @@ pub fn view(job: &JobState, now: u64, lost: &BTreeMap<String, LostContact>) -> J
         ranks,
         comms,
         lost,
+        dead_links: job.detectors.dead_links(now),
     }
 }
 

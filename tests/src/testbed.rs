@@ -187,6 +187,52 @@ impl Testbed {
         cmd
     }
 
+    /// Node `i`'s address on the nodes' network.
+    pub fn address(&self, i: usize) -> String {
+        let prefix = self
+            .nodes
+            .gateway
+            .rsplit_once('.')
+            .map_or("", |(p, _)| p)
+            .to_owned();
+        format!("{prefix}.{}", i + 1)
+    }
+
+    /// Kills the data path between node `i` and the other nodes (`cut`), or heals it: node
+    /// `i`'s neighbour entries for its peers, and theirs for it, point to a MAC address nobody
+    /// has, so frames between them vanish. Everyone's traffic with the bridge's host side (the
+    /// collector, the launcher) still flows, so the agents stay in contact. A silent black
+    /// hole, as a failed switch port or a bad route makes: no carrier change, no error.
+    pub fn blackhole(&self, i: usize, cut: bool) {
+        let node = &self.nodes.names[i];
+        for (j, peer) in self.nodes.names.iter().enumerate() {
+            if j == i {
+                continue;
+            }
+            for (on, to) in [(node, self.address(j)), (peer, self.address(i))] {
+                if cut {
+                    crate::ip(&[
+                        "-n",
+                        on,
+                        "neigh",
+                        "replace",
+                        &to,
+                        "lladdr",
+                        "02:00:00:00:de:ad",
+                        "dev",
+                        "eth0",
+                        "nud",
+                        "permanent",
+                    ]);
+                } else {
+                    let _ = Command::new("ip")
+                        .args(["-n", on, "neigh", "del", &to, "dev", "eth0"])
+                        .output();
+                }
+            }
+        }
+    }
+
     /// Sets node `i`'s link (its veth on the bridge) down or up.
     pub fn link(&self, i: usize, up: bool) {
         crate::ip(&[

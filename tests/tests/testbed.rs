@@ -66,6 +66,83 @@ fn a_node_link_down_during_an_allreduce_is_one_communication_hang_naming_the_nod
     );
 }
 
+/// Node 1's data path dies silently in the middle of the job's all-reduces, while every agent
+/// stays in contact with the collector: every member is inside and alive (a stall), and the
+/// transport view shows TCP to or from node 1 retransmitting with nothing acknowledged.
+/// Exactly one finding: a `communication-hang` with no rank whose link names node 1.
+#[test]
+fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
+    let bed = Testbed::new(3, &[]);
+    let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "bench_allreduce")).expect("program");
+    let job = "testbed-blackhole";
+    let p = prog.to_str().expect("utf-8");
+    let mut runner = bed
+        .job_command(job, 1, 3, &[p, "65536", "100000000"])
+        .spawn()
+        .expect("run the job");
+    wait("the job's three ranks", Duration::from_secs(60), || {
+        bed.job(job)
+            .filter(|j| j["ranks"].as_u64() == Some(3))
+            .map(|_| ())
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        bed.findings(job, "").is_empty(),
+        "a finding before the fault: {:#?}",
+        bed.findings(job, "")
+    );
+
+    bed.blackhole(1, true);
+    let cut = Instant::now();
+    let f = wait("a live hang naming a link", Duration::from_secs(60), || {
+        bed.findings(job, "open")
+            .into_iter()
+            .find(|f| f["kind"] == "hang" && !f["link"].is_null())
+    });
+    eprintln!(
+        "blackhole: link named {:.1} s after node 1's data path died: {}",
+        cut.elapsed().as_secs_f64(),
+        f["summary"]
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let all = bed.findings(job, "");
+
+    bed.blackhole(1, false);
+    bed.kill_jobs();
+    let _ = runner.kill();
+    let _ = runner.wait();
+
+    assert_eq!(all.len(), 1, "open or resolved: {all:#?}");
+    let g = &all[0];
+    assert_eq!(g["kind"], "hang", "{g:#}");
+    assert_eq!(g["class"], "communication-hang", "{g:#}");
+    assert_eq!(g["ranks"], serde_json::json!([]), "{g:#}");
+    // Node 1 is one end of the named link (only its own links can be dead; when one link
+    // alone had data in flight, the transport cannot tell which of its ends failed).
+    let node1 = bed.nodes.names[1].as_str();
+    assert!(
+        g["link"]["src"] == node1 || g["link"]["dst"] == node1,
+        "{g:#}"
+    );
+    assert!(
+        g["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().any(|x| x == node1) && n.len() <= 2),
+        "{g:#}"
+    );
+    assert!(g["evidence"]["out_of_sight"].is_null(), "{g:#}");
+    let dead = g["evidence"]["transport"]["dead_links"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !dead.is_empty()
+            && dead.iter().all(|d| d["src"] == bed.nodes.names[1].as_str()
+                || d["dst"] == bed.nodes.names[1].as_str()),
+        "{g:#}"
+    );
+}
+
 /// The transport view's TCP flows across the testbed: an all-reduce job over TCP, first on
 /// healthy links (no finding at all), then with node 1's link throttled to 40 Mbit/s: one
 /// `slow-link` naming node 1, and no rank blamed — live, and from the collector's trace.

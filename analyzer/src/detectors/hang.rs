@@ -8,7 +8,8 @@
 //! - a frozen process (stopped, or silent with its CPU time still while its agent sees it):
 //!   `hang` naming it alone, never its waiting partners;
 //! - every member inside and every process alive: a stall, `hang` of class
-//!   `communication-hang` with no rank, naming the communicator and instance;
+//!   `communication-hang` with no rank, naming the communicator and instance, and the link
+//!   when the transport shows one dead among the members' nodes ([`super::dead_link`]);
 //! - a rank that died first ([`super::dead_rank`]): one `dead-rank` finding, with what the
 //!   others are blocked in as its evidence (also when nobody waits for it yet);
 //! - a mismatch: the mismatch finding, with the hang as its evidence;
@@ -655,6 +656,31 @@ fn stall_finding(
                 .join("; ")
         )
     };
+    let behind_phrase = if behind.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} wait{} behind it",
+            others(behind.len()),
+            if behind.len() == 1 { "s" } else { "" }
+        )
+    };
+    // A dead link among the members' nodes is the stall's cause: it names the link.
+    let dead = super::dead_link::dead_path(view, &nodes);
+    let summary = match &dead {
+        Some(d) => format!(
+            "{what}, while every process is alive{behind_phrase} — {}: {}",
+            d.measured, d.advice
+        ),
+        None => format!(
+            "{what}, while every process is alive{behind_phrase} — the transport or the library is stuck, not a rank: check the network between {} (link errors, NIC counters, NCCL_DEBUG=INFO)",
+            match nodes.len() {
+                0 => "its members".to_owned(),
+                1 => format!("the ranks on {}", nodes[0]),
+                _ => format!("nodes {}", nodes.join(", ")),
+            }
+        ),
+    };
     Finding {
         id: finding_id(
             Kind::Hang,
@@ -670,25 +696,14 @@ fn stall_finding(
         comm: Some(format_comm_id(first.comm)),
         seq: Some(first.seq),
         ranks: vec![],
-        nodes: vec![],
-        link: None,
+        nodes: dead.as_ref().map_or_else(Vec::new, |d| d.common.clone()),
+        link: dead.as_ref().map(|d| d.link.clone()),
         opened_at,
         resolved_at: None,
-        confidence: 0.8,
-        summary: format!(
-            "{what}, while every process is alive{} — the transport or the library is stuck, not a rank: check the network between {} (link errors, NIC counters, NCCL_DEBUG=INFO)",
-            if behind.is_empty() {
-                String::new()
-            } else {
-                format!("; {} wait behind it", others(behind.len()))
-            },
-            match nodes.len() {
-                0 => "its members".to_owned(),
-                1 => format!("the ranks on {}", nodes[0]),
-                _ => format!("nodes {}", nodes.join(", ")),
-            }
-        ),
+        confidence: if dead.is_some() { 0.9 } else { 0.8 },
+        summary,
         evidence: json!({
+            "transport": dead.as_ref().map(|d| d.evidence.clone()),
             "members": members,
             "nodes": nodes,
             "instances": stalled.iter().map(|s| json!({

@@ -11,11 +11,13 @@
 //! - [`mismatch`]: members of an instance that called different things (its instance data
 //!   comes from the instance detectors in [`crate::stream`]).
 //! - [`waits`]: the wait graph both use.
+//! - [`dead_link`]: the transport's dead links behind a stall.
 //!
 //! [`liveness`] runs them together, so one root cause gives one finding: the hangs a death, a
 //! frozen process or a mismatch causes are that finding's evidence.
 
 pub mod comm_error;
+pub mod dead_link;
 pub mod dead_rank;
 pub mod degraded;
 pub mod hang;

@@ -298,6 +298,53 @@ fn a_transport_that_stops_mid_step_is_one_stall_over_every_communicator_it_stops
 }
 
 #[test]
+fn a_stall_over_a_dead_link_names_that_link() {
+    // Ranks 0-3 on n0, 4-7 on n1, all inside world #10; TCP to and from n1 retransmits with
+    // nothing acknowledged. Dead links elsewhere (n5) are not this stall's.
+    let mut v = job(8, 10, true);
+    for r in 0..8 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    let dead = |src: &str, dst: &str, retransmits| crate::view::DeadLink {
+        src: src.into(),
+        dst: dst.into(),
+        transport: "tcp",
+        dead_s: 19.0,
+        retransmits,
+        ranks: vec![0],
+    };
+    let plain = run(&v);
+    assert_eq!(kinds(&plain), [(Kind::Hang, vec![])], "{plain:#?}");
+    assert_eq!(plain[0].link, None);
+    v.dead_links = vec![
+        dead("n0", "n1", 7),
+        dead("n1", "n0", 5),
+        dead("n5", "n6", 9),
+    ];
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![])], "{f:#?}");
+    assert_eq!(f[0].class, Class::CommunicationHang);
+    assert_eq!(
+        f[0].id, plain[0].id,
+        "the link is the stall's evidence, not a new finding"
+    );
+    let l = f[0].link.as_ref().expect("the dead link");
+    assert_eq!((l.src.as_str(), l.dst.as_str()), ("n0", "n1"));
+    let s = &f[0].summary;
+    assert!(
+        s.contains("TCP from n0 to n1 has had nothing acknowledged for 19 s"),
+        "{s}"
+    );
+    assert!(s.contains("between n0 and n1 is dead, not a rank"), "{s}");
+    assert_eq!(
+        f[0].evidence["transport"]["dead_links"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+}
+
+#[test]
 fn a_stall_keeps_its_id_whichever_instance_was_entered_first() {
     // Two halves stalled in their all-reduce #17 at the same moment: which half's entry is
     // earliest is noise that changes from tick to tick, and must not change the finding.
