@@ -114,6 +114,21 @@ fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
 
     assert_eq!(all.len(), 1, "open or resolved: {all:#?}");
     let g = &all[0];
+    // The collector's trace of the job says the same: the stall and its dead link.
+    let dir = bed.dir.path().join("traces").join(job);
+    wait("the job's trace", Duration::from_secs(60), || {
+        std::fs::read_dir(&dir)
+            .ok()?
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+            .then_some(())
+    });
+    let v = commscope_tests::analyze_json(&dir);
+    let found = v["findings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(found.len(), 1, "analyze: {found:#?}\n{}", v["explain"]);
+    assert_eq!(found[0]["class"], "communication-hang", "{:#}", found[0]);
+    assert_eq!(found[0]["ranks"], serde_json::json!([]), "{:#}", found[0]);
+    assert_eq!(found[0]["link"], g["link"], "{:#}", found[0]);
     assert_eq!(g["kind"], "hang", "{g:#}");
     assert_eq!(g["class"], "communication-hang", "{g:#}");
     assert_eq!(g["ranks"], serde_json::json!([]), "{g:#}");
