@@ -87,12 +87,14 @@ pub(crate) fn feed_time(p: &ProcessTrace, r: &Record) -> Option<u64> {
         }
         Record::Link(l) => real_time(p, l.t_end, Clock::HostMono),
         Record::Flow(f) => real_time(p, f.t_end, Clock::HostMono),
+        Record::LinkEvent(e) => real_time(p, e.t, Clock::HostMono),
         _ => return None,
     })
 }
 
-/// Hands one record, at its [`feed_time`] `t`, to the instance detectors.
-pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64) {
+/// Hands one record of a process on `node`, at its [`feed_time`] `t`, to the instance
+/// detectors.
+pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64, node: &str) {
     match r {
         Record::Call(c) => det.call(c, t),
         Record::Skip(k) => det.skip(k, t),
@@ -104,6 +106,7 @@ pub(crate) fn dispatch(det: &mut Detectors, r: &Record, t: u64) {
         Record::Comm(c) => det.comm_failed(c, t),
         Record::Link(l) => det.link(l, t),
         Record::Flow(f) => det.flow(f, t),
+        Record::LinkEvent(e) => det.link_event(node, e, t),
         _ => {}
     }
 }
@@ -131,7 +134,7 @@ fn feed_in_time_order(
         let p = &processes[pi as usize];
         let r = &p.records[ri as usize];
         tick(det, t, p, r);
-        dispatch(det, r, t);
+        dispatch(det, r, t, &p.header.node);
     }
 }
 
@@ -268,6 +271,7 @@ pub(crate) fn conclude(
         &mut mismatches,
     ));
     findings.extend(mismatches);
+    crate::link_errors::fold_into_hangs(&mut findings);
     findings.sort_by(|a, b| (a.kind, &a.ranks, &a.comm).cmp(&(b.kind, &b.ranks, &b.comm)));
     Analysis {
         view,

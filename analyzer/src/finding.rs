@@ -66,11 +66,15 @@ pub enum State {
     Resolved,
 }
 
-/// A link between two nodes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A link between two nodes, with the source's NIC and port when known (`mlx5_0`, 1).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Link {
     pub src: String,
     pub dst: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_nic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_port: Option<u32>,
 }
 
 /// One finding (the contract's object).

@@ -153,6 +153,11 @@ impl FlowLinks {
         }
     }
 
+    /// The node whose job flows use `addr` locally, when one does.
+    pub fn node_of_addr(&self, addr: &IpAddr) -> Option<String> {
+        self.addr_node.get(addr).cloned()
+    }
+
     /// The receiving node of a link (its address when no agent reports it).
     fn dst(&self, remote: &IpAddr) -> String {
         self.addr_node
@@ -323,6 +328,7 @@ impl FlowLinks {
                 link: Some(Link {
                     src: src.clone(),
                     dst: dst.clone(),
+                    ..Default::default()
                 }),
                 opened_at: (s.slow_since.unwrap_or(now_s) * 1e9) as u64,
                 resolved_at: None,

@@ -266,6 +266,10 @@ fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Da
         .map_or(1, |n| n.get())
         .clamp(1, DECODERS)
         .min(cursors.len().max(1));
+    let nodes: Vec<String> = cursors
+        .iter()
+        .map(|c| c.trace.header.node.clone())
+        .collect();
     let mut shares: Vec<Vec<(usize, Cursor)>> = (0..workers).map(|_| Vec::new()).collect();
     for (i, c) in cursors.into_iter().enumerate() {
         shares[i % workers].push((i, c));
@@ -288,12 +292,12 @@ fn analyze_job(job: &str, cursors: Vec<Cursor>, th: &Thresholds, damage: &mut Da
         .min()
         .map(|x| x.1)
     {
-        if let Some((t, _, a, rec)) = streams[s].next() {
+        if let Some((t, pi, a, rec)) = streams[s].next() {
             ev.tick(&mut det, t);
             if let Record::Call(c) = &rec {
                 late.call(c, a, t);
             }
-            dispatch(&mut det, &rec, t);
+            dispatch(&mut det, &rec, t, nodes.get(pi).map_or("", String::as_str));
         }
     }
     drop(streams);

@@ -23,6 +23,7 @@ pub mod finding;
 pub mod flows;
 pub mod large;
 pub mod lateness;
+pub mod link_errors;
 pub mod links;
 pub mod postmortem;
 

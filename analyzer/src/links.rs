@@ -311,6 +311,7 @@ impl Links {
                 link: (!sn.is_empty() && !dn.is_empty()).then(|| finding::Link {
                     src: sn.clone(),
                     dst: dn.clone(),
+                    ..Default::default()
                 }),
                 opened_at: (since * 1e9) as u64,
                 resolved_at: None,
@@ -400,7 +401,8 @@ mod tests {
             f.link,
             Some(finding::Link {
                 src: "n2".into(),
-                dst: "n3".into()
+                dst: "n3".into(),
+                ..Default::default()
             })
         );
         assert!(f.summary.contains("n2 → n3"), "{}", f.summary);

@@ -88,6 +88,7 @@ pub fn until(processes: &[ProcessTrace], t_ns: u64) -> Vec<ProcessTrace> {
                         Record::Skip(k) => at(k.t_last),
                         Record::Link(l) => at(l.t_end),
                         Record::Flow(f) => at(f.t_end),
+                        Record::LinkEvent(e) => at(e.t),
                     };
                     (t <= t_ns).then_some(*r)
                 })

@@ -178,6 +178,7 @@ pub struct Detectors {
     /// The slow-link detector (link records of NCCL's profiler plugin).
     pub links: crate::links::Links,
     pub flows: crate::flows::FlowLinks,
+    pub link_errors: crate::link_errors::LinkErrors,
     now_s: f64,
     /// Instances judged, and instances dropped before all members arrived.
     pub instances: u64,
@@ -226,6 +227,7 @@ impl Detectors {
             step_intervals: VecDeque::new(),
             links: crate::links::Links::default(),
             flows: crate::flows::FlowLinks::default(),
+            link_errors: crate::link_errors::LinkErrors::default(),
             now_s: 0.0,
             instances: 0,
             incomplete: 0,
@@ -259,6 +261,15 @@ impl Detectors {
             return;
         };
         self.flows.record(&node, f, now);
+    }
+
+    /// One link event of `node`'s agent (its transport view or NIC counters).
+    pub fn link_event(&mut self, node: &str, e: &commscope_wire::record::LinkEvent, now_ns: u64) {
+        let now = now_ns as f64 / 1e9;
+        if now > self.now_s {
+            self.now_s = now;
+        }
+        self.link_errors.record(node, e, now);
     }
 
     /// The links the transport view shows dead at `now_ns` (or at the latest record, when that
@@ -510,6 +521,9 @@ impl Detectors {
         self.links
             .findings(&self.job, self.now_s, |r| node_of(ranks, r), &mut out);
         self.flows.findings(&self.job, self.now_s, &mut out);
+        let flows = &self.flows;
+        self.link_errors
+            .findings(&self.job, self.now_s, |a| flows.node_of_addr(a), &mut out);
         // A slow TCP path explains the job's slow collectives (one finding per root cause).
         if !self.flows.any_slow() {
             self.degraded_findings(&mut out);

@@ -65,9 +65,11 @@ impl Engine {
                 self.last.insert(job.job.clone(), f.clone());
                 f
             };
-            now.extend(found);
-            now.extend(mismatches);
-            now.extend(rest);
+            let mut job_now = found;
+            job_now.extend(mismatches);
+            job_now.extend(rest);
+            commscope_analyzer::link_errors::fold_into_hangs(&mut job_now);
+            now.extend(job_now);
         }
         self.tracker.update(now, t)
     }

@@ -582,9 +582,16 @@ impl State {
         if header.is_transport() {
             let offset = clock.map_or(0, |c| c.offset_ns);
             for r in records {
-                if let Record::Flow(f) = r {
-                    job.detectors
-                        .flow(f, event_time(header, offset, now, f.t_end));
+                match r {
+                    Record::Flow(f) => job
+                        .detectors
+                        .flow(f, event_time(header, offset, now, f.t_end)),
+                    Record::LinkEvent(e) => job.detectors.link_event(
+                        &header.node,
+                        e,
+                        event_time(header, offset, now, e.t),
+                    ),
+                    _ => {}
                 }
             }
             return false;
@@ -730,6 +737,8 @@ impl State {
                 }
                 Record::Link(l) => job.detectors.link(l, at(l.t_end)),
                 Record::Flow(f) => job.detectors.flow(f, at(f.t_end)),
+                // The agent's records only (handled above); never a rank's.
+                Record::LinkEvent(_) => {}
                 Record::Skip(k) => {
                     calls += k.calls;
                     job.sampled_out += k.calls;

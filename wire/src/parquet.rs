@@ -191,6 +191,17 @@ pub fn schema() -> SchemaRef {
         Field::new("flow_cwnd", DataType::UInt32, true),
         i32f("flow_rank", true),
         Field::new("flow_pid", DataType::UInt32, true),
+        // link_event (the agent's transport view and NIC counters)
+        strf("link_event", true),
+        strf("link_event_device", true),
+        strf("link_event_what", true),
+        Field::new("link_event_port", DataType::UInt32, true),
+        Field::new("link_event_qp", DataType::UInt32, true),
+        Field::new("link_event_peer_qp", DataType::UInt32, true),
+        strf("link_event_peer", true),
+        u64f("link_event_count", true),
+        i32f("link_event_rank", true),
+        Field::new("link_event_pid", DataType::UInt32, true),
     ];
     let mut md = std::collections::HashMap::new();
     md.insert("commscope.schema".to_owned(), SCHEMA_VERSION.to_string());
@@ -274,6 +285,16 @@ struct Columns {
     flow_cwnd: UInt32Builder,
     flow_rank: Int32Builder,
     flow_pid: UInt32Builder,
+    link_event: StringBuilder,
+    link_event_device: StringBuilder,
+    link_event_what: StringBuilder,
+    link_event_port: UInt32Builder,
+    link_event_qp: UInt32Builder,
+    link_event_peer_qp: UInt32Builder,
+    link_event_peer: StringBuilder,
+    link_event_count: UInt64Builder,
+    link_event_rank: Int32Builder,
+    link_event_pid: UInt32Builder,
     rows: usize,
     /// The last communicator id and its printed form (rows of a process mostly repeat it).
     comm_text: (u64, String),
@@ -327,6 +348,11 @@ impl Columns {
         } else {
             None
         };
+        let le = if let Record::LinkEvent(e) = r {
+            Some(e)
+        } else {
+            None
+        };
         let flags = match r {
             Record::Call(c) | Record::Enter(c) => c.flags,
             Record::Comm(c) => c.flags,
@@ -335,6 +361,7 @@ impl Columns {
             Record::Skip(k) => k.flags,
             Record::Link(l) => l.flags,
             Record::Flow(f) => f.flags,
+            Record::LinkEvent(e) => e.flags,
         };
         self.flags.append_value(u32::from(flags));
         self.op.append_option(
@@ -393,7 +420,8 @@ impl Columns {
                 .map(|c| c.t_exit)
                 .or(skip.map(|k| k.t_last))
                 .or(link.map(|l| l.t_end))
-                .or(flow.map(|f| f.t_end)),
+                .or(flow.map(|f| f.t_end))
+                .or(le.map(|e| e.t)),
         );
         self.gpu_start
             .append_option(call.filter(|c| c.gpu_end != 0).map(|c| c.gpu_start));
@@ -501,6 +529,20 @@ impl Columns {
         self.flow_cwnd.append_option(flow.map(|f| f.cwnd));
         self.flow_rank.append_option(flow.map(|f| f.rank));
         self.flow_pid.append_option(flow.map(|f| f.pid));
+        self.link_event
+            .append_option(le.map(|e| crate::record::link_event::name(e.event)));
+        self.link_event_device
+            .append_option(le.map(|e| e.device_name()));
+        self.link_event_what
+            .append_option(le.map(|e| e.what_name()));
+        self.link_event_port.append_option(le.map(|e| e.port));
+        self.link_event_qp.append_option(le.map(|e| e.qp_num));
+        self.link_event_peer_qp.append_option(le.map(|e| e.peer_qp));
+        self.link_event_peer
+            .append_option(le.and_then(|e| e.peer_addr()).map(|a| a.to_string()));
+        self.link_event_count.append_option(le.map(|e| e.count));
+        self.link_event_rank.append_option(le.map(|e| e.rank));
+        self.link_event_pid.append_option(le.map(|e| e.pid));
     }
 
     fn finish(&mut self) -> Vec<ArrayRef> {
@@ -581,6 +623,16 @@ impl Columns {
             Arc::new(self.flow_cwnd.finish()),
             Arc::new(self.flow_rank.finish()),
             Arc::new(self.flow_pid.finish()),
+            Arc::new(self.link_event.finish()),
+            Arc::new(self.link_event_device.finish()),
+            Arc::new(self.link_event_what.finish()),
+            Arc::new(self.link_event_port.finish()),
+            Arc::new(self.link_event_qp.finish()),
+            Arc::new(self.link_event_peer_qp.finish()),
+            Arc::new(self.link_event_peer.finish()),
+            Arc::new(self.link_event_count.finish()),
+            Arc::new(self.link_event_rank.finish()),
+            Arc::new(self.link_event_pid.finish()),
         ]
     }
 }
@@ -1388,6 +1440,17 @@ impl Reader {
         let flow_cwnd = c.get::<UInt32Array>("flow_cwnd", false)?;
         let flow_rank = c.get::<Int32Array>("flow_rank", false)?;
         let flow_pid = c.get::<UInt32Array>("flow_pid", false)?;
+        // Written since the agent records link events.
+        let le_event = c.get::<StringArray>("link_event", false)?;
+        let le_device = c.get::<StringArray>("link_event_device", false)?;
+        let le_what = c.get::<StringArray>("link_event_what", false)?;
+        let le_port = c.get::<UInt32Array>("link_event_port", false)?;
+        let le_qp = c.get::<UInt32Array>("link_event_qp", false)?;
+        let le_peer_qp = c.get::<UInt32Array>("link_event_peer_qp", false)?;
+        let le_peer = c.get::<StringArray>("link_event_peer", false)?;
+        let le_count = c.get::<UInt64Array>("link_event_count", false)?;
+        let le_rank = c.get::<Int32Array>("link_event_rank", false)?;
+        let le_pid = c.get::<UInt32Array>("link_event_pid", false)?;
         let u32_of = |a: Option<&UInt32Array>, i: usize| {
             a.filter(|a| !a.is_null(i)).map_or(0, |a| a.value(i))
         };
@@ -1550,6 +1613,32 @@ impl Reader {
                         t_end: opt_u64(t_exit, i),
                         rank: opt_i32(flow_rank, i, -1),
                         pid: u32_of(flow_pid, i),
+                    })
+                }
+                "link_event" => {
+                    use crate::record::{LinkEvent, link_event};
+                    let event = link_event::from_name(opt_str(le_event, i));
+                    if event == 0 {
+                        // Written by a newer commscope: skipped and counted, like an unknown kind.
+                        self.unknown += 1;
+                        continue;
+                    }
+                    Record::LinkEvent(LinkEvent {
+                        rec_seq: rec_seq.value(i),
+                        event,
+                        flags: fl,
+                        t: opt_u64(t_exit, i),
+                        count: opt_u64(le_count, i),
+                        port: u32_of(le_port, i),
+                        qp_num: u32_of(le_qp, i),
+                        peer_qp: u32_of(le_peer_qp, i),
+                        pid: u32_of(le_pid, i),
+                        rank: opt_i32(le_rank, i, -1),
+                        peer: opt_str(le_peer, i)
+                            .parse::<std::net::IpAddr>()
+                            .map_or([0u8; 16], crate::record::Flow::addr_bytes),
+                        device: LinkEvent::name_bytes(opt_str(le_device, i)),
+                        what: LinkEvent::name_bytes(opt_str(le_what, i)),
                     })
                 }
                 "link" => Record::Link(crate::record::Link {
@@ -1801,6 +1890,31 @@ mod tests {
                 t_end: 990,
                 rank: 2,
                 pid: 8,
+            }),
+            Record::LinkEvent(crate::record::LinkEvent {
+                rec_seq: 16,
+                event: crate::record::link_event::QP_ERROR,
+                flags: 0,
+                t: 995,
+                count: 1,
+                port: 1,
+                qp_num: 0x1a2,
+                peer_qp: 0x3b4,
+                pid: 8,
+                rank: 2,
+                peer: crate::record::Flow::addr_bytes("10.0.0.2".parse().expect("ip")),
+                device: crate::record::LinkEvent::name_bytes("mlx5_0"),
+                what: crate::record::LinkEvent::name_bytes("QP 0x1a2 to ERROR"),
+            }),
+            Record::LinkEvent(crate::record::LinkEvent {
+                rec_seq: 17,
+                event: crate::record::link_event::COUNTER,
+                t: 996,
+                count: 40,
+                rank: -1,
+                device: crate::record::LinkEvent::name_bytes("eth0"),
+                what: crate::record::LinkEvent::name_bytes("rx_crc_errors"),
+                ..Default::default()
             }),
             Record::Process(Process {
                 rec_seq: 14,

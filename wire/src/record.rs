@@ -23,6 +23,7 @@ pub mod kind {
     pub const SKIP: u8 = 6;
     pub const LINK: u8 = 7;
     pub const FLOW: u8 = 8;
+    pub const LINK_EVENT: u8 = 9;
 }
 
 /// `comm` record events (byte 9).
@@ -388,6 +389,7 @@ pub enum Record {
     Skip(Skip),
     Link(Link),
     Flow(Flow),
+    LinkEvent(LinkEvent),
 }
 
 /// One network flow's activity over one interval (kind `flow`), from the node agent's transport
@@ -472,6 +474,111 @@ impl Flow {
     }
 }
 
+/// A link-level failure the node agent saw (kind `link_event`): a queue pair that moved to
+/// ERROR, a fatal asynchronous event, NIC error counters that went up, a port that went down
+/// or came back. Written under the agent's per-job transport identity ([`TRANSPORT_RANK`]),
+/// like [`Flow`]; `rank` and `pid` name the process that owned the queue pair (-1 / 0 for
+/// node-wide events).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkEvent {
+    pub rec_seq: u64,
+    /// [`link_event`].
+    pub event: u8,
+    pub flags: u16,
+    /// Host-mono time it was seen.
+    pub t: u64,
+    /// Events it stands for (a counter's increase in events; 1 otherwise).
+    pub count: u64,
+    /// The RDMA port (0: none or unknown).
+    pub port: u32,
+    /// The queue pair, and its peer's (0: none).
+    pub qp_num: u32,
+    pub peer_qp: u32,
+    pub pid: u32,
+    pub rank: i32,
+    /// The peer's address (its GID; IPv4 as IPv4-mapped IPv6; all zero: unknown).
+    pub peer: [u8; 16],
+    /// The device (`mlx5_0`, `eth0`), NUL-padded.
+    pub device: [u8; LINK_EVENT_NAME_MAX],
+    /// What: the counter (`symbol_error`) or the asynchronous event (`IBV_EVENT_PORT_ERR`),
+    /// NUL-padded.
+    pub what: [u8; LINK_EVENT_NAME_MAX],
+}
+
+/// Bytes of [`LinkEvent`]'s device and what names.
+pub const LINK_EVENT_NAME_MAX: usize = 32;
+
+/// Events of [`LinkEvent`] records.
+pub mod link_event {
+    /// A queue pair moved to the ERROR state.
+    pub const QP_ERROR: u8 = 1;
+    /// A fatal asynchronous event (device fatal, QP fatal, access error, CQ error, …).
+    pub const FATAL: u8 = 2;
+    /// An asynchronous port error (`IBV_EVENT_PORT_ERR`).
+    pub const PORT_ERROR: u8 = 3;
+    /// A NIC counter of class link-error or fatal went up by `count`.
+    pub const COUNTER: u8 = 4;
+    /// A port left the active state, or a network interface lost its carrier.
+    pub const PORT_DOWN: u8 = 5;
+    /// It is back.
+    pub const PORT_UP: u8 = 6;
+
+    pub fn name(e: u8) -> &'static str {
+        match e {
+            QP_ERROR => "qp-error",
+            FATAL => "fatal",
+            PORT_ERROR => "port-error",
+            COUNTER => "counter",
+            PORT_DOWN => "port-down",
+            PORT_UP => "port-up",
+            _ => "unknown",
+        }
+    }
+
+    pub fn from_name(s: &str) -> u8 {
+        match s {
+            "qp-error" => QP_ERROR,
+            "fatal" => FATAL,
+            "port-error" => PORT_ERROR,
+            "counter" => COUNTER,
+            "port-down" => PORT_DOWN,
+            "port-up" => PORT_UP,
+            _ => 0,
+        }
+    }
+}
+
+impl LinkEvent {
+    /// A name in the NUL-padded form (truncated at a character boundary).
+    pub fn name_bytes(s: &str) -> [u8; LINK_EVENT_NAME_MAX] {
+        let mut out = [0u8; LINK_EVENT_NAME_MAX];
+        let mut end = s.len().min(LINK_EVENT_NAME_MAX);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        out[..end].copy_from_slice(&s.as_bytes()[..end]);
+        out
+    }
+
+    fn text(b: &[u8]) -> String {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).into_owned()
+    }
+
+    pub fn device_name(&self) -> String {
+        Self::text(&self.device)
+    }
+
+    pub fn what_name(&self) -> String {
+        Self::text(&self.what)
+    }
+
+    /// The peer's address, when known.
+    pub fn peer_addr(&self) -> Option<std::net::IpAddr> {
+        (self.peer != [0u8; 16]).then(|| std::net::Ipv6Addr::from(self.peer).to_canonical())
+    }
+}
+
 /// One link's share of an operation (kind `link`), from NCCL's profiler plugin: a proxy
 /// operation — one channel's sends to, or receives from, one peer for one collective or
 /// point-to-point call — with its bytes and when the proxy thread worked on it. Joined to its
@@ -540,6 +647,7 @@ impl Record {
             Record::Skip(k) => k.rec_seq,
             Record::Link(l) => l.rec_seq,
             Record::Flow(f) => f.rec_seq,
+            Record::LinkEvent(e) => e.rec_seq,
         }
     }
 
@@ -553,6 +661,7 @@ impl Record {
             Record::Skip(k) => k.rec_seq = seq,
             Record::Link(l) => l.rec_seq = seq,
             Record::Flow(f) => f.rec_seq = seq,
+            Record::LinkEvent(e) => e.rec_seq = seq,
         }
     }
 
@@ -567,6 +676,7 @@ impl Record {
             Record::Skip(_) => "skip",
             Record::Link(_) => "link",
             Record::Flow(_) => "flow",
+            Record::LinkEvent(_) => "link_event",
         }
     }
 
@@ -684,6 +794,18 @@ impl Record {
                 put_u32(b, 104, f.pid);
                 put_u32(b, 108, f.cwnd);
                 b[112..128].fill(0);
+            }
+            Record::LinkEvent(e) => {
+                header(b, kind::LINK_EVENT, e.event, e.flags, e.rank);
+                put_u64(b, 16, e.t);
+                put_u64(b, 24, e.count);
+                put_u32(b, 32, e.port);
+                put_u32(b, 36, e.qp_num);
+                put_u32(b, 40, e.peer_qp);
+                put_u32(b, 44, e.pid);
+                b[48..64].copy_from_slice(&e.peer);
+                b[64..96].copy_from_slice(&e.device);
+                b[96..128].copy_from_slice(&e.what);
             }
         }
     }
@@ -834,6 +956,28 @@ impl Record {
                     pid: get_u32(b, 104),
                     cwnd: get_u32(b, 108),
                 }))
+            }
+            kind::LINK_EVENT => {
+                let mut e = LinkEvent {
+                    rec_seq,
+                    event: b[9],
+                    flags,
+                    rank: get_i32(b, 12),
+                    t: get_u64(b, 16),
+                    count: get_u64(b, 24),
+                    port: get_u32(b, 32),
+                    qp_num: get_u32(b, 36),
+                    peer_qp: get_u32(b, 40),
+                    pid: get_u32(b, 44),
+                    ..LinkEvent::default()
+                };
+                e.peer.copy_from_slice(&b[48..64]);
+                e.device.copy_from_slice(&b[64..96]);
+                e.what.copy_from_slice(&b[96..128]);
+                if link_event::name(e.event) == "unknown" {
+                    return Err(DecodeError::BadField("link event"));
+                }
+                Ok(Record::LinkEvent(e))
             }
             other => Err(DecodeError::UnknownKind(other)),
         }
@@ -1030,6 +1174,41 @@ mod tests {
         let raw = Record::Link(l).encode();
         assert_eq!(raw[8], kind::LINK);
         assert_eq!(Record::decode(&raw), Ok(Record::Link(l)));
+    }
+
+    #[test]
+    fn a_link_event_round_trips_and_names_its_parts() {
+        let e = LinkEvent {
+            rec_seq: 4,
+            event: link_event::QP_ERROR,
+            flags: 0,
+            t: 123_456_789,
+            count: 1,
+            port: 1,
+            qp_num: 0x1a2,
+            peer_qp: 0x3b4,
+            pid: 4242,
+            rank: 7,
+            peer: Flow::addr_bytes("10.0.0.2".parse().expect("ip")),
+            device: LinkEvent::name_bytes("mlx5_0"),
+            what: LinkEvent::name_bytes("port_rcv_remote_physical_errors_and_more"),
+        };
+        assert_eq!(
+            Record::decode(&Record::LinkEvent(e).encode()),
+            Ok(Record::LinkEvent(e))
+        );
+        assert_eq!(e.device_name(), "mlx5_0");
+        // Truncated to 32 bytes.
+        assert_eq!(e.what_name(), "port_rcv_remote_physical_errors_");
+        assert_eq!(e.peer_addr(), Some("10.0.0.2".parse().expect("ip")));
+        assert_eq!(LinkEvent::default().peer_addr(), None);
+        // An event byte nobody wrote is a decoding error, not a record.
+        let mut raw = Record::LinkEvent(e).encode();
+        raw[9] = 200;
+        assert!(Record::decode(&raw).is_err());
+        // A name cut inside a multi-byte character keeps whole characters.
+        let n = LinkEvent::name_bytes(&"é".repeat(20));
+        assert_eq!(LinkEvent::text(&n), "é".repeat(16));
     }
 
     #[test]

@@ -44,10 +44,12 @@ pub fn dead_path(view: &JobView, nodes: &[String]) -> Option<DeadPath> {
         [x] if *x == lead.dst => Link {
             src: lead.dst.clone(),
             dst: lead.src.clone(),
+            ..Default::default()
         },
         _ => Link {
             src: lead.src.clone(),
             dst: lead.dst.clone(),
+            ..Default::default()
         },
     };
     let more = dead.len() - 1;

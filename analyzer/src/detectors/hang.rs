@@ -759,6 +759,7 @@ fn lost_finding(
         link: Some(Link {
             src: node.to_owned(),
             dst: waiting_nodes.first().cloned().unwrap_or_default(),
+            ..Default::default()
         }),
         opened_at: anchor.map_or(view.now_ns, |c| c.entered_ns.max(lost.since_ns)),
         resolved_at: None,
