@@ -259,11 +259,12 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         }));
     }
 
-    // NIC counters.
+    // NIC counters; what says a link is failing becomes link events of every job on the node.
     if let Some(root) = cfg.sysfs.clone() {
         let stats = stats.clone();
         let mut stop_rx = stop_rx.clone();
         let every = cfg.nic_every;
+        let ev = ev_tx.clone();
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -276,11 +277,21 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                 else {
                     continue;
                 };
-                stats
+                let changes = stats
                     .nic
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .update(&read);
+                if !changes.is_empty() {
+                    let events = crate::nic::link_events(&changes, now_mono());
+                    let n = events.len() as u64;
+                    if ev.try_send(Event::NodeLinkEvents(events)).is_err() {
+                        stats
+                            .transport
+                            .records_dropped
+                            .fetch_add(n, Ordering::Relaxed);
+                    }
+                }
             }
         }));
     }
@@ -309,9 +320,9 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
         let sink = {
             let ev = ev_tx.clone();
             let shared = shared.clone();
-            move |job: String, flows: Vec<commscope_wire::record::Flow>| {
-                let n = flows.len() as u64;
-                if ev.try_send(Event::Flows(job, flows)).is_err() {
+            move |job: String, records: Vec<Record>| {
+                let n = records.len() as u64;
+                if ev.try_send(Event::Transport(job, records)).is_err() {
                     shared.records_dropped.fetch_add(n, Ordering::Relaxed);
                 }
             }
@@ -416,8 +427,10 @@ enum Event {
     /// A registered process ended (and how, when the kernel said).
     /// A process ended: its source, how, and when it was seen (realtime, monotonic ns).
     Exited(u64, Option<Ending>, (u64, u64)),
-    /// The transport view's `flow` records of one job for an interval.
-    Flows(String, Vec<commscope_wire::record::Flow>),
+    /// The transport view's records (`flow`, `link_event`) of one job for an interval.
+    Transport(String, Vec<Record>),
+    /// Link events of the whole node (NIC counters, ports): every job on it gets them.
+    NodeLinkEvents(Vec<commscope_wire::record::LinkEvent>),
 }
 
 /// Keeps one stream to the collector open, reconnecting with backoff.
@@ -674,13 +687,24 @@ impl Pump {
                 self.drain_rings();
                 self.flush();
             }
-            Event::Flows(job, flows) => self.queue_flows(job, flows),
+            Event::Transport(job, records) => self.queue_transport(job, records),
+            Event::NodeLinkEvents(events) => {
+                let jobs: std::collections::BTreeSet<String> = self
+                    .sources
+                    .values()
+                    .map(|s| s.process.job.clone())
+                    .collect();
+                for job in jobs {
+                    let records = events.iter().map(|e| Record::LinkEvent(*e)).collect();
+                    self.queue_transport(job, records);
+                }
+            }
         }
     }
 
     /// Queues the transport view's records of `job` under the agent's identity for that job:
     /// this node, the agent's pid and start time, rank [`TRANSPORT_RANK`].
-    fn queue_flows(&mut self, job: String, mut flows: Vec<commscope_wire::record::Flow>) {
+    fn queue_transport(&mut self, job: String, mut flows: Vec<Record>) {
         if flows.is_empty() {
             return;
         }
@@ -712,9 +736,9 @@ impl Pump {
         let first = *next;
         let mut records = Vec::with_capacity(flows.len() * RECORD_SIZE);
         for f in &mut flows {
-            f.rec_seq = *next;
+            f.set_rec_seq(*next);
             *next += 1;
-            records.extend_from_slice(&Record::Flow(*f).encode());
+            records.extend_from_slice(&f.encode());
         }
         let process = id.clone();
         self.next_order += 1;

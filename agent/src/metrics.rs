@@ -169,7 +169,7 @@ static EBPF_EVENTS: Def = Def::counter(
 );
 static EBPF_LOST: Def = Def::counter(
     "commscope_agent_ebpf_lost_total",
-    "eBPF events or samples lost, by reason (ring_full, map_full, read_failed, undecodable).",
+    "eBPF events or samples lost, by reason (ring_full, map_full, read_failed, undecodable, queue_full, link_errors_waiting).",
     &["node", "reason"],
 );
 static TCP_BYTES: Def = Def::counter(
@@ -369,6 +369,11 @@ fn fill_transport(s: &Stats, node: &str, o: &mut Sink) {
         o.value(&EBPF_LOST, &[node, reason], st.kernel_drops[i] as f64);
     }
     o.value(&EBPF_LOST, &[node, "undecodable"], v.undecodable as f64);
+    o.value(
+        &EBPF_LOST,
+        &[node, "link_errors_waiting"],
+        v.link_errors_dropped as f64,
+    );
     o.value(
         &EBPF_LOST,
         &[node, "queue_full"],

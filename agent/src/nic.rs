@@ -340,10 +340,20 @@ pub struct Totals {
     pub unreadable: usize,
 }
 
+/// What a read changed that says a link is failing: link-error and fatal counters that went
+/// up, RDMA ports that went down or came back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Counter { at: Where, class: Class, units: u64 },
+    Port { device: String, port: u32, up: bool },
+}
+
 impl Totals {
     /// Adds a read: each counter's change since the last read ([`delta`]); a counter seen for
-    /// the first time starts at 0, one gone (a device removed) is forgotten.
-    pub fn update(&mut self, read: &Read) {
+    /// the first time starts at 0, one gone (a device removed) is forgotten. Returns the
+    /// [`Change`]s that say a link is failing (none on the first read: no before to compare).
+    pub fn update(&mut self, read: &Read) -> Vec<Change> {
+        let mut changes = Vec::new();
         for (w, (kind, v)) in &read.values {
             match self.counters.get_mut(w) {
                 Some(t) => {
@@ -351,6 +361,13 @@ impl Totals {
                     t.units = t.units.saturating_add(d.units);
                     t.saturated = d.at_least;
                     t.last = *v;
+                    if d.units > 0 && matches!(t.class, Class::LinkError | Class::Fatal) {
+                        changes.push(Change::Counter {
+                            at: w.clone(),
+                            class: t.class,
+                            units: d.units,
+                        });
+                    }
                 }
                 None => {
                     self.counters.insert(
@@ -367,9 +384,55 @@ impl Totals {
             }
         }
         self.counters.retain(|w, _| read.values.contains_key(w));
+        for ((device, port), (up, _)) in &read.ports {
+            if let Some((was, _)) = self.ports.get(&(device.clone(), *port))
+                && was != up
+            {
+                changes.push(Change::Port {
+                    device: device.clone(),
+                    port: *port,
+                    up: *up,
+                });
+            }
+        }
         self.ports = read.ports.clone();
         self.unreadable = read.unreadable;
+        changes
     }
+}
+
+/// The `link_event` records of `changes`, seen at host-mono `t`.
+pub fn link_events(changes: &[Change], t: u64) -> Vec<commscope_wire::record::LinkEvent> {
+    use commscope_wire::record::{LinkEvent, link_event};
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Counter { at, units, .. } => LinkEvent {
+                event: link_event::COUNTER,
+                t,
+                count: *units,
+                port: at.port,
+                rank: -1,
+                device: LinkEvent::name_bytes(&at.device),
+                what: LinkEvent::name_bytes(&at.counter),
+                ..LinkEvent::default()
+            },
+            Change::Port { device, port, up } => LinkEvent {
+                event: if *up {
+                    link_event::PORT_UP
+                } else {
+                    link_event::PORT_DOWN
+                },
+                t,
+                count: 1,
+                port: *port,
+                rank: -1,
+                device: LinkEvent::name_bytes(device),
+                what: LinkEvent::name_bytes(if *up { "ACTIVE" } else { "not ACTIVE" }),
+                ..LinkEvent::default()
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -490,6 +553,47 @@ mod tests {
                 (("mlx5_0".into(), 1, Class::Loss), (3, false)),
                 (("mlx5_0".into(), 1, Class::LinkError), (65_532, true)),
             ])
+        );
+    }
+
+    #[test]
+    fn link_error_counters_that_go_up_and_ports_that_go_down_are_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut t = Totals::default();
+        tree(dir.path(), "3", "0", "0", "0");
+        assert_eq!(
+            t.update(&read(dir.path())),
+            [],
+            "a first read has no before"
+        );
+        // Traffic and loss move: no change; symbol errors and the port going down are.
+        tree(dir.path(), "7", "100", "9", "500");
+        let port = dir.path().join("class/infiniband/mlx5_0/ports/1/state");
+        std::fs::write(&port, "1: DOWN\n").expect("state");
+        assert_eq!(
+            t.update(&read(dir.path())),
+            [
+                Change::Counter {
+                    at: at("mlx5_0", 1, "symbol_error"),
+                    class: Class::LinkError,
+                    units: 4
+                },
+                Change::Port {
+                    device: "mlx5_0".into(),
+                    port: 1,
+                    up: false
+                }
+            ]
+        );
+        assert_eq!(t.update(&read(dir.path())), [], "nothing new");
+        std::fs::write(&port, "4: ACTIVE\n").expect("state");
+        assert_eq!(
+            t.update(&read(dir.path())),
+            [Change::Port {
+                device: "mlx5_0".into(),
+                port: 1,
+                up: true
+            }]
         );
     }
 

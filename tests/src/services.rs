@@ -134,11 +134,23 @@ pub struct Services {
     pub agent: Option<Service>,
     pub collector_args: Vec<String>,
     pub agent_args: Vec<String>,
+    /// Environment the agent starts with (e.g. `COMMSCOPE_SYSFS_ROOT`).
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl Services {
     /// Starts both, the agent named `node`; extra flags for each.
     pub fn start(node: &str, collector_args: &[&str], agent_args: &[&str]) -> Services {
+        Services::start_with_agent_env(node, collector_args, agent_args, &[])
+    }
+
+    /// [`Services::start`], the agent with `agent_env` in its environment.
+    pub fn start_with_agent_env(
+        node: &str,
+        collector_args: &[&str],
+        agent_args: &[&str],
+        agent_env: &[(&str, &str)],
+    ) -> Services {
         let dir = tempfile::tempdir().expect("tempdir");
         // Port 0 on the first start: the services bind and print what they got (a port picked
         // here and released could be taken by anyone, e.g. an MPI job's connections, meanwhile).
@@ -154,6 +166,10 @@ impl Services {
             agent: None,
             collector_args: collector_args.iter().map(|s| s.to_string()).collect(),
             agent_args: agent_args.iter().map(|s| s.to_string()).collect(),
+            agent_env: agent_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         s.start_collector();
         s.start_agent();
@@ -204,7 +220,8 @@ impl Services {
             .arg(self.agent_http.to_string())
             .arg("--spool-dir")
             .arg(self.spool_dir())
-            .args(&self.agent_args);
+            .args(&self.agent_args)
+            .envs(self.agent_env.iter().map(|(k, v)| (k, v)));
         let svc = Service::spawn(c, "agent");
         svc.wait_log("registrations on", Duration::from_secs(30));
         self.agent_http = addr_after(&svc.log(), "metrics on ").expect("the agent's HTTP address");

@@ -478,13 +478,13 @@ pub struct Owner {
 /// Loads the probes and runs them until `stop` turns true: reads the ring buffer, the maps
 /// every `flow_every`, and `/proc` every `scan_every`. `owners` gives the processes whose
 /// sockets flows are attributed to (the node's registered ranks); `sink` takes each job's
-/// `flow` records of an interval. On failure to load, records the one warning in
-/// `shared.status` and returns.
+/// `flow` and `link_event` records of an interval. On failure to load, records the one
+/// warning in `shared.status` and returns.
 pub async fn run(
     opts: Options,
     shared: Arc<Shared>,
     owners: impl Fn() -> Vec<Owner> + Send + 'static,
-    sink: impl Fn(String, Vec<commscope_wire::record::Flow>) + Send + 'static,
+    sink: impl Fn(String, Vec<commscope_wire::record::Record>) + Send + 'static,
     mut stop: watch::Receiver<bool>,
 ) {
     let loaded = {
@@ -559,12 +559,13 @@ pub async fn run(
                         shared.view.lock().unwrap_or_else(|p| p.into_inner()).attribute(&map);
                     }
                 }
-                let (records, gone) = {
+                let (records, link_errors, gone) = {
                     let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
-                    let records = v.flow_records(now, |pid| {
-                        owned_by.iter().find(|o| o.pid == pid).map(|o| o.rank)
-                    });
-                    (records, v.sweep())
+                    let rank_of =
+                        |pid: u32| owned_by.iter().find(|o| o.pid == pid).map(|o| o.rank);
+                    let records = v.flow_records(now, rank_of);
+                    let link_errors = v.take_link_errors(rank_of);
+                    (records, link_errors, v.sweep())
                 };
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     let v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
@@ -585,9 +586,16 @@ pub async fn run(
                     );
                 }
                 probes.forget_flows(&gone);
-                let mut by_job: std::collections::BTreeMap<&str, Vec<commscope_wire::record::Flow>> =
+                use commscope_wire::record::Record;
+                let mut by_job: std::collections::BTreeMap<&str, Vec<Record>> =
                     std::collections::BTreeMap::new();
-                for (pid, r) in records {
+                let owned = records
+                    .into_iter()
+                    .map(|(pid, r)| (pid, Record::Flow(r)))
+                    .chain(link_errors.into_iter().map(|(pid, e)| (pid, Record::LinkEvent(e))));
+                // A process without the shim has no job to record into: its link errors stay
+                // in the agent's metrics.
+                for (pid, r) in owned {
                     if let Some(o) = owned_by.iter().find(|o| o.pid == pid) {
                         by_job.entry(o.job.as_str()).or_default().push(r);
                     }

@@ -104,6 +104,12 @@ pub struct MrTotals {
 pub struct LinkError {
     pub ts_ns: u64,
     pub pid: u32,
+    /// [`commscope_wire::record::link_event`]: QP_ERROR, FATAL or PORT_ERROR.
+    pub event: u8,
+    /// The port (0: unknown).
+    pub port: u32,
+    /// The asynchronous event's name, or empty for a QP state change.
+    pub name: &'static str,
     pub device: String,
     /// `QP 0x1a2 → ERROR (peer 10.0.0.2 QP 0x3b4)`, `IBV_EVENT_PORT_ERR on port 1`.
     pub what: String,
@@ -123,6 +129,10 @@ pub struct TransportView {
     /// Asynchronous events by (device, event name).
     pub async_events: BTreeMap<(String, &'static str), u64>,
     pub link_errors: VecDeque<LinkError>,
+    /// Link errors not yet handed on as records ([`TransportView::take_link_errors`]), and
+    /// those dropped because too many waited.
+    pending_link_errors: Vec<LinkError>,
+    pub link_errors_dropped: u64,
     /// Events by kind name, and events that could not be decoded.
     pub events: BTreeMap<&'static str, u64>,
     pub undecodable: u64,
@@ -165,6 +175,9 @@ pub fn async_event_name(t: u32) -> &'static str {
         .copied()
         .unwrap_or("IBV_EVENT_UNKNOWN")
 }
+
+/// `IBV_EVENT_PORT_ERR`: the port left the active state.
+const IBV_EVENT_PORT_ERR: u32 = 10;
 
 /// Asynchronous events that mean a link, a queue pair or the device failed.
 fn async_is_error(t: u32) -> bool {
@@ -256,6 +269,13 @@ impl TransportView {
                     self.link_error(LinkError {
                         ts_ns: e.head.ts_ns,
                         pid: e.head.pid,
+                        event: if e.event_type == IBV_EVENT_PORT_ERR {
+                            commscope_wire::record::link_event::PORT_ERROR
+                        } else {
+                            commscope_wire::record::link_event::FATAL
+                        },
+                        port: e.port_num,
+                        name: async_event_name(e.event_type),
                         device,
                         what,
                         qp_num: (e.qp_num != 0).then_some(e.qp_num),
@@ -351,6 +371,9 @@ impl TransportView {
                         self.link_error(LinkError {
                             ts_ns: e.head.ts_ns,
                             pid: e.head.pid,
+                            event: commscope_wire::record::link_event::QP_ERROR,
+                            port: peer.map_or(0, |p| u32::from(p.port)),
+                            name: "",
                             device,
                             what,
                             qp_num: Some(e.qp_num),
@@ -372,7 +395,41 @@ impl TransportView {
         if self.link_errors.len() == KEEP_LINK_ERRORS {
             self.link_errors.pop_front();
         }
+        if self.pending_link_errors.len() < KEEP_LINK_ERRORS {
+            self.pending_link_errors.push(e.clone());
+        } else {
+            self.link_errors_dropped += 1;
+        }
         self.link_errors.push_back(e);
+    }
+
+    /// The link errors seen since the last call, as `link_event` records with their owner's
+    /// pid (`rank_of` gives an owner's global rank).
+    pub fn take_link_errors(
+        &mut self,
+        rank_of: impl Fn(u32) -> Option<i32>,
+    ) -> Vec<(u32, commscope_wire::record::LinkEvent)> {
+        use commscope_wire::record::LinkEvent;
+        std::mem::take(&mut self.pending_link_errors)
+            .into_iter()
+            .map(|e| {
+                let rec = LinkEvent {
+                    event: e.event,
+                    t: e.ts_ns,
+                    count: 1,
+                    port: e.port,
+                    qp_num: e.qp_num.unwrap_or(0),
+                    peer_qp: e.peer.map_or(0, |p| p.qp_num),
+                    pid: e.pid,
+                    rank: rank_of(e.pid).unwrap_or(-1),
+                    peer: e.peer.and_then(|p| p.gid).unwrap_or([0; 16]),
+                    device: LinkEvent::name_bytes(&e.device),
+                    what: LinkEvent::name_bytes(if e.name.is_empty() { &e.what } else { e.name }),
+                    ..LinkEvent::default()
+                };
+                (e.pid, rec)
+            })
+            .collect()
     }
 
     /// The queue pairs that know their peer: (pid, device, QP number, peer).
@@ -718,6 +775,36 @@ mod tests {
             v.async_events[&("mlx5_0".to_owned(), "IBV_EVENT_PORT_ACTIVE")],
             1
         );
+
+        // Both become link_event records once, owned by pid 10's rank.
+        use commscope_wire::record::link_event;
+        let recs = v.take_link_errors(|pid| (pid == 10).then_some(5));
+        assert_eq!(recs.len(), 2);
+        let (pid, qp) = recs[0];
+        assert_eq!(
+            (pid, qp.event, qp.rank, qp.qp_num),
+            (10, link_event::QP_ERROR, 5, 0x101)
+        );
+        assert_eq!((qp.peer_qp, qp.port), (0x201, 1));
+        assert_eq!(qp.peer_addr(), Some("10.0.0.2".parse().expect("ip")));
+        assert_eq!(
+            qp.what_name(),
+            "QP 0x101 moved from RTR to ERROR (p"
+                .chars()
+                .take(32)
+                .collect::<String>()
+        );
+        let port = recs[1].1;
+        assert_eq!(
+            (port.event, port.port, port.device_name(), port.what_name()),
+            (
+                link_event::PORT_ERROR,
+                1,
+                "mlx5_0".to_owned(),
+                "IBV_EVENT_PORT_ERR".to_owned()
+            )
+        );
+        assert!(v.take_link_errors(|_| None).is_empty(), "handed on once");
     }
 
     fn flow(bytes_acked: u64, bytes_received: u64, retransmits: u32) -> TcpFlow {
