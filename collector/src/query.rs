@@ -129,6 +129,8 @@ pub fn finding(f: &commscope_analyzer::Finding) -> pb::Finding {
         confidence: f.confidence,
         summary: f.summary.clone(),
         evidence_json: f.evidence.to_string(),
+        link_src_nic: f.link.as_ref().and_then(|l| l.src_nic.clone()),
+        link_src_port: f.link.as_ref().and_then(|l| l.src_port),
     }
 }
 
@@ -359,5 +361,45 @@ impl Query for QueryService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use commscope_analyzer::finding::{Class, Finding, Kind, Link, State};
+
+    #[test]
+    fn a_findings_link_keeps_its_nic_and_port_in_the_proto() {
+        let mut f = Finding {
+            id: "x".into(),
+            kind: Kind::LinkError,
+            class: Class::CommunicationSlow,
+            state: State::Open,
+            job: "j".into(),
+            comm: None,
+            seq: None,
+            ranks: vec![],
+            nodes: vec!["n1".into()],
+            link: Some(Link {
+                src: "n1".into(),
+                dst: "n2".into(),
+                src_nic: Some("mlx5_0".into()),
+                src_port: Some(1),
+            }),
+            opened_at: 1,
+            resolved_at: None,
+            confidence: 0.9,
+            summary: "s".into(),
+            evidence: serde_json::json!({}),
+        };
+        let p = super::finding(&f);
+        assert_eq!((p.link_src.as_str(), p.link_dst.as_str()), ("n1", "n2"));
+        assert_eq!(
+            (p.link_src_nic.as_deref(), p.link_src_port),
+            (Some("mlx5_0"), Some(1))
+        );
+        f.link = None;
+        let p = super::finding(&f);
+        assert_eq!((p.link_src.as_str(), p.link_src_nic), ("", None));
     }
 }

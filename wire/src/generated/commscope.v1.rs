@@ -407,6 +407,11 @@ pub struct Finding {
     /// The evidence object, as JSON text.
     #[prost(string, tag = "16")]
     pub evidence_json: ::prost::alloc::string::String,
+    /// The link's source NIC and port, when known (link-error).
+    #[prost(string, optional, tag = "17")]
+    pub link_src_nic: ::core::option::Option<::prost::alloc::string::String>,
+    #[prost(uint32, optional, tag = "18")]
+    pub link_src_port: ::core::option::Option<u32>,
 }
 /// What the slow-rank detector measures of a rank now.
 #[allow(clippy::all)]
