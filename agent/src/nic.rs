@@ -340,8 +340,9 @@ pub struct Totals {
     pub unreadable: usize,
 }
 
-/// What a read changed that says a link is failing: link-error and fatal counters that went
-/// up, RDMA ports that went down or came back.
+/// What a read changed that says something about a link: link-error and fatal counters that
+/// went up (it is failing), congestion and loss counters that went up (it is slow), RDMA ports
+/// that went down or came back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     Counter { at: Where, class: Class, units: u64 },
@@ -361,7 +362,12 @@ impl Totals {
                     t.units = t.units.saturating_add(d.units);
                     t.saturated = d.at_least;
                     t.last = *v;
-                    if d.units > 0 && matches!(t.class, Class::LinkError | Class::Fatal) {
+                    if d.units > 0
+                        && matches!(
+                            t.class,
+                            Class::LinkError | Class::Fatal | Class::Congestion | Class::Loss
+                        )
+                    {
                         changes.push(Change::Counter {
                             at: w.clone(),
                             class: t.class,
@@ -407,8 +413,12 @@ pub fn link_events(changes: &[Change], t: u64) -> Vec<commscope_wire::record::Li
     changes
         .iter()
         .map(|c| match c {
-            Change::Counter { at, units, .. } => LinkEvent {
-                event: link_event::COUNTER,
+            Change::Counter { at, units, class } => LinkEvent {
+                event: match class {
+                    Class::Congestion => link_event::CONGESTION,
+                    Class::Loss => link_event::LOSS,
+                    _ => link_event::COUNTER,
+                },
                 t,
                 count: *units,
                 port: at.port,
@@ -566,13 +576,18 @@ mod tests {
             [],
             "a first read has no before"
         );
-        // Traffic and loss move: no change; symbol errors and the port going down are.
+        // Traffic moves: no change; loss, symbol errors and the port going down are.
         tree(dir.path(), "7", "100", "9", "500");
         let port = dir.path().join("class/infiniband/mlx5_0/ports/1/state");
         std::fs::write(&port, "1: DOWN\n").expect("state");
         assert_eq!(
             t.update(&read(dir.path())),
             [
+                Change::Counter {
+                    at: at("mlx5_0", 1, "packet_seq_err"),
+                    class: Class::Loss,
+                    units: 9
+                },
                 Change::Counter {
                     at: at("mlx5_0", 1, "symbol_error"),
                     class: Class::LinkError,
@@ -585,7 +600,42 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(t.update(&read(dir.path())), [], "nothing new");
+        // As records: loss, a link-error counter, the port down.
+        let events = link_events(&t.update(&read(dir.path())), 7);
+        assert!(events.is_empty(), "nothing new");
+        let changes = [
+            Change::Counter {
+                at: at("mlx5_0", 1, "np_cnp_sent"),
+                class: Class::Congestion,
+                units: 5,
+            },
+            Change::Counter {
+                at: at("mlx5_0", 1, "symbol_error"),
+                class: Class::LinkError,
+                units: 4,
+            },
+            Change::Port {
+                device: "mlx5_0".into(),
+                port: 1,
+                up: false,
+            },
+        ];
+        use commscope_wire::record::link_event;
+        let e = link_events(&changes, 7);
+        assert_eq!(
+            e.iter()
+                .map(|e| (e.event, e.count, e.port, e.what_name(), e.t))
+                .collect::<Vec<_>>(),
+            [
+                (link_event::CONGESTION, 5, 1, "np_cnp_sent".to_owned(), 7),
+                (link_event::COUNTER, 4, 1, "symbol_error".to_owned(), 7),
+                (link_event::PORT_DOWN, 1, 1, "not ACTIVE".to_owned(), 7),
+            ]
+        );
+        assert!(
+            e.iter()
+                .all(|e| e.device_name() == "mlx5_0" && e.rank == -1)
+        );
         std::fs::write(&port, "4: ACTIVE\n").expect("state");
         assert_eq!(
             t.update(&read(dir.path())),

@@ -25,6 +25,7 @@ pub mod large;
 pub mod lateness;
 pub mod link_errors;
 pub mod links;
+pub mod nic;
 pub mod postmortem;
 
 pub use batch::{Analysis, Thresholds, analysis, analysis_at, analyze};

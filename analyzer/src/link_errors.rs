@@ -54,6 +54,10 @@ pub struct LinkErrors {
 impl LinkErrors {
     /// One `link_event` record of `node`'s agent, at `now_s`.
     pub fn record(&mut self, node: &str, e: &LinkEvent, now_s: f64) {
+        // Congestion and loss counters corroborate slow links ([`crate::nic`]); no failure.
+        if crate::nic::is_corroboration(e) {
+            return;
+        }
         let hold = self.tuning.hold_s;
         let key = (node.to_owned(), e.device_name(), e.port);
         let s = self.ports.entry(key).or_default();

@@ -179,6 +179,7 @@ pub struct Detectors {
     pub links: crate::links::Links,
     pub flows: crate::flows::FlowLinks,
     pub link_errors: crate::link_errors::LinkErrors,
+    pub nic: crate::nic::NicCounters,
     now_s: f64,
     /// Instances judged, and instances dropped before all members arrived.
     pub instances: u64,
@@ -228,6 +229,7 @@ impl Detectors {
             links: crate::links::Links::default(),
             flows: crate::flows::FlowLinks::default(),
             link_errors: crate::link_errors::LinkErrors::default(),
+            nic: crate::nic::NicCounters::default(),
             now_s: 0.0,
             instances: 0,
             incomplete: 0,
@@ -269,7 +271,11 @@ impl Detectors {
         if now > self.now_s {
             self.now_s = now;
         }
-        self.link_errors.record(node, e, now);
+        if crate::nic::is_corroboration(e) {
+            self.nic.record(node, e, now);
+        } else {
+            self.link_errors.record(node, e, now);
+        }
     }
 
     /// The links the transport view shows dead at `now_ns` (or at the latest record, when that
@@ -521,6 +527,8 @@ impl Detectors {
         self.links
             .findings(&self.job, self.now_s, |r| node_of(ranks, r), &mut out);
         self.flows.findings(&self.job, self.now_s, &mut out);
+        // What the NIC counters of a slow link's nodes say.
+        self.nic.corroborate(&mut out, self.now_s);
         let flows = &self.flows;
         self.link_errors
             .findings(&self.job, self.now_s, |a| flows.node_of_addr(a), &mut out);

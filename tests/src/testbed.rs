@@ -37,6 +37,12 @@ pub struct Testbed {
 impl Testbed {
     /// `n` nodes, each with its agent; `agent_args` go to every agent.
     pub fn new(n: usize, agent_args: &[&str]) -> Testbed {
+        Testbed::new_with(n, agent_args, false)
+    }
+
+    /// [`Testbed::new`]; with `nic_fixtures`, each node's agent reads NIC counters from its own
+    /// sysfs fixture tree, [`Testbed::sysfs`] (a node's netns has only a veth, no NIC).
+    pub fn new_with(n: usize, agent_args: &[&str], nic_fixtures: bool) -> Testbed {
         let one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let nodes = Nodes::new(n);
         let dir = tempfile::tempdir().expect("tempdir");
@@ -56,8 +62,15 @@ impl Testbed {
         let http = addr_after(&log, "HTTP on ").expect("the collector's HTTP address");
         let mut agents = Vec::new();
         for name in &nodes.names {
+            let sysfs = dir.path().join("sysfs").join(name);
+            let env = if nic_fixtures {
+                std::fs::create_dir_all(&sysfs).expect("mkdir sysfs fixture");
+                format!("COMMSCOPE_SYSFS_ROOT={} ", sysfs.display())
+            } else {
+                String::new()
+            };
             let script = format!(
-                "mount -t tmpfs commscope /run/commscope && exec {} agent --collector http://{grpc} --node {name} --socket {NODE_SOCKET} --http 127.0.0.1:0 --spool-dir {} {}",
+                "mount -t tmpfs commscope /run/commscope && {env}exec {} agent --collector http://{grpc} --node {name} --socket {NODE_SOCKET} --http 127.0.0.1:0 --spool-dir {} {}",
                 commscope_bin().display(),
                 dir.path().join(format!("spool-{name}")).display(),
                 agent_args.join(" ")
@@ -185,6 +198,11 @@ impl Testbed {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         cmd
+    }
+
+    /// Node `i`'s NIC fixture tree (with [`Testbed::new_with`]'s `nic_fixtures`).
+    pub fn sysfs(&self, i: usize) -> std::path::PathBuf {
+        self.dir.path().join("sysfs").join(&self.nodes.names[i])
     }
 
     /// Node `i`'s address on the nodes' network.

@@ -1,7 +1,8 @@
 //! `link-error` from the node agent's NIC counters, end to end: an MPI job runs under a real
 //! agent and collector while the agent reads a sysfs tree modelled on an mlx5 port
-//! (`COMMSCOPE_SYSFS_ROOT`). The port's error counters jump and it goes down: one `link-error`
-//! naming the node, the NIC and the port — live, and from the collector's trace.
+//! (`COMMSCOPE_SYSFS_ROOT`). The port's error and congestion counters jump and it goes down:
+//! one `link-error` naming the node, the NIC and the port — live, and from the collector's
+//! trace; the congestion counters make no finding of their own.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -20,6 +21,14 @@ fn port(root: &Path, symbol_error: u64, link_downed: u64, state: &str) {
     ] {
         std::fs::write(p.join("counters").join(f), format!("{v}\n")).expect("write counter");
     }
+    // A congestion counter that climbs with the errors: corroboration for a slow link, never a
+    // finding of its own.
+    std::fs::create_dir_all(p.join("hw_counters")).expect("mkdir");
+    std::fs::write(
+        p.join("hw_counters/np_cnp_sent"),
+        format!("{}\n", symbol_error * 100),
+    )
+    .expect("write counter");
     std::fs::write(p.join("state"), format!("{state}\n")).expect("write state");
     std::fs::write(p.join("rate"), "200 Gb/sec (4X HDR)\n").expect("write rate");
 }

@@ -163,7 +163,19 @@ fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
 /// `slow-link` naming node 1, and no rank blamed — live, and from the collector's trace.
 #[test]
 fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
-    let bed = Testbed::new(3, &[]);
+    // Node 1's agent reads an mlx5-shaped fixture whose ECN-mark counter climbs while its link
+    // is throttled (a congested port marks packets): the finding says the counters agree.
+    let bed = Testbed::new_with(3, &[], true);
+    let ecn = bed
+        .sysfs(1)
+        .join("class/infiniband/mlx5_0/ports/1/hw_counters/np_ecn_marked_roce_packets");
+    std::fs::create_dir_all(ecn.parent().expect("dir")).expect("mkdir");
+    std::fs::write(
+        bed.sysfs(1).join("class/infiniband/mlx5_0/ports/1/state"),
+        "4: ACTIVE\n",
+    )
+    .expect("state");
+    std::fs::write(&ecn, "0\n").expect("counter");
     let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "bench_allreduce")).expect("program");
     let p = prog.to_str().expect("utf-8");
 
@@ -175,7 +187,21 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
 
     bed.throttle(1, Some("40mbit"));
     let slow = "testbed-throttled";
+    let marking = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let marker = {
+        let (marking, ecn) = (marking.clone(), ecn.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while marking.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 100;
+                std::fs::write(&ecn, format!("{n}\n")).expect("counter");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
     let status = bed.run_job(slow, 1, 3, &[p, "4194304", "25"]);
+    marking.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = marker.join();
     bed.throttle(1, None);
     assert!(status.success());
     let all = bed.findings(slow, "");
@@ -194,6 +220,16 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
     );
     assert_eq!(all.len(), 1, "live: {all:#?}");
     assert!(is_link(&all[0]), "live: {:#}", all[0]);
+    let agree = |f: &serde_json::Value| {
+        f["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("the NIC counters agree"))
+            && f["evidence"]["nic_counters"][node1]["congestion"]
+                ["mlx5_0 port 1 np_ecn_marked_roce_packets"]
+                .as_u64()
+                .is_some_and(|n| n > 0)
+    };
+    assert!(agree(&all[0]), "live: {:#}", all[0]);
 
     // The collector's trace of the job says the same.
     let dir = bed.dir.path().join("traces").join(slow);
@@ -208,6 +244,7 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
     let found = v["findings"].as_array().cloned().unwrap_or_default();
     assert_eq!(found.len(), 1, "analyze: {found:#?}");
     assert!(is_link(&found[0]), "analyze: {:#}", found[0]);
+    assert!(agree(&found[0]), "analyze: {:#}", found[0]);
     assert_eq!(found[0]["link"], all[0]["link"]);
     // The agents' flow records are in the trace, and not taken for ranks.
     let (sum, _) = commscope_tests::summary_json(&[dir.as_path()]);

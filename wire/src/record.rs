@@ -522,6 +522,11 @@ pub mod link_event {
     pub const PORT_DOWN: u8 = 5;
     /// It is back.
     pub const PORT_UP: u8 = 6;
+    /// A NIC counter of class congestion (ECN marks, CNPs, pauses, transmit waits) went up by
+    /// `count`: corroboration for a slow link, no failure.
+    pub const CONGESTION: u8 = 7;
+    /// A NIC counter of class loss (sequence errors, retransmissions, timeouts) went up.
+    pub const LOSS: u8 = 8;
 
     pub fn name(e: u8) -> &'static str {
         match e {
@@ -531,6 +536,8 @@ pub mod link_event {
             COUNTER => "counter",
             PORT_DOWN => "port-down",
             PORT_UP => "port-up",
+            CONGESTION => "congestion",
+            LOSS => "loss",
             _ => "unknown",
         }
     }
@@ -543,6 +550,8 @@ pub mod link_event {
             "counter" => COUNTER,
             "port-down" => PORT_DOWN,
             "port-up" => PORT_UP,
+            "congestion" => CONGESTION,
+            "loss" => LOSS,
             _ => 0,
         }
     }
