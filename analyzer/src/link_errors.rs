@@ -1,10 +1,11 @@
 //! **Link error** from the node agents' `link_event` records: a queue pair that moved to ERROR,
 //! a fatal asynchronous event, NIC error counters that went up, a port that went down.
 //!
-//! Events are kept per (node, device, port). A port has a `link-error` finding while it is down
-//! or while its last event is less than `hold_s` old; it resolves once the port is up and
-//! `hold_s` passed without a new event. One finding per port: a flapping port or a burst of
-//! counter increments is one cause. `ranks` are `[]` (a link is no rank's fault); `link` names
+//! Events are kept per (node, device): a NIC. It has a `link-error` finding while a port of it
+//! is down or while its last event is less than `hold_s` old; it resolves once its ports are up
+//! and `hold_s` passed without a new event. One finding per NIC: a flapping port, a burst of
+//! counter increments, and the fatal events of its queue pairs (which name no port) are one
+//! cause. `ranks` are `[]` (a link is no rank's fault); `link` names
 //! the node, its NIC and port, and the peer's node when a queue pair's peer is known.
 //!
 //! A link error under a hang is that hang's cause, not a second finding: [`fold_into_hangs`]
@@ -36,7 +37,10 @@ impl Default for LinkErrorTuning {
 struct PortSt {
     first_s: f64,
     last_s: f64,
-    down_since: Option<f64>,
+    /// Ports down now, and since when.
+    down: BTreeMap<u32, f64>,
+    /// Ports its events named.
+    port_set: BTreeSet<u32>,
     /// Events by what happened (`QP ERROR`, `IBV_EVENT_PORT_ERR`, `symbol_error`, …).
     what: BTreeMap<String, u64>,
     peers: BTreeSet<IpAddr>,
@@ -44,11 +48,11 @@ struct PortSt {
     qps: BTreeSet<u32>,
 }
 
-/// The detector's state: per (node, device, port).
+/// The detector's state: per (node, device).
 #[derive(Debug, Default)]
 pub struct LinkErrors {
     pub tuning: LinkErrorTuning,
-    ports: BTreeMap<(String, String, u32), PortSt>,
+    ports: BTreeMap<(String, String), PortSt>,
 }
 
 impl LinkErrors {
@@ -59,18 +63,21 @@ impl LinkErrors {
             return;
         }
         let hold = self.tuning.hold_s;
-        let key = (node.to_owned(), e.device_name(), e.port);
+        let key = (node.to_owned(), e.device_name());
         let s = self.ports.entry(key).or_default();
         // The last episode was over (up, and quiet for `hold_s`): this one starts afresh.
-        if s.down_since.is_none() && now_s - s.last_s >= hold {
+        if s.down.is_empty() && now_s - s.last_s >= hold {
             *s = PortSt::default();
         }
         if e.event == link_event::PORT_UP {
-            s.down_since = None;
+            s.down.remove(&e.port);
             return;
         }
         if e.event == link_event::PORT_DOWN {
-            s.down_since.get_or_insert(now_s);
+            s.down.entry(e.port).or_insert(now_s);
+        }
+        if e.port > 0 {
+            s.port_set.insert(e.port);
         }
         if s.what.is_empty() {
             s.first_s = now_s;
@@ -104,9 +111,9 @@ impl LinkErrors {
         let hold = self.tuning.hold_s;
         // A port quiet for long and up again is forgotten: a later error is a new finding.
         self.ports
-            .retain(|_, s| s.down_since.is_some() || now_s - s.last_s < 10.0 * hold);
-        for ((node, device, port), s) in &self.ports {
-            if s.what.is_empty() || (s.down_since.is_none() && now_s - s.last_s >= hold) {
+            .retain(|_, s| !s.down.is_empty() || now_s - s.last_s < 10.0 * hold);
+        for ((node, device), s) in &self.ports {
+            if s.what.is_empty() || (s.down.is_empty() && now_s - s.last_s >= hold) {
                 continue;
             }
             let peers: Vec<String> = s
@@ -123,11 +130,16 @@ impl LinkErrors {
                 .map(|(w, n)| format!("{w} ×{n}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let place = if *port > 0 {
-                format!("{device} port {port} on {node}")
-            } else {
-                format!("{device} on {node}")
+            // The port, when its events name exactly one.
+            let port = match s.port_set.iter().collect::<Vec<_>>().as_slice() {
+                [p] => Some(**p),
+                _ => None,
             };
+            let place = match port {
+                Some(p) => format!("{device} port {p} on {node}"),
+                None => format!("{device} on {node}"),
+            };
+            let down_since = s.down.values().copied().reduce(f64::min);
             let dst = peers.first().cloned().unwrap_or_else(|| node.clone());
             let mut nodes: Vec<String> = std::iter::once(node.clone())
                 .chain(peers.iter().cloned())
@@ -135,18 +147,14 @@ impl LinkErrors {
                 .into_iter()
                 .collect();
             nodes.truncate(8);
-            let state = match s.down_since {
+            let state = match down_since {
                 Some(d) => format!("is down since {:.0} s ago", (now_s - d).max(0.0)),
                 None => format!(
                     "reported {total} error{}",
                     if total == 1 { "" } else { "s" }
                 ),
             };
-            let id = Hasher::new()
-                .str(node)
-                .str(device)
-                .word(u64::from(*port))
-                .finish();
+            let id = Hasher::new().str(node).str(device).finish();
             out.push(Finding {
                 id: finding_id(Kind::LinkError, job, Some(id), &[], None),
                 kind: Kind::LinkError,
@@ -161,11 +169,11 @@ impl LinkErrors {
                     src: node.clone(),
                     dst,
                     src_nic: Some(device.clone()),
-                    src_port: (*port > 0).then_some(*port),
+                    src_port: port,
                 }),
                 opened_at: (s.first_s * 1e9) as u64,
                 resolved_at: None,
-                confidence: if s.down_since.is_some() { 0.95 } else { 0.85 },
+                confidence: if down_since.is_some() { 0.95 } else { 0.85 },
                 summary: format!(
                     "{place} {state} ({what}){}{}: the link is failing, not a rank — check {node}'s {device} (ibstat / ip link, its cable and switch port, dmesg) and move the job off it if it keeps failing",
                     if peers.is_empty() {
@@ -189,9 +197,9 @@ impl LinkErrors {
                 evidence: json!({
                     "node": node,
                     "device": device,
-                    "port": port,
+                    "ports": s.port_set,
                     "events": s.what,
-                    "down": s.down_since.is_some(),
+                    "down": s.down.keys().collect::<Vec<_>>(),
                     "peers": peers,
                     "ranks": s.ranks,
                     "queue_pairs": s.qps,
@@ -287,10 +295,10 @@ mod tests {
         e.rank = 3;
         e.peer = Flow::addr_bytes("10.0.0.2".parse().expect("ip"));
         d.record("n1", &e, 100.0);
-        // A fatal event on the same port: the same finding.
+        // A fatal event of a queue pair (no port) on the same NIC: the same finding.
         d.record(
             "n1",
-            &ev(link_event::FATAL, "mlx5_0", 1, "IBV_EVENT_QP_FATAL", 1),
+            &ev(link_event::FATAL, "mlx5_0", 0, "IBV_EVENT_QP_FATAL", 1),
             101.0,
         );
         let f = run(&mut d, 102.0);
@@ -321,6 +329,26 @@ mod tests {
         let id = f[0].id.clone();
         assert_eq!(run(&mut d, 150.0)[0].id, id);
         assert!(run(&mut d, 161.0).is_empty(), "60 s quiet: resolved");
+        // Errors on two ports of one NIC: one finding, no single port named.
+        d.record(
+            "n1",
+            &ev(link_event::PORT_ERROR, "mlx5_0", 1, "IBV_EVENT_PORT_ERR", 1),
+            300.0,
+        );
+        d.record(
+            "n1",
+            &ev(link_event::PORT_ERROR, "mlx5_0", 2, "IBV_EVENT_PORT_ERR", 1),
+            300.0,
+        );
+        let f = run(&mut d, 301.0);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].link.as_ref().expect("link").src_port, None);
+        assert!(
+            f[0].summary.starts_with("mlx5_0 on n1 reported 2 errors"),
+            "{}",
+            f[0].summary
+        );
+        assert_eq!(f[0].evidence["ports"], json!([1, 2]));
     }
 
     #[test]

@@ -390,6 +390,44 @@ fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
             "QP 0x100 moved from RTS to ERROR (peer 10.7.0.2 QP 0x4242)"
         ]
     );
+    // As `link_event` records of the driver's rank, and through the detector: one link-error
+    // for the NIC, naming the queue pair's peer.
+    use commscope_wire::record::link_event;
+    let recs = view.take_link_errors(|p| (p == pid).then_some(3));
+    let events: Vec<(u32, u8, i32)> = recs.iter().map(|(p, e)| (*p, e.event, e.rank)).collect();
+    assert_eq!(
+        events,
+        [
+            (pid, link_event::PORT_ERROR, 3),
+            (pid, link_event::FATAL, 3),
+            (pid, link_event::QP_ERROR, 3)
+        ]
+    );
+    let qp = recs[2].1;
+    assert_eq!((qp.qp_num, qp.peer_qp), (0x100, 0x4242));
+    assert_eq!(qp.peer_addr(), Some("10.7.0.2".parse().expect("ip")));
+    let mut det = commscope_analyzer::link_errors::LinkErrors::default();
+    for (i, (_, e)) in recs.iter().enumerate() {
+        // The agent's queue numbers them (rec_seq 0 is an empty slot).
+        let numbered = commscope_wire::record::LinkEvent {
+            rec_seq: i as u64 + 1,
+            ..*e
+        };
+        let e = commscope_wire::record::Record::decode(
+            &commscope_wire::record::Record::LinkEvent(numbered).encode(),
+        );
+        let Ok(commscope_wire::record::Record::LinkEvent(e)) = e else {
+            panic!("a link_event that does not round-trip: {e:?}");
+        };
+        det.record("n1", &e, 10.0);
+    }
+    let mut found = Vec::new();
+    det.findings("j", 11.0, |_| None, &mut found);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let l = found[0].link.as_ref().expect("link");
+    assert_eq!((l.src.as_str(), l.dst.as_str()), ("n1", "10.7.0.2"));
+    assert_eq!(found[0].evidence["ranks"], serde_json::json!([3]));
+    eprintln!("stand-in link-error: {}", found[0].summary);
     probes.read_kernel_drops();
     assert_eq!(probes.status().kernel_drops, [0, 0, 0]);
 }

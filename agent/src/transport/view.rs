@@ -253,7 +253,15 @@ impl TransportView {
             }
             Event::Async(e) => {
                 *self.events.entry(kind_name(e.head.kind)).or_default() += 1;
-                let device = name(&e.device);
+                // A queue pair's event names its device when the context could not be read.
+                let device = match name(&e.device) {
+                    d if d.is_empty() && e.qp_num != 0 => self
+                        .qps
+                        .get(&(e.head.pid, e.qp_num))
+                        .map(|q| q.device.clone())
+                        .unwrap_or_default(),
+                    d => d,
+                };
                 let what = async_event_name(e.event_type);
                 *self.async_events.entry((device.clone(), what)).or_default() += 1;
                 if async_is_error(e.event_type) {

@@ -31,13 +31,15 @@ static void *sym(void *h, const char *name, const char *version) {
   return p;
 }
 
+/* Reads the device's asynchronous events, as a real program does on the context its queue
+ * pairs belong to (`arg`). */
 static void *async_thread(void *arg) {
-  (void)arg;
+  struct ibv_context *ctx = arg;
   int (*get)(struct ibv_context *, struct ibv_async_event *) =
       sym(verbs, "ibv_get_async_event", "IBVERBS_1.1");
   struct ibv_async_event ev;
   for (int i = 0; i < 2; i++)
-    if (get(NULL, &ev) != 0) exit(3);
+    if (get(ctx, &ev) != 0) exit(3);
   return NULL;
 }
 
@@ -131,7 +133,7 @@ int main(int argc, char **argv) {
   dereg(mr2);
 
   pthread_t a, p;
-  pthread_create(&a, NULL, async_thread, NULL);
+  pthread_create(&a, NULL, async_thread, qp->context);
   pthread_join(a, NULL);
   pthread_create(&p, NULL, proxy_thread, argv[1]);
   pthread_join(p, NULL);
