@@ -95,6 +95,8 @@ struct LinkSt {
     /// Set by a record that retransmitted with nothing acknowledged, cleared by one that had
     /// data acknowledged.
     dead: Option<Dead>,
+    /// The sending node's interface, as its latest record named it.
+    iface: Option<String>,
     slow_since: Option<f64>,
     /// At the last evaluation: its rate, the others' median, their RTTs.
     rate: f64,
@@ -125,6 +127,9 @@ impl FlowLinks {
             return;
         }
         let s = self.links.entry((node.to_owned(), remote)).or_default();
+        if let Some(n) = f.iface_name() {
+            s.iface = Some(n);
+        }
         if f.bytes_sent > 0 {
             s.dead = None;
         } else if f.retransmits > 0 {
@@ -328,6 +333,7 @@ impl FlowLinks {
                 link: Some(Link {
                     src: src.clone(),
                     dst: dst.clone(),
+                    src_nic: s.iface.clone(),
                     ..Default::default()
                 }),
                 opened_at: (s.slow_since.unwrap_or(now_s) * 1e9) as u64,
@@ -421,6 +427,7 @@ mod tests {
 
     fn flow(local: &str, remote: &str, bytes: u64, busy_ms: u64, srtt_us: u32, rank: i32) -> Flow {
         Flow {
+            iface: Flow::iface_bytes("eth1"),
             transport: flow_transport::TCP,
             bytes_sent: bytes,
             busy_ns: busy_ms * 1_000_000,
@@ -548,6 +555,7 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:#?}");
         let l = out[0].link.as_ref().expect("link");
         assert_eq!((l.src.as_str(), l.dst.as_str()), ("n1", "n2"));
+        assert_eq!(l.src_nic.as_deref(), Some("eth1"));
         assert!(out[0].ranks.is_empty());
         assert_eq!(out[0].evidence["ranks"], json!([1]));
         assert!(

@@ -230,6 +230,8 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
                 .is_some_and(|n| n > 0)
     };
     assert!(agree(&all[0]), "live: {:#}", all[0]);
+    // The sending node's interface: each node's only one, inside its namespace.
+    assert_eq!(all[0]["link"]["src_nic"], "eth0", "live: {:#}", all[0]);
 
     // The collector's trace of the job says the same.
     let dir = bed.dir.path().join("traces").join(slow);

@@ -191,6 +191,7 @@ pub fn schema() -> SchemaRef {
         Field::new("flow_cwnd", DataType::UInt32, true),
         i32f("flow_rank", true),
         Field::new("flow_pid", DataType::UInt32, true),
+        strf("flow_iface", true),
         // link_event (the agent's transport view and NIC counters)
         strf("link_event", true),
         strf("link_event_device", true),
@@ -285,6 +286,7 @@ struct Columns {
     flow_cwnd: UInt32Builder,
     flow_rank: Int32Builder,
     flow_pid: UInt32Builder,
+    flow_iface: StringBuilder,
     link_event: StringBuilder,
     link_event_device: StringBuilder,
     link_event_what: StringBuilder,
@@ -529,6 +531,8 @@ impl Columns {
         self.flow_cwnd.append_option(flow.map(|f| f.cwnd));
         self.flow_rank.append_option(flow.map(|f| f.rank));
         self.flow_pid.append_option(flow.map(|f| f.pid));
+        self.flow_iface
+            .append_option(flow.and_then(|f| f.iface_name()));
         self.link_event
             .append_option(le.map(|e| crate::record::link_event::name(e.event)));
         self.link_event_device
@@ -623,6 +627,7 @@ impl Columns {
             Arc::new(self.flow_cwnd.finish()),
             Arc::new(self.flow_rank.finish()),
             Arc::new(self.flow_pid.finish()),
+            Arc::new(self.flow_iface.finish()),
             Arc::new(self.link_event.finish()),
             Arc::new(self.link_event_device.finish()),
             Arc::new(self.link_event_what.finish()),
@@ -1440,6 +1445,8 @@ impl Reader {
         let flow_cwnd = c.get::<UInt32Array>("flow_cwnd", false)?;
         let flow_rank = c.get::<Int32Array>("flow_rank", false)?;
         let flow_pid = c.get::<UInt32Array>("flow_pid", false)?;
+        // Written since flows name their interface.
+        let flow_iface = c.get::<StringArray>("flow_iface", false)?;
         // Written since the agent records link events.
         let le_event = c.get::<StringArray>("link_event", false)?;
         let le_device = c.get::<StringArray>("link_event_device", false)?;
@@ -1613,6 +1620,7 @@ impl Reader {
                         t_end: opt_u64(t_exit, i),
                         rank: opt_i32(flow_rank, i, -1),
                         pid: u32_of(flow_pid, i),
+                        iface: crate::record::Flow::iface_bytes(opt_str(flow_iface, i)),
                     })
                 }
                 "link_event" => {
@@ -1890,6 +1898,7 @@ mod tests {
                 t_end: 990,
                 rank: 2,
                 pid: 8,
+                iface: crate::record::Flow::iface_bytes("eth0"),
             }),
             Record::LinkEvent(crate::record::LinkEvent {
                 rec_seq: 16,

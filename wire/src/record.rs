@@ -424,6 +424,9 @@ pub struct Flow {
     /// The global rank and pid owning the socket (-1 / 0 when unknown).
     pub rank: i32,
     pub pid: u32,
+    /// The network interface holding the local address (`eth0`), NUL-padded; all zero when
+    /// unknown.
+    pub iface: [u8; 16],
 }
 
 /// The `rank` of the process identity under which a node's agent writes its transport records
@@ -463,6 +466,23 @@ impl Flow {
             std::net::Ipv6Addr::from(self.remote).to_canonical(),
             self.remote_port,
         )
+    }
+
+    /// The interface name, when known.
+    pub fn iface_name(&self) -> Option<String> {
+        let end = self.iface.iter().position(|&c| c == 0).unwrap_or(16);
+        (end > 0).then(|| String::from_utf8_lossy(&self.iface[..end]).into_owned())
+    }
+
+    /// An interface name in the 16-byte form (Linux names have at most 15 bytes).
+    pub fn iface_bytes(name: &str) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let mut end = name.len().min(15);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        out[..end].copy_from_slice(&name.as_bytes()[..end]);
+        out
     }
 
     /// Stores an address in the 16-byte form.
@@ -802,7 +822,7 @@ impl Record {
                 put_u16(b, 102, f.remote_port);
                 put_u32(b, 104, f.pid);
                 put_u32(b, 108, f.cwnd);
-                b[112..128].fill(0);
+                b[112..128].copy_from_slice(&f.iface);
             }
             Record::LinkEvent(e) => {
                 header(b, kind::LINK_EVENT, e.event, e.flags, e.rank);
@@ -944,8 +964,10 @@ impl Record {
             kind::FLOW => {
                 let mut local = [0u8; 16];
                 let mut remote = [0u8; 16];
+                let mut iface = [0u8; 16];
                 local.copy_from_slice(&b[48..64]);
                 remote.copy_from_slice(&b[80..96]);
+                iface.copy_from_slice(&b[112..128]);
                 Ok(Record::Flow(Flow {
                     rec_seq,
                     transport: b[9],
@@ -964,6 +986,7 @@ impl Record {
                     remote_port: get_u16(b, 102),
                     pid: get_u32(b, 104),
                     cwnd: get_u32(b, 108),
+                    iface,
                 }))
             }
             kind::LINK_EVENT => {
@@ -1173,10 +1196,22 @@ mod tests {
             t_end: 1_000_000_100,
             rank: 5,
             pid: 4242,
+            iface: Flow::iface_bytes("enp65s0f0np0"),
         };
         assert_eq!(
             Record::decode(&Record::Flow(f).encode()),
             Ok(Record::Flow(f))
+        );
+        assert_eq!(f.iface_name().as_deref(), Some("enp65s0f0np0"));
+        assert_eq!(Flow::default().iface_name(), None);
+        assert_eq!(
+            Flow {
+                iface: Flow::iface_bytes("a-name-longer-than-15"),
+                ..f
+            }
+            .iface_name()
+            .as_deref(),
+            Some("a-name-longer-t")
         );
         assert_eq!(f.local_addr().to_string(), "10.1.2.3:40000");
         assert_eq!(f.remote_addr().to_string(), "[fe80::1]:5201");

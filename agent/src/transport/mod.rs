@@ -559,11 +559,13 @@ pub async fn run(
                         shared.view.lock().unwrap_or_else(|p| p.into_inner()).attribute(&map);
                     }
                 }
+                // The interfaces of this network namespace (a pod's own are not seen here).
+                let ifaces = procfs::interface_addresses();
                 let (records, link_errors, gone) = {
                     let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
                     let rank_of =
                         |pid: u32| owned_by.iter().find(|o| o.pid == pid).map(|o| o.rank);
-                    let records = v.flow_records(now, rank_of);
+                    let records = v.flow_records(now, rank_of, |ip| ifaces.get(ip).cloned());
                     let link_errors = v.take_link_errors(rank_of);
                     (records, link_errors, v.sweep())
                 };

@@ -79,6 +79,48 @@ pub fn libraries(proc_root: &Path, known: &HashSet<(u64, u64)>) -> Vec<Library> 
 }
 
 /// (local, remote) → owning pid, for the TCP sockets of `pids`.
+/// This network namespace's interface addresses: address → interface name (`getifaddrs`).
+/// Empty when the call fails.
+pub fn interface_addresses() -> HashMap<IpAddr, String> {
+    let mut out = HashMap::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list this function frees below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name from getifaddrs.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: `ifa_addr` points to a sockaddr of the family it names.
+        let ip = match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        out.insert(ip, name);
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
 pub fn socket_owners(proc_root: &Path, pids: &[u32]) -> HashMap<(SocketAddr, SocketAddr), u32> {
     let mut out = HashMap::new();
     // Socket tables are per network namespace: read each namespace's once.
@@ -167,6 +209,16 @@ fn hex_addr(s: &str) -> Option<SocketAddr> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_loopback_address_is_on_the_loopback_interface() {
+        let a = super::interface_addresses();
+        assert_eq!(
+            a.get(&"127.0.0.1".parse().expect("ip")).map(String::as_str),
+            Some("lo"),
+            "{a:?}"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -500,6 +500,7 @@ impl TransportView {
         &mut self,
         now_ns: u64,
         rank_of: impl Fn(u32) -> Option<i32>,
+        iface_of: impl Fn(&std::net::IpAddr) -> Option<String>,
     ) -> Vec<(u32, commscope_wire::record::Flow)> {
         use commscope_wire::record::{Flow as Rec, flow_transport};
         let mut out = Vec::new();
@@ -551,6 +552,7 @@ impl TransportView {
                     t_end: now_ns,
                     rank: rank_of(pid).unwrap_or(-1),
                     pid,
+                    iface: iface_of(&f.local.ip()).map_or([0; 16], |n| Rec::iface_bytes(&n)),
                 },
             ));
             f.emitted = *t;
@@ -864,7 +866,11 @@ mod tests {
         own.daddr = own.saddr;
         v.update_flows(4_000_000_000, &[(8, own)]);
         v.flows.get_mut(&8).expect("flow").pid = Some(42);
-        let recs = v.flow_records(4_000_000_000, |pid| (pid == 42).then_some(3));
+        let recs = v.flow_records(
+            4_000_000_000,
+            |pid| (pid == 42).then_some(3),
+            |ip| (ip.to_string() == "10.9.0.1").then(|| "eth0".to_owned()),
+        );
         assert_eq!(recs.len(), 1);
         let (pid, r) = recs[0];
         assert_eq!(
@@ -874,6 +880,7 @@ mod tests {
         assert_eq!(r.flags, commscope_wire::op::flags::FLOW_CLOSED);
         assert_eq!(r.remote_addr(), "10.9.0.2:5000".parse().expect("addr"));
         assert_eq!(r.srtt_us, 100);
+        assert_eq!(r.iface_name().as_deref(), Some("eth0"));
         assert_eq!(v.sweep(), vec![7]);
         assert_eq!(v.flows.keys().collect::<Vec<_>>(), [&8]);
         let peers = v.tcp_by_peer();
