@@ -407,6 +407,7 @@ impl FlowLinks {
                         dead_s: now_s - d.since_s,
                         retransmits: d.retransmits,
                         ranks: d.ranks.clone(),
+                        src_nic: s.iface.clone(),
                     })
             })
             .collect();

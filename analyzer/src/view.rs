@@ -38,6 +38,8 @@ pub struct DeadLink {
     pub retransmits: u64,
     /// The ranks whose sockets retransmitted.
     pub ranks: Vec<i32>,
+    /// The sending node's interface, when its agent named it.
+    pub src_nic: Option<String>,
 }
 
 /// A node out of contact: no stream from its agent since `since_ns` (realtime).

@@ -146,6 +146,11 @@ fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
         "{g:#}"
     );
     assert!(g["evidence"]["out_of_sight"].is_null(), "{g:#}");
+    // The named source's interface, when one of its own sends was dead: its only one.
+    assert!(
+        g["link"].get("src_nic").is_none_or(|n| n == "eth0"),
+        "{g:#}"
+    );
     let dead = g["evidence"]["transport"]["dead_links"]
         .as_array()
         .cloned()

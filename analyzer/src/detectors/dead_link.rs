@@ -44,11 +44,18 @@ pub fn dead_path(view: &JobView, nodes: &[String]) -> Option<DeadPath> {
         [x] if *x == lead.dst => Link {
             src: lead.dst.clone(),
             dst: lead.src.clone(),
+            // Its interface, from a dead link it sends on, when there is one.
+            src_nic: dead
+                .iter()
+                .find(|d| d.src == *x)
+                .and_then(|d| d.src_nic.clone()),
             ..Default::default()
         },
+        // As measured: the sender's interface is known.
         _ => Link {
             src: lead.src.clone(),
             dst: lead.dst.clone(),
+            src_nic: lead.src_nic.clone(),
             ..Default::default()
         },
     };
@@ -112,6 +119,7 @@ mod tests {
             dead_s: 6.0,
             retransmits,
             ranks: vec![],
+            src_nic: Some(format!("{src}-eth0")),
         }
     }
 
@@ -137,6 +145,8 @@ mod tests {
         let p = dead_path(&v, &nodes(&["n0", "n1", "n2"])).expect("a dead path");
         assert_eq!(p.common, ["n1"]);
         assert_eq!((p.link.src.as_str(), p.link.dst.as_str()), ("n1", "n0"));
+        // Reversed from the lead link (n0 → n1): n1's interface from its own dead link.
+        assert_eq!(p.link.src_nic.as_deref(), Some("n1-eth0"));
         assert!(p.measured.contains("TCP from n0 to n1"), "{}", p.measured);
         assert!(
             p.measured.contains("(and 2 more dead links go through n1)"),
@@ -152,6 +162,7 @@ mod tests {
         let p = dead_path(&v, &nodes(&["n0", "n1"])).expect("a dead path");
         assert_eq!(p.common, ["n0", "n1"]);
         assert_eq!((p.link.src.as_str(), p.link.dst.as_str()), ("n0", "n1"));
+        assert_eq!(p.link.src_nic.as_deref(), Some("n0-eth0"));
         assert!(p.advice.contains("between n0 and n1"), "{}", p.advice);
     }
 

@@ -312,6 +312,7 @@ fn a_stall_over_a_dead_link_names_that_link() {
         dead_s: 19.0,
         retransmits,
         ranks: vec![0],
+        src_nic: None,
     };
     let plain = run(&v);
     assert_eq!(kinds(&plain), [(Kind::Hang, vec![])], "{plain:#?}");
