@@ -271,11 +271,9 @@ impl Detectors {
         if now > self.now_s {
             self.now_s = now;
         }
-        if crate::nic::is_corroboration(e) {
-            self.nic.record(node, e, now);
-        } else {
-            self.link_errors.record(node, e, now);
-        }
+        // Each keeps what is its own: failures, or congestion and loss counters.
+        self.nic.record(node, e, now);
+        self.link_errors.record(node, e, now);
     }
 
     /// The links the transport view shows dead at `now_ns` (or at the latest record, when that

@@ -7,6 +7,32 @@ use std::time::{Duration, Instant};
 use commscope_tests::testbed::Testbed;
 use commscope_tests::{Flavour, build, wait};
 
+/// Starts `job` (`program`, one rank on each of the three nodes), waits for its ranks, lets it
+/// run healthy for `secs` and checks it has no finding yet.
+fn healthy_for_a_while(
+    bed: &Testbed,
+    job: &str,
+    program: &[&str],
+    secs: u64,
+) -> std::process::Child {
+    let runner = bed
+        .job_command(job, 1, 3, program)
+        .spawn()
+        .expect("run the job");
+    wait("the job's three ranks", Duration::from_secs(60), || {
+        bed.job(job)
+            .filter(|j| j["ranks"].as_u64() == Some(3))
+            .map(|_| ())
+    });
+    std::thread::sleep(Duration::from_secs(secs));
+    assert!(
+        bed.findings(job, "").is_empty(),
+        "a finding before the fault: {:#?}",
+        bed.findings(job, "")
+    );
+    runner
+}
+
 /// Node 1's link goes down in the middle of the job's all-reduces: its agent is cut off from
 /// the collector together with its ranks. Exactly one finding: a `communication-hang` with no
 /// rank, its link naming node 1.
@@ -16,23 +42,9 @@ fn a_node_link_down_during_an_allreduce_is_one_communication_hang_naming_the_nod
     let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "steady")).expect("program");
     let job = "testbed-link-down";
     let p = prog.to_str().expect("utf-8");
-    let mut runner = bed
-        .job_command(job, 1, 3, &[p, "600", "20000"])
-        .spawn()
-        .expect("run the job");
-    wait("the job's three ranks", Duration::from_secs(60), || {
-        bed.job(job)
-            .filter(|j| j["ranks"].as_u64() == Some(3))
-            .map(|_| ())
-    });
+    let mut runner = healthy_for_a_while(&bed, job, &[p, "600", "20000"], 3);
     let nodes = bed.job(job).expect("job")["nodes"].clone();
     assert_eq!(nodes.as_array().map(Vec::len), Some(3), "{nodes}");
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        bed.findings(job, "").is_empty(),
-        "a finding before the fault: {:#?}",
-        bed.findings(job, "")
-    );
 
     bed.link(1, false);
     let down = Instant::now();
@@ -76,21 +88,7 @@ fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
     let prog = std::fs::canonicalize(build(Flavour::OpenMpi, "bench_allreduce")).expect("program");
     let job = "testbed-blackhole";
     let p = prog.to_str().expect("utf-8");
-    let mut runner = bed
-        .job_command(job, 1, 3, &[p, "65536", "100000000"])
-        .spawn()
-        .expect("run the job");
-    wait("the job's three ranks", Duration::from_secs(60), || {
-        bed.job(job)
-            .filter(|j| j["ranks"].as_u64() == Some(3))
-            .map(|_| ())
-    });
-    std::thread::sleep(Duration::from_secs(4));
-    assert!(
-        bed.findings(job, "").is_empty(),
-        "a finding before the fault: {:#?}",
-        bed.findings(job, "")
-    );
+    let mut runner = healthy_for_a_while(&bed, job, &[p, "65536", "100000000"], 4);
 
     bed.blackhole(1, true);
     let cut = Instant::now();

@@ -229,6 +229,30 @@ pub struct Comm {
 /// The longest communicator name a record carries (longer names are cut at a UTF-8 boundary).
 pub const COMM_NAME_MAX: usize = 64;
 
+/// `s` cut to at most `max` bytes at a UTF-8 character boundary.
+fn utf8_prefix(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `s` in an `N`-byte NUL-padded field, cut to at most `max` bytes (`max` ≤ `N`) at a
+/// character boundary.
+pub fn nul_padded<const N: usize>(s: &str, max: usize) -> [u8; N] {
+    let p = utf8_prefix(s, max.min(N));
+    let mut out = [0u8; N];
+    out[..p.len()].copy_from_slice(p.as_bytes());
+    out
+}
+
+/// The text of a NUL-padded field (up to its first NUL; invalid UTF-8 replaced).
+pub fn nul_text(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
 impl Comm {
     /// A new comm record with an empty name.
     #[allow(clippy::too_many_arguments)]
@@ -267,13 +291,8 @@ impl Comm {
             Ok(s) => s,
             Err(e) => std::str::from_utf8(&name[..e.valid_up_to()]).unwrap_or_default(),
         };
-        let mut end = valid.len().min(COMM_NAME_MAX);
-        while !valid.is_char_boundary(end) {
-            end -= 1;
-        }
-        self.name = [0; COMM_NAME_MAX];
-        self.name[..end].copy_from_slice(&valid.as_bytes()[..end]);
-        self.name_len = end as u8;
+        self.name = nul_padded(valid, COMM_NAME_MAX);
+        self.name_len = utf8_prefix(valid, COMM_NAME_MAX).len() as u8;
     }
 
     /// The name ("" when none).
@@ -470,19 +489,12 @@ impl Flow {
 
     /// The interface name, when known.
     pub fn iface_name(&self) -> Option<String> {
-        let end = self.iface.iter().position(|&c| c == 0).unwrap_or(16);
-        (end > 0).then(|| String::from_utf8_lossy(&self.iface[..end]).into_owned())
+        Some(nul_text(&self.iface)).filter(|n| !n.is_empty())
     }
 
     /// An interface name in the 16-byte form (Linux names have at most 15 bytes).
     pub fn iface_bytes(name: &str) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        let mut end = name.len().min(15);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        out[..end].copy_from_slice(&name.as_bytes()[..end]);
-        out
+        nul_padded(name, 15)
     }
 
     /// Stores an address in the 16-byte form.
@@ -580,26 +592,15 @@ pub mod link_event {
 impl LinkEvent {
     /// A name in the NUL-padded form (truncated at a character boundary).
     pub fn name_bytes(s: &str) -> [u8; LINK_EVENT_NAME_MAX] {
-        let mut out = [0u8; LINK_EVENT_NAME_MAX];
-        let mut end = s.len().min(LINK_EVENT_NAME_MAX);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        out[..end].copy_from_slice(&s.as_bytes()[..end]);
-        out
-    }
-
-    fn text(b: &[u8]) -> String {
-        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-        String::from_utf8_lossy(&b[..end]).into_owned()
+        nul_padded(s, LINK_EVENT_NAME_MAX)
     }
 
     pub fn device_name(&self) -> String {
-        Self::text(&self.device)
+        nul_text(&self.device)
     }
 
     pub fn what_name(&self) -> String {
-        Self::text(&self.what)
+        nul_text(&self.what)
     }
 
     /// The peer's address, when known.
@@ -1252,7 +1253,7 @@ mod tests {
         assert!(Record::decode(&raw).is_err());
         // A name cut inside a multi-byte character keeps whole characters.
         let n = LinkEvent::name_bytes(&"é".repeat(20));
-        assert_eq!(LinkEvent::text(&n), "é".repeat(16));
+        assert_eq!(nul_text(&n), "é".repeat(16));
     }
 
     #[test]

@@ -35,10 +35,7 @@ pub fn decode(b: &[u8]) -> Option<Event> {
 }
 
 /// A NUL-padded name from the kernel side.
-pub fn name(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
+pub use commscope_wire::record::nul_text as name;
 
 #[cfg(test)]
 mod tests {
