@@ -255,12 +255,13 @@ impl Calls {
         let nccl_like = col("library")
             .fill_null(lit(lib::name(lib::MPI)))
             .neq(lit(lib::name(lib::MPI)));
-        let captured = nccl_like.and(bit(flags::GRAPH_CAPTURED));
+        let captured = nccl_like.clone().and(bit(flags::GRAPH_CAPTURED));
         let replay = captured.clone().and(bit(flags::GRAPH_REPLAY));
         let (a, b) = span();
         let span_ns = (b - a).clip_min(lit(0i64));
         let count = |e: Expr| e.cast(DataType::UInt64).sum();
-        let timed = captured.clone().not();
+        let host_only = nccl_like.clone().and(bit(flags::HOST_ONLY));
+        let timed = captured.clone().or(host_only).not();
         let measured = timed.clone().and(span_ns.clone().gt(lit(0i64)));
         let q = self
             .rows()?

@@ -60,7 +60,7 @@ impl Lateness {
     /// A completed call that arrived at `a` (its start on the common base), fed at `t`.
     pub fn call(&mut self, c: &Call, a: u64, t: u64) {
         let op = c.op();
-        if op.is_p2p() || op == Op::None || c.comm_size < 2 || c.graph_captured() {
+        if op.is_p2p() || op == Op::None || c.comm_size < 2 || !c.timed() {
             return;
         }
         let size = c.comm_size as usize;

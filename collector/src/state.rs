@@ -72,8 +72,9 @@ impl OpStats {
     pub fn add(&mut self, c: &Call, op: Op) -> Option<f64> {
         self.calls += 1;
         self.bytes += c.bytes;
-        // A call captured into (or replayed by) a CUDA graph is counted, not timed.
-        if c.graph_captured() {
+        // A call captured into (or replayed by) a CUDA graph, or seen only from the host by
+        // uprobes, is counted, not timed.
+        if !c.timed() {
             return None;
         }
         self.timed += 1;

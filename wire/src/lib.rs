@@ -18,6 +18,7 @@
 pub mod crc;
 pub mod cst;
 pub mod hash;
+pub mod launcher;
 pub mod nccl_hash;
 pub mod netinfo;
 pub mod op;

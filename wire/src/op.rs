@@ -300,6 +300,11 @@ pub mod flags {
     /// whole graph's, compute included, so it orders and localizes but does not time the
     /// operation. Shares bit 8 with [`SYNCHRONOUS`], which only MPI sends carry.
     pub const GRAPH_REPLAY: u16 = 1 << 8;
+    /// NCCL calls: recorded by the node agent from uprobes on the NCCL API, for a process
+    /// without the preload (zero-touch). Host timing of the call alone (enqueuing the work), no
+    /// GPU interval: counted and ordered, never timed; such calls also carry [`NONBLOCKING`].
+    /// Shares bit 9 with [`BUFFERED`], which only MPI sends carry.
+    pub const HOST_ONLY: u16 = 1 << 9;
 
     /// Comm: an NCCL (or RCCL) communicator.
     pub const NCCL_COMM: u16 = 1 << 0;
@@ -399,6 +404,34 @@ impl Clock {
             Clock::Gpu => "gpu",
         }
     }
+}
+
+/// (element size, commscope datatype code) of an `ncclDataType_t`.
+pub fn nccl_dtype(dt: i32) -> (u64, u16) {
+    match dt {
+        0 => (1, dtype::INT8),
+        1 => (1, dtype::UINT8),
+        2 => (4, dtype::INT32),
+        3 => (4, dtype::UINT32),
+        4 => (8, dtype::INT64),
+        5 => (8, dtype::UINT64),
+        6 => (2, dtype::FLOAT16),
+        7 => (4, dtype::FLOAT),
+        8 => (8, dtype::DOUBLE),
+        9 => (2, dtype::BFLOAT16),
+        10 => (1, dtype::FLOAT8_E4M3),
+        11 => (1, dtype::FLOAT8_E5M2),
+        _ => (0, dtype::DERIVED),
+    }
+}
+
+/// Whether NCCL's `count` for `op` is the per-rank part, so that `bytes` is `count × size × n`
+/// (nccl-tests' sizes, `docs/trace-format.md`); else `count × size`.
+pub fn nccl_count_is_per_rank(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Allgather | Op::Reducescatter | Op::Alltoall | Op::Gather | Op::Scatter
+    )
 }
 
 #[cfg(test)]

@@ -158,6 +158,18 @@ impl Call {
         self.lib != crate::op::lib::MPI && self.flags & crate::op::flags::GRAPH_CAPTURED != 0
     }
 
+    /// An NCCL call the node agent recorded from uprobes ([`crate::op::flags::HOST_ONLY`]):
+    /// host timing of the enqueue only.
+    pub fn host_only(&self) -> bool {
+        self.lib != crate::op::lib::MPI && self.flags & crate::op::flags::HOST_ONLY != 0
+    }
+
+    /// Whether the call's span times the operation (not a call captured into a CUDA graph, nor
+    /// one seen only from the host by uprobes).
+    pub fn timed(&self) -> bool {
+        !self.graph_captured() && !self.host_only()
+    }
+
     /// True when the call carries a GPU interval (`gpu_start`/`gpu_end`, on the host-mono clock
     /// of `t_enter`).
     pub fn has_gpu_time(&self) -> bool {

@@ -182,7 +182,16 @@ impl Reply {
 
 /// The process start time in clock ticks since boot (`/proc/self/stat` field 22), or 0.
 pub fn process_start_time() -> u64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    start_time_at(std::path::Path::new("/proc/self/stat"))
+}
+
+/// Another process's start time (`<proc_root>/<pid>/stat` field 22), or 0.
+pub fn start_time_of(proc_root: &std::path::Path, pid: u32) -> u64 {
+    start_time_at(&proc_root.join(pid.to_string()).join("stat"))
+}
+
+fn start_time_at(path: &std::path::Path) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return 0;
     };
     // The command name (field 2) is in parentheses and may contain spaces.

@@ -234,25 +234,7 @@ fn create_region(config: &Config) -> Result<(Shm, c_int), String> {
 
 /// The job id from the environment (commscope's own, then the launcher's), if any.
 fn job_from_env() -> Option<String> {
-    if let Some(j) = util::env("COMMSCOPE_JOB_ID").filter(|s| !s.trim().is_empty()) {
-        return Some(j.trim().to_owned());
-    }
-    if let Some(j) = util::env("SLURM_JOB_ID") {
-        return Some(match util::env("SLURM_STEP_ID") {
-            Some(step) => format!("slurm-{j}.{step}"),
-            None => format!("slurm-{j}"),
-        });
-    }
-    if let Some(ns) = util::env("PMIX_NAMESPACE") {
-        return Some(format!("pmix-{ns}"));
-    }
-    if let Some(id) = util::env("OMPI_MCA_ess_base_jobid") {
-        return Some(format!("ompi-{id}"));
-    }
-    if let Some(id) = util::env("TORCHELASTIC_RUN_ID") {
-        return Some(format!("torchelastic-{id}"));
-    }
-    None
+    commscope_wire::launcher::job(util::env)
 }
 
 crate::abi::pmpi! { own:
@@ -341,39 +323,14 @@ fn install(result: std::thread::Result<Result<Shim, String>>) {
     }
 }
 
-/// The first integer among the launchers' environment variables.
-fn env_int(names: &[&str]) -> Option<i32> {
-    names
-        .iter()
-        .find_map(|n| util::env(n).and_then(|v| v.trim().parse::<i32>().ok()))
-}
-
 fn build_nccl(rank_hint: i32, size_hint: i32, first_comm: u64) -> Result<Shim, String> {
     let config = Config::from_env();
-    let rank = env_int(&[
-        "RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "PMI_RANK",
-        "PMIX_RANK",
-        "SLURM_PROCID",
-    ])
-    .unwrap_or(rank_hint.max(0));
-    let size = env_int(&[
-        "WORLD_SIZE",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "SLURM_NTASKS",
-    ])
-    .unwrap_or(size_hint.max(1));
+    use commscope_wire::launcher;
+    let rank = launcher::int(util::env, &launcher::RANK_VARS).unwrap_or(rank_hint.max(0));
+    let size = launcher::int(util::env, &launcher::SIZE_VARS).unwrap_or(size_hint.max(1));
     let pid = std::process::id();
     let start_time = util::process_start_time();
-    // Every rank's first communicator is normally the job's world one, whose commHash they all
-    // share: without a launcher id it names the job.
-    let job = match job_from_env() {
-        Some(j) => util::sanitize_job(&j),
-        None if first_comm != 0 => format!("nccl-{first_comm:016x}"),
-        None => util::sanitize_job(&format!("nccl-local-{pid}-{start_time}")),
-    };
+    let job = launcher::nccl_job(util::env, first_comm, pid, start_time);
     assemble(
         Abi::absent(),
         0,

@@ -126,45 +126,11 @@ impl Config {
     }
 }
 
-/// Makes a job id safe to use as a directory name and to carry in fixed-size fields: at most 63
-/// bytes of `[A-Za-z0-9._-]`; longer ids keep a prefix and gain a hash suffix so they stay
-/// distinct.
-pub fn sanitize_job(id: &str) -> String {
-    let clean: String = id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let clean = clean.trim_start_matches('.').to_owned();
-    if clean.is_empty() {
-        return "job".to_owned();
-    }
-    if clean.len() <= 63 {
-        return clean;
-    }
-    let h = commscope_wire::hash::fnv1a64(id.as_bytes());
-    format!("{}-{:016x}", &clean[..46], h)
-}
+pub use commscope_wire::launcher::sanitize_job;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn job_ids_become_safe_directory_names() {
-        assert_eq!(sanitize_job("slurm-123.0"), "slurm-123.0");
-        assert_eq!(sanitize_job("../../etc"), "_.._etc");
-        assert_eq!(sanitize_job(""), "job");
-        let long = "x".repeat(200);
-        let s = sanitize_job(&long);
-        assert_eq!(s.len(), 63);
-        assert_ne!(s, sanitize_job(&"x".repeat(201)));
-    }
 
     #[test]
     fn start_time_is_read_from_proc() {

@@ -33,7 +33,7 @@ use std::ffi::{CStr, c_int, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 
-use commscope_wire::op::{dtype, lib};
+use commscope_wire::op::lib;
 use commscope_wire::record::Call;
 
 use crate::cuda::Handle;
@@ -139,24 +139,7 @@ pub fn library_string() -> String {
     }
 }
 
-/// (element size, commscope datatype code) of an `ncclDataType_t`.
-pub fn dtype_info(dt: c_int) -> (u64, u16) {
-    match dt {
-        0 => (1, dtype::INT8),
-        1 => (1, dtype::UINT8),
-        2 => (4, dtype::INT32),
-        3 => (4, dtype::UINT32),
-        4 => (8, dtype::INT64),
-        5 => (8, dtype::UINT64),
-        6 => (2, dtype::FLOAT16),
-        7 => (4, dtype::FLOAT),
-        8 => (8, dtype::DOUBLE),
-        9 => (2, dtype::BFLOAT16),
-        10 => (1, dtype::FLOAT8_E4M3),
-        11 => (1, dtype::FLOAT8_E5M2),
-        _ => (0, dtype::DERIVED),
-    }
-}
+pub use commscope_wire::op::nccl_dtype as dtype_info;
 
 // ----- process-wide NCCL state -------------------------------------------------------------------
 

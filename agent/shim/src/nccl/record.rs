@@ -30,14 +30,7 @@ pub(super) struct Rec {
     grouped: bool,
 }
 
-/// Whether NCCL's `count` for `op` is the per-rank part, so that `bytes` is `count × size × n`
-/// (nccl-tests' sizes, `docs/trace-format.md`); else `count × size`.
-pub fn count_is_per_rank(op: Op) -> bool {
-    matches!(
-        op,
-        Op::Allgather | Op::Reducescatter | Op::Alltoall | Op::Gather | Op::Scatter
-    )
-}
+pub use commscope_wire::op::nccl_count_is_per_rank as count_is_per_rank;
 
 #[inline]
 #[allow(clippy::too_many_arguments)]
