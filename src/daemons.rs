@@ -72,6 +72,14 @@ pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
     }
     if let Some(o) = c.ebpf.as_mut() {
         o.nccl_data = std::env::var("COMMSCOPE_EBPF_NCCL_DATA").is_ok_and(|v| v == "1");
+        o.nccl_api = !std::env::var("COMMSCOPE_EBPF_NCCL_API").is_ok_and(|v| v == "0");
+        // Libraries to probe from the start, whoever maps them (a site's known paths): a
+        // process that creates its communicators before the next /proc scan is still seen.
+        if let Some(v) = std::env::var_os("COMMSCOPE_EBPF_LIBRARIES") {
+            o.libraries = std::env::split_paths(&v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect();
+        }
     }
     if let Some(s) = a.spool_after.clone().or(f.spool_after) {
         c.spool_after = parse_duration(&s)?;

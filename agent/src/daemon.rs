@@ -327,11 +327,29 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
                 }
             }
         };
+        // Processes recorded without the preload join the pump like registered ones.
+        let adopt = {
+            let ev = ev_tx.clone();
+            let stats = stats.clone();
+            move |r: crate::registration::Registered| {
+                stats.registrations.fetch_add(1, Ordering::Relaxed);
+                if ev.try_send(Event::Registered(Box::new(r))).is_err() {
+                    tracing::warn!(
+                        "a process recorded from uprobes was lost: the agent's queue is full"
+                    );
+                }
+            }
+        };
         tasks.push(tokio::spawn(crate::transport::run(
             opts,
             shared,
-            owners,
-            sink,
+            crate::transport::Outputs {
+                owners,
+                sink,
+                adopt,
+                node: cfg.node.clone(),
+                socket: cfg.socket.clone(),
+            },
             stop_rx.clone(),
         )));
     }
@@ -968,9 +986,16 @@ impl Pump {
             .filter(|(_, s)| {
                 // A slot reserved but never published (the process died inside the push) would
                 // hold this back forever: after two seconds the exit goes regardless.
+                // A process the agent records itself ends once its writer has written its last
+                // records (events still on their way from the probes), or after two seconds.
+                let writer_done = s
+                    .reg
+                    .writer_done
+                    .as_ref()
+                    .is_none_or(|d| d.load(Ordering::Acquire));
                 !s.exit_queued
                     && s.exited.is_some_and(|t| {
-                        s.read_pos >= s.reg.region.shm().head()
+                        (writer_done && s.read_pos >= s.reg.region.shm().head())
                             || t.elapsed() > Duration::from_secs(2)
                     })
             })

@@ -19,5 +19,6 @@ pub mod region;
 pub mod registration;
 pub mod spool;
 pub mod transport;
+pub mod zerotouch;
 
 pub use daemon::{Config, Running, run, start};

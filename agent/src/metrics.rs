@@ -217,6 +217,11 @@ static NCCL_NET_BYTES: Def = Def::counter(
     "Bytes NCCL's network layer posted (isend/irecv), by transport (ib, socket) and side (send, recv).",
     &["node", "transport", "side"],
 );
+static ZERO_TOUCH: Def = Def::counter(
+    "commscope_agent_zero_touch_total",
+    "NCCL recording from uprobes for processes without the preload: processes adopted, communicators and calls recorded, calls on communicators never seen created (unknown_comm), records lost to a full ring (ring_full), processes that could not be adopted (failed).",
+    &["node", "what"],
+);
 
 pub static CATALOG: &[&Def] = &[
     &RECORDS_READ,
@@ -260,6 +265,7 @@ pub static CATALOG: &[&Def] = &[
     &RDMA_MR,
     &RDMA_MR_SECONDS,
     &NCCL_NET_BYTES,
+    &ZERO_TOUCH,
 ];
 
 /// The agent's registry: the process collector and [`CATALOG`], filled from `stats`.
@@ -424,6 +430,21 @@ fn fill_transport(s: &Stats, node: &str, o: &mut Sink) {
     }
     for ((t, side), b) in net_bytes {
         o.value(&NCCL_NET_BYTES, &[node, t, side], b as f64);
+    }
+    let z = *s
+        .transport
+        .zero_touch
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    for (what, n) in [
+        ("processes", z.processes),
+        ("comms", z.comms),
+        ("calls", z.calls),
+        ("unknown_comm", z.unknown_comm),
+        ("ring_full", z.ring_full),
+        ("failed", z.failed),
+    ] {
+        o.value(&ZERO_TOUCH, &[node, what], n as f64);
     }
 }
 

@@ -53,6 +53,10 @@ pub struct Registered {
     pub region: Region,
     /// The connection: its closing means the process is gone (or restarting its link).
     pub stream: UnixStream,
+    /// For a process the agent records itself ([`crate::zerotouch`]): set once its writer has
+    /// written the last of its records, after the process ended. The exit batch waits for it
+    /// (its records must come before the exit). None for processes with the preload.
+    pub writer_done: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Handles one connection: reads the request and its memfd, checks it, maps it, answers.
@@ -119,6 +123,7 @@ pub fn handle(stream: UnixStream) -> Result<Registered, Error> {
         request,
         region,
         stream,
+        writer_done: None,
     })
 }
 

@@ -15,7 +15,7 @@ use commscope_agent::transport::events::{Event, decode};
 use commscope_agent::transport::plan::{self, Library};
 use commscope_agent::transport::symbols::Symbols;
 use commscope_agent::transport::{Options, Probes, TransportView};
-use commscope_ebpf_common::{NetKey, kind, net, verbs_fn};
+use commscope_ebpf_common::{NetKey, kind, nccl_api, net, verbs_fn};
 use commscope_tests::nccl::real_nccl_dir;
 use commscope_tests::transport::stand_ins;
 
@@ -118,7 +118,39 @@ fn every_nccl_network_probe_target_resolves_in_the_real_libnccl() {
             m.entry(t.function).or_insert_with(Vec::new).push(t);
             m
         });
-    assert_eq!(by_fn.len(), 8, "{:?}", by_fn.keys());
+    // The network layer's 8 functions, and the API's 16 (zero-touch recording).
+    assert_eq!(by_fn.len(), 24, "{:?}", by_fn.keys());
+    let dynsyms = readelf_dynsyms(&path);
+    for f in [
+        "ncclAllReduce",
+        "ncclBroadcast",
+        "ncclBcast",
+        "ncclReduce",
+        "ncclAllGather",
+        "ncclReduceScatter",
+        "ncclAlltoAll",
+        "ncclGather",
+        "ncclScatter",
+        "ncclSend",
+        "ncclRecv",
+        "ncclCommInitRank",
+        "ncclCommInitRankConfig",
+    ] {
+        let t = &by_fn[f];
+        assert_eq!(t.len(), 2, "{f}: entry and return");
+        // The exported function, the same code as its profiling twin (`pncclAllReduce`).
+        assert_eq!(t[0].offset, dynsyms[f], "{f}");
+        assert_eq!(t[0].offset, dynsyms[&format!("p{f}")], "{f}");
+    }
+    for f in ["ncclCommDestroy", "ncclCommAbort", "ncclCommFinalize"] {
+        assert_eq!(by_fn[f].len(), 1, "{f}: entry only");
+    }
+    // The cookie says where each function keeps its communicator: ncclReduce's is argument
+    // 6, on the stack.
+    let comm_arg = |f: &str| nccl_api::arg(by_fn[f][0].cookie.expect("cookie"), 16);
+    assert_eq!(comm_arg("ncclReduce"), 6);
+    assert_eq!(comm_arg("ncclAllReduce"), 5);
+    assert_eq!(comm_arg("ncclSend"), 4);
     // Addresses observed in the 2.32.3 wheel (`.text` has vaddr == file offset).
     assert_eq!(by_fn["ncclIbIsend"][0].offset, 0x1d49e0);
     assert_eq!(
@@ -293,6 +325,8 @@ fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
             Event::Async(e) => e.head,
             Event::Conn(e) => e.head,
             Event::TcpState(e) => e.head,
+            Event::NcclInit(e) => e.head,
+            Event::NcclCall(e) => e.head,
         };
         assert_eq!(head.pid, pid, "an event from another process: {ev:?}");
         *kinds.entry(head.kind).or_default() += 1;
@@ -753,6 +787,8 @@ fn libraries_of_a_process_in_its_own_mount_namespace_are_found_and_probed() {
             Event::Async(e) => e.head,
             Event::Conn(e) => e.head,
             Event::TcpState(e) => e.head,
+            Event::NcclInit(e) => e.head,
+            Event::NcclCall(e) => e.head,
         };
         assert_eq!(head.pid, pid, "{ev:?}");
         *kinds.entry(head.kind).or_default() += 1;

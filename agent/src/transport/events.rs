@@ -1,6 +1,8 @@
 //! Ring-buffer events, decoded from the bytes the programs wrote.
 
-use commscope_ebpf_common::{AsyncEvent, ConnEvent, MrEvent, QpEvent, TcpStateEvent, kind};
+use commscope_ebpf_common::{
+    AsyncEvent, ConnEvent, MrEvent, NcclCallEvent, NcclInitEvent, QpEvent, TcpStateEvent, kind,
+};
 
 /// One event from the programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,6 +12,9 @@ pub enum Event {
     Mr(MrEvent),
     Async(AsyncEvent),
     Conn(ConnEvent),
+    /// NCCL API events, for the zero-touch recorder ([`crate::zerotouch`]).
+    NcclInit(NcclInitEvent),
+    NcclCall(NcclCallEvent),
 }
 
 /// `T` from the start of `b`, if `b` holds one.
@@ -30,6 +35,8 @@ pub fn decode(b: &[u8]) -> Option<Event> {
         kind::MR_REG | kind::MR_DEREG => read(b).map(Event::Mr),
         kind::ASYNC_EVENT => read(b).map(Event::Async),
         kind::NET_CONN => read(b).map(Event::Conn),
+        kind::NCCL_INIT => read(b).map(Event::NcclInit),
+        kind::NCCL_CALL => read(b).map(Event::NcclCall),
         _ => None,
     }
 }

@@ -60,6 +60,9 @@ pub struct Options {
     /// once per proxy step, and a uprobe costs the proxy thread microseconds per hit; the
     /// profiler plugin sees the same steps far cheaper. Connect/accept are always probed.
     pub nccl_data: bool,
+    /// Record the NCCL API calls of processes without the preload (zero-touch,
+    /// [`crate::zerotouch`]): two uprobe hits per call, skipped for preloaded processes.
+    pub nccl_api: bool,
     /// How often the flows and connections maps are read, and `/proc` is scanned.
     pub flow_every: Duration,
     pub scan_every: Duration,
@@ -75,6 +78,7 @@ impl Default for Options {
             discover: true,
             libraries: Vec::new(),
             nccl_data: false,
+            nccl_api: true,
             flow_every: Duration::from_secs(1),
             scan_every: Duration::from_secs(5),
             proc_root: PathBuf::from("/proc"),
@@ -108,6 +112,7 @@ pub struct Status {
 pub struct Probes {
     bpf: Ebpf,
     nccl_data: bool,
+    nccl_api: bool,
     known_files: HashSet<(u64, u64)>,
     status: Status,
 }
@@ -131,6 +136,7 @@ impl Probes {
         let mut p = Probes {
             bpf,
             nccl_data: opts.nccl_data,
+            nccl_api: opts.nccl_api,
             known_files: HashSet::new(),
             status: Status {
                 loaded: true,
@@ -232,7 +238,7 @@ impl Probes {
         if self.known_files.contains(&id) {
             return Ok(0);
         }
-        let plan = read_plan(path, self.nccl_data)?;
+        let plan = read_plan(path, self.programs())?;
         Ok(self.attach_plan(id, path, &plan))
     }
 
@@ -302,8 +308,33 @@ impl Probes {
 
     /// Probes libraries newly mapped by processes under `proc_root`.
     pub fn discover(&mut self, proc_root: &Path) {
-        let found = scan(proc_root, &self.known_files, self.nccl_data);
+        let found = scan(proc_root, &self.known_files, self.programs());
         self.attach_found(found);
+    }
+
+    /// Which optional programs go on NCCL.
+    fn programs(&self) -> Optional {
+        Optional {
+            nccl_data: self.nccl_data,
+            nccl_api: self.nccl_api,
+        }
+    }
+
+    /// Keeps the NCCL API probes off these processes (they carry the preload): `add` joins the
+    /// skip list, `remove` leaves it.
+    pub fn skip_nccl(&mut self, add: &[u32], remove: &[u32]) {
+        let Some(m) = self.bpf.map_mut("NCCL_SKIP") else {
+            return;
+        };
+        let Ok(mut map) = BpfHashMap::<&mut MapData, u32, u8>::try_from(m) else {
+            return;
+        };
+        for pid in add {
+            let _ = map.insert(pid, 1, 0);
+        }
+        for pid in remove {
+            let _ = map.remove(pid);
+        }
     }
 
     /// Attaches what a [`scan`] found; warns once about what it could not read (tried again at
@@ -407,13 +438,23 @@ fn file_id(path: &Path) -> Result<(u64, u64), String> {
     Ok((meta.dev(), meta.ino()))
 }
 
+/// The optional programs on NCCL.
+#[derive(Clone, Copy, Debug)]
+struct Optional {
+    nccl_data: bool,
+    nccl_api: bool,
+}
+
 /// Reads a library's symbols and plans its probes (file I/O: a blocking call).
-fn read_plan(path: &Path, nccl_data: bool) -> Result<plan::Plan, String> {
+fn read_plan(path: &Path, opt: Optional) -> Result<plan::Plan, String> {
     let symbols = symbols::Symbols::read(path).map_err(|e| e.to_string())?;
     let mut plan = plan::plan(&symbols);
-    if !nccl_data {
+    if !opt.nccl_data {
         plan.targets
             .retain(|t| !matches!(t.program, "net_isend" | "net_irecv"));
+    }
+    if !opt.nccl_api {
+        plan.targets.retain(|t| !t.program.starts_with("nccl_"));
     }
     Ok(plan)
 }
@@ -423,11 +464,11 @@ type Scanned = (procfs::Library, Result<plan::Plan, String>);
 
 /// Finds the libraries newly mapped under `proc_root` and plans them: the `/proc` walk and the
 /// symbol reading, all blocking I/O, in one call for a blocking thread.
-fn scan(proc_root: &Path, known: &HashSet<(u64, u64)>, nccl_data: bool) -> Vec<Scanned> {
+fn scan(proc_root: &Path, known: &HashSet<(u64, u64)>, opt: Optional) -> Vec<Scanned> {
     procfs::libraries(proc_root, known)
         .into_iter()
         .map(|lib| {
-            let plan = read_plan(&lib.path, nccl_data);
+            let plan = read_plan(&lib.path, opt);
             (lib, plan)
         })
         .collect()
@@ -465,6 +506,8 @@ pub struct Shared {
     pub status: Mutex<Status>,
     /// `flow` records lost because the agent's queue was full.
     pub records_dropped: std::sync::atomic::AtomicU64,
+    /// What the zero-touch recorder did.
+    pub zero_touch: Mutex<crate::zerotouch::Counts>,
 }
 
 /// A traced process whose sockets' flows are attributed to it.
@@ -475,18 +518,76 @@ pub struct Owner {
     pub rank: i32,
 }
 
+/// Takes every event waiting in the ring buffer: into the view, and NCCL API events into the
+/// zero-touch recorder (whose adopted processes go to `adopt`).
+fn take_events(
+    rb: &mut RingBuf<MapData>,
+    shared: &Shared,
+    recorder: &mut crate::zerotouch::Recorder,
+    adopt: &impl Fn(crate::registration::Registered),
+) {
+    let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
+    while let Some(item) = rb.next() {
+        let Some(ev) = events::decode(&item) else {
+            v.undecodable += 1;
+            continue;
+        };
+        v.apply(&ev);
+        match ev {
+            events::Event::NcclInit(e) => {
+                if let Some(r) = recorder.init(&e) {
+                    adopt(r);
+                }
+            }
+            events::Event::NcclCall(e) => recorder.call(&e),
+            _ => {}
+        }
+    }
+}
+
+/// Where the transport view's output goes.
+pub struct Outputs<O, S, A> {
+    /// The processes whose sockets flows are attributed to (the node's registered ranks).
+    pub owners: O,
+    /// Takes each job's `flow` and `link_event` records of an interval.
+    pub sink: S,
+    /// Takes the registration of each process the zero-touch recorder adopts.
+    pub adopt: A,
+    /// The node's name, for adopted processes.
+    pub node: String,
+    /// The agent's registration socket: only processes that would register there are adopted.
+    pub socket: PathBuf,
+}
+
+impl<O, S, A> std::fmt::Debug for Outputs<O, S, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outputs").field("node", &self.node).finish()
+    }
+}
+
 /// Loads the probes and runs them until `stop` turns true: reads the ring buffer, the maps
-/// every `flow_every`, and `/proc` every `scan_every`. `owners` gives the processes whose
-/// sockets flows are attributed to (the node's registered ranks); `sink` takes each job's
-/// `flow` and `link_event` records of an interval. On failure to load, records the one
+/// every `flow_every`, and `/proc` every `scan_every`. On failure to load, records the one
 /// warning in `shared.status` and returns.
-pub async fn run(
+pub async fn run<O, S, A>(
     opts: Options,
     shared: Arc<Shared>,
-    owners: impl Fn() -> Vec<Owner> + Send + 'static,
-    sink: impl Fn(String, Vec<commscope_wire::record::Record>) + Send + 'static,
+    out: Outputs<O, S, A>,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    O: Fn() -> Vec<Owner> + Send + 'static,
+    S: Fn(String, Vec<commscope_wire::record::Record>) + Send + 'static,
+    A: Fn(crate::registration::Registered) + Send + 'static,
+{
+    let Outputs {
+        owners,
+        sink,
+        adopt,
+        node,
+        socket,
+    } = out;
+    let mut recorder = crate::zerotouch::Recorder::new(opts.proc_root.clone(), node, &socket);
+    // Processes on the probes' NCCL skip list.
+    let mut skipped: HashSet<u32> = HashSet::new();
     let loaded = {
         let opts = opts.clone();
         tokio::task::spawn_blocking(move || Probes::load(&opts)).await
@@ -502,12 +603,12 @@ pub async fn run(
         Err(_) => return,
     };
     if opts.discover {
-        let (root, known, data) = (
+        let (root, known, opt) = (
             opts.proc_root.clone(),
             probes.known_files.clone(),
-            probes.nccl_data,
+            probes.programs(),
         );
-        if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, data)).await {
+        if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, opt)).await {
             probes.attach_found(found);
         }
     }
@@ -529,17 +630,13 @@ pub async fn run(
             _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => break,
             guard = ring.readable_mut() => {
                 let Ok(mut guard) = guard else { break };
-                let rb = guard.get_inner_mut();
-                let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
-                while let Some(item) = rb.next() {
-                    match events::decode(&item) {
-                        Some(ev) => v.apply(&ev),
-                        None => v.undecodable += 1,
-                    }
-                }
+                take_events(guard.get_inner_mut(), &shared, &mut recorder, &adopt);
                 guard.clear_ready();
             }
             _ = flow_tick.tick() => {
+                // Every event delivered so far first: the recorder's tick ends the processes
+                // that are gone, after their last calls.
+                take_events(ring.get_mut(), &shared, &mut recorder, &adopt);
                 let flows = probes.read_flows();
                 let conns = probes.read_conns();
                 probes.read_kernel_drops();
@@ -552,6 +649,24 @@ pub async fn run(
                     v.unowned()
                 };
                 let owned_by = owners();
+                // Preloaded processes, and those another agent serves, are kept off the NCCL API
+                // probes.
+                let gone = recorder.tick(now);
+                let preloaded: HashSet<u32> = owned_by
+                    .iter()
+                    .map(|o| o.pid)
+                    .filter(|pid| !recorder.adopted(*pid))
+                    .chain(recorder.ignored())
+                    .collect();
+                let add: Vec<u32> = preloaded.difference(&skipped).copied().collect();
+                let remove: Vec<u32> = skipped
+                    .iter()
+                    .filter(|p| !preloaded.contains(p) || gone.contains(p))
+                    .copied()
+                    .collect();
+                probes.skip_nccl(&add, &remove);
+                skipped = preloaded;
+                *shared.zero_touch.lock().unwrap_or_else(|p| p.into_inner()) = recorder.counts;
                 if unowned > 0 {
                     let pids: Vec<u32> = owned_by.iter().map(|o| o.pid).collect();
                     let root = opts.proc_root.clone();
@@ -608,8 +723,8 @@ pub async fn run(
                 *shared.status.lock().unwrap_or_else(|p| p.into_inner()) = probes.status().clone();
             }
             _ = scan_tick.tick(), if opts.discover => {
-                let (root, known, data) = (opts.proc_root.clone(), probes.known_files.clone(), probes.nccl_data);
-                if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, data)).await {
+                let (root, known, opt) = (opts.proc_root.clone(), probes.known_files.clone(), probes.programs());
+                if let Ok(found) = tokio::task::spawn_blocking(move || scan(&root, &known, opt)).await {
                     probes.attach_found(found);
                 }
             }

@@ -2,7 +2,7 @@
 //! file's symbols. Pure (no kernel), so the plan for the real libibverbs and libnccl is
 //! tested wherever the files are.
 
-use commscope_ebpf_common::{net, verbs_fn};
+use commscope_ebpf_common::{nccl_api, net, verbs_fn};
 
 use super::symbols::{Symbols, first_out_pointer};
 
@@ -11,7 +11,7 @@ use super::symbols::{Symbols, first_out_pointer};
 pub enum Library {
     /// libibverbs: the control path's exported functions.
     Verbs,
-    /// NCCL: its network layer's internal functions.
+    /// NCCL: its API (exported functions) and its network layer's internal functions.
     Nccl,
 }
 
@@ -110,6 +110,62 @@ const NCCL: [(&str, u32, u32, NetKind); 8] = [
     ),
 ];
 
+/// NCCL's API, for processes without the preload: (function, cookie). The cookie holds the
+/// operation and its arguments' indexes ([`nccl_api::cookie`]: count, datatype, communicator,
+/// root or peer, reduction).
+const NCCL_API: [(&str, u64); 11] = {
+    use nccl_api::*;
+    [
+        ("ncclAllReduce", cookie(ALL_REDUCE, 2, 3, 5, NONE, 4)),
+        ("ncclBroadcast", cookie(BROADCAST, 2, 3, 5, 4, NONE)),
+        // Its own function in NCCL; where it calls `ncclBroadcast`, the nested call is skipped.
+        ("ncclBcast", cookie(BROADCAST, 1, 2, 4, 3, NONE)),
+        ("ncclReduce", cookie(REDUCE, 2, 3, 6, 5, 4)),
+        ("ncclAllGather", cookie(ALL_GATHER, 2, 3, 4, NONE, NONE)),
+        (
+            "ncclReduceScatter",
+            cookie(REDUCE_SCATTER, 2, 3, 5, NONE, 4),
+        ),
+        ("ncclAlltoAll", cookie(ALL_TO_ALL, 2, 3, 4, NONE, NONE)),
+        ("ncclGather", cookie(GATHER, 2, 3, 5, 4, NONE)),
+        ("ncclScatter", cookie(SCATTER, 2, 3, 5, 4, NONE)),
+        ("ncclSend", cookie(SEND, 1, 2, 4, 3, NONE)),
+        ("ncclRecv", cookie(RECV, 1, 2, 4, 3, NONE)),
+    ]
+};
+
+/// Communicator lifetimes: (function, entry program, return program, cookie).
+const NCCL_COMMS: [(&str, &str, Option<&str>, u64); 5] = [
+    ("ncclCommInitRank", "nccl_init", Some("nccl_init_ret"), 0),
+    (
+        "ncclCommInitRankConfig",
+        "nccl_init",
+        Some("nccl_init_ret"),
+        0,
+    ),
+    (
+        "ncclCommDestroy",
+        "nccl_comm_end",
+        None,
+        nccl_api::DESTROY as u64,
+    ),
+    (
+        "ncclCommAbort",
+        "nccl_comm_end",
+        None,
+        nccl_api::ABORT as u64,
+    ),
+    (
+        "ncclCommFinalize",
+        "nccl_comm_end",
+        None,
+        nccl_api::FINALIZE as u64,
+    ),
+];
+
+/// The NCCL API functions a file must export for its calls to be recorded.
+pub const NCCL_API_REQUIRED: &str = "ncclCommInitRank";
+
 #[derive(Clone, Copy, Debug)]
 enum NetKind {
     Isend,
@@ -142,11 +198,21 @@ pub fn plan(symbols: &Symbols) -> Plan {
         }
         return p;
     }
-    if symbols.function("ncclIbIsend").is_none() && symbols.function("ncclNetSocketIsend").is_none()
-    {
+    let api = symbols.exported(NCCL_API_REQUIRED).is_some();
+    let network = symbols.function("ncclIbIsend").is_some()
+        || symbols.function("ncclNetSocketIsend").is_some();
+    if !api && !network {
         return p;
     }
     p.library = Some(Library::Nccl);
+    if api {
+        plan_api(symbols, &mut p);
+    }
+    if !network {
+        p.missing
+            .push("NCCL's network layer (ncclIbIsend, ncclNetSocketIsend)".to_owned());
+        return p;
+    }
     for (function, transport, side, kind) in NCCL {
         let Some((found, _)) = symbols.function(function) else {
             p.missing.push(function.to_owned());
@@ -181,4 +247,30 @@ pub fn plan(symbols: &Symbols) -> Plan {
         }
     }
     p
+}
+
+/// NCCL's API targets: every collective and point-to-point function at entry and return, the
+/// communicator inits at entry and return, their ends at entry.
+fn plan_api(symbols: &Symbols, p: &mut Plan) {
+    let calls = NCCL_API
+        .iter()
+        .map(|(f, c)| (*f, "nccl_call", Some("nccl_call_ret"), *c));
+    for (function, entry, ret, cookie) in calls.chain(NCCL_COMMS) {
+        let Some(found) = symbols.exported(function) else {
+            p.missing.push(function.to_owned());
+            continue;
+        };
+        for (program, is_ret) in [(Some(entry), false), (ret, true)] {
+            let Some(program) = program else { continue };
+            p.targets.push(Target {
+                function,
+                symbol: found.symbol.clone(),
+                version: found.version.clone(),
+                offset: found.offset,
+                program,
+                ret: is_ret,
+                cookie: Some(cookie),
+            });
+        }
+    }
 }

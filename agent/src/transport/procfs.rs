@@ -21,7 +21,15 @@ pub struct Library {
 /// Whether a mapped file is one of the libraries the probes cover.
 pub fn is_probed_library(path: &str) -> bool {
     let base = path.rsplit('/').next().unwrap_or(path);
-    base.starts_with("libibverbs.so") || base.starts_with("libnccl.so")
+    base.starts_with("libibverbs.so") || is_nccl_library(path)
+}
+
+/// Whether a mapped file is NCCL (`libnccl.so*`).
+pub fn is_nccl_library(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .unwrap_or(path)
+        .starts_with("libnccl.so")
 }
 
 /// The probed libraries mapped by any process under `proc_root` (`/proc`), skipping files in

@@ -194,6 +194,8 @@ fn kind_name(k: u32) -> &'static str {
         kind::MR_DEREG => "mr_dereg",
         kind::ASYNC_EVENT => "async_event",
         kind::NET_CONN => "net_conn",
+        kind::NCCL_INIT => "nccl_init",
+        kind::NCCL_CALL => "nccl_call",
         _ => "unknown",
     }
 }
@@ -315,6 +317,9 @@ impl TransportView {
                 });
                 c.qps.extend(qps);
             }
+            // Counted here; recorded by the zero-touch recorder.
+            Event::NcclInit(e) => *self.events.entry(kind_name(e.head.kind)).or_default() += 1,
+            Event::NcclCall(e) => *self.events.entry(kind_name(e.head.kind)).or_default() += 1,
         }
     }
 

@@ -27,6 +27,11 @@ pub mod kind {
     /// NCCL's network layer returned a new connection (`ncclIbConnect`/`ncclIbAccept` and the
     /// socket transport's): [`super::ConnEvent`].
     pub const NET_CONN: u32 = 20;
+    /// `ncclCommInitRank`/`ncclCommInitRankConfig` returned: [`super::NcclInitEvent`].
+    pub const NCCL_INIT: u32 = 30;
+    /// An NCCL API call returned (a collective, a point-to-point operation), or a communicator
+    /// was destroyed, aborted or finalized: [`super::NcclCallEvent`].
+    pub const NCCL_CALL: u32 = 31;
 }
 
 /// The header of every event.
@@ -312,6 +317,99 @@ pub mod ibv {
     pub const ASYNC_EVENT_TYPE: usize = 8;
     /// `enum ibv_qp_state`.
     pub const QPS_ERR: i32 = 6;
+}
+
+/// A communicator created by `ncclCommInitRank[Config]`, seen at its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclInitEvent {
+    pub head: Head,
+    /// When the call was entered (CLOCK_MONOTONIC); `head.ts_ns` is its return.
+    pub t_enter: u64,
+    /// The new `ncclComm_t` (0 when the call failed); while pending, where it will be written.
+    pub comm: u64,
+    pub nranks: i32,
+    pub rank: i32,
+    /// `ncclResult_t`.
+    pub ret: i32,
+    /// Nested inits on one thread while pending (one exported function calling another):
+    /// only the outermost reports.
+    pub depth: u32,
+    /// The `ncclUniqueId` passed by value: NCCL's `commHash` is computed from it.
+    pub id: [u8; 128],
+}
+
+impl Default for NcclInitEvent {
+    fn default() -> Self {
+        NcclInitEvent {
+            head: Head::default(),
+            t_enter: 0,
+            comm: 0,
+            nranks: 0,
+            rank: 0,
+            ret: 0,
+            depth: 0,
+            id: [0; 128],
+        }
+    }
+}
+
+/// One NCCL API call, seen at its return: host timing of the call itself (for a collective,
+/// how long enqueuing it took; the GPU work runs later).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NcclCallEvent {
+    pub head: Head,
+    pub t_enter: u64,
+    pub comm: u64,
+    /// Elements, as passed (`sendcount`/`recvcount` for all-gather and reduce-scatter).
+    pub count: u64,
+    /// [`nccl_api`] operation.
+    pub op: u32,
+    /// `ncclDataType_t`, `ncclRedOp_t`.
+    pub dtype: i32,
+    pub red_op: i32,
+    /// Root (rooted collectives) or peer (send, recv), else -1.
+    pub peer: i32,
+    /// `ncclResult_t` (0 while pending).
+    pub ret: i32,
+    /// Nested calls on one thread while pending (`ncclBcast` calling `ncclBroadcast`): only the
+    /// outermost reports.
+    pub depth: u32,
+}
+
+/// NCCL API probes: the operations, and the attach cookie saying where each function keeps
+/// its arguments: `op | count << 8 | dtype << 12 | comm << 16 | peer << 20 | red_op << 24`
+/// (argument indexes, [`nccl_api::NONE`] for none; 6 and 7 are on the stack).
+pub mod nccl_api {
+    pub const ALL_REDUCE: u32 = 1;
+    pub const BROADCAST: u32 = 2;
+    pub const REDUCE: u32 = 3;
+    pub const ALL_GATHER: u32 = 4;
+    pub const REDUCE_SCATTER: u32 = 5;
+    pub const ALL_TO_ALL: u32 = 6;
+    pub const GATHER: u32 = 7;
+    pub const SCATTER: u32 = 8;
+    pub const SEND: u32 = 9;
+    pub const RECV: u32 = 10;
+    /// `ncclCommDestroy`, `ncclCommAbort`, `ncclCommFinalize` (the communicator is argument 0).
+    pub const DESTROY: u32 = 20;
+    pub const ABORT: u32 = 21;
+    pub const FINALIZE: u32 = 22;
+
+    pub const NONE: u32 = 0xf;
+
+    pub const fn cookie(op: u32, count: u32, dtype: u32, comm: u32, peer: u32, red_op: u32) -> u64 {
+        (op | count << 8 | dtype << 12 | comm << 16 | peer << 20 | red_op << 24) as u64
+    }
+    pub const fn op(cookie: u64) -> u32 {
+        (cookie & 0xff) as u32
+    }
+    /// The argument index in the cookie at `shift` (8: count, 12: dtype, 16: comm, 20: peer,
+    /// 24: reduction).
+    pub const fn arg(cookie: u64, shift: u32) -> u32 {
+        ((cookie >> shift) & 0xf) as u32
+    }
 }
 
 #[cfg(feature = "user")]

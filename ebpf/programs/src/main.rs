@@ -11,6 +11,11 @@
 //! - **NCCL's network layer** (uprobes on `ncclIbIsend`/`ncclIbIrecv` and the socket
 //!   transport's, resolved from the library's symbol table): bytes and requests per connection
 //!   in `NET_CONNS`; the connections themselves from connect/accept. Never the `test` pollers.
+//! - **NCCL's API** (uprobes on its exported functions, for processes without the preload):
+//!   communicators created (with their unique id) and destroyed; every collective and
+//!   point-to-point call, entry and return (host timing: the GPU work runs later). Processes the
+//!   agent knows to carry the preload are skipped (`NCCL_SKIP`). x86-64 argument registers and
+//!   stack.
 //!
 //! Every program returns 0 whatever happens: a failed read or a full map is counted in
 //! `STATS`, never retried, and nothing here can block or fail the probed call.
@@ -27,8 +32,8 @@ use aya_ebpf::macros::{map, tracepoint, uprobe, uretprobe};
 use aya_ebpf::maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::{ProbeContext, RetProbeContext, TracePointContext};
 use commscope_ebpf_common::{
-    AsyncEvent, ConnEvent, Head, MrEvent, NetKey, NetStats, QpEvent, TcpFlow, TcpStateEvent,
-    TpLayout, ibv, kind, net, stat, tcp_state, verbs_fn,
+    AsyncEvent, ConnEvent, Head, MrEvent, NcclCallEvent, NcclInitEvent, NetKey, NetStats, QpEvent,
+    TcpFlow, TcpStateEvent, TpLayout, ibv, kind, nccl_api, net, stat, tcp_state, verbs_fn,
 };
 
 #[map]
@@ -51,6 +56,13 @@ static MR_PENDING: HashMap<u64, MrPending> = HashMap::with_max_entries(4096, 0);
 static ASYNC_PENDING: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(4096, 0);
 #[map]
 static CONN_PENDING: HashMap<u64, [u64; 2]> = HashMap::with_max_entries(4096, 0);
+#[map]
+static NCCL_INIT_PENDING: HashMap<u64, NcclInitEvent> = HashMap::with_max_entries(4096, 0);
+#[map]
+static NCCL_CALL_PENDING: HashMap<u64, NcclCallEvent> = HashMap::with_max_entries(4096, 0);
+/// Processes whose NCCL calls the preload records (the agent keeps this): not probed twice.
+#[map]
+static NCCL_SKIP: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -672,6 +684,199 @@ pub fn net_connect_ret(_ctx: RetProbeContext) -> u32 {
             transport: net::transport(cookie),
         });
     }
+    0
+}
+
+/// Whether this process's NCCL calls are recorded by the preload.
+#[inline(always)]
+fn nccl_skipped() -> bool {
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: a plain lookup of a value that is never written in place.
+    unsafe { NCCL_SKIP.get(&pid) }.is_some()
+}
+
+/// The probed function's arguments 0–7 (x86-64: six registers, then the stack above the return
+/// address), in a stack copy that a computed index can read.
+#[inline(always)]
+fn call_args(ctx: &ProbeContext) -> [u64; 8] {
+    // SAFETY: the probe's saved registers of the current task.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let read = [
+        ctx.arg::<u64>(0).unwrap_or(0),
+        ctx.arg::<u64>(1).unwrap_or(0),
+        ctx.arg::<u64>(2).unwrap_or(0),
+        ctx.arg::<u64>(3).unwrap_or(0),
+        ctx.arg::<u64>(4).unwrap_or(0),
+        ctx.arg::<u64>(5).unwrap_or(0),
+        user::<u64>(sp + 8).unwrap_or(0),
+        user::<u64>(sp + 16).unwrap_or(0),
+    ];
+    let mut args = [0u64; 8];
+    let mut i = 0;
+    while i < 8 {
+        // SAFETY: `i` < 8, within the array (volatile: see `net_connect`).
+        unsafe { core::ptr::write_volatile(args.as_mut_ptr().add(i), read[i]) };
+        i += 1;
+    }
+    args
+}
+
+/// Argument `n` of [`call_args`], or `none` when the cookie says there is none.
+#[inline(always)]
+fn pick(args: &[u64; 8], n: u32, none: u64) -> u64 {
+    if n >= 8 {
+        return none;
+    }
+    // SAFETY: `n` < 8, within the array.
+    unsafe { core::ptr::read_volatile(args.as_ptr().add(n as usize)) }
+}
+
+/// Entry of an NCCL collective or point-to-point call: the cookie says which, and where its
+/// arguments are.
+#[uprobe]
+pub fn nccl_call(ctx: ProbeContext) -> u32 {
+    if nccl_skipped() {
+        return 0;
+    }
+    let id = bpf_get_current_pid_tgid();
+    if let Some(p) = NCCL_CALL_PENDING.get_ptr_mut(&id) {
+        // SAFETY: this thread's own entry.
+        unsafe { (*p).depth += 1 };
+        return 0;
+    }
+    // SAFETY: the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let args = call_args(&ctx);
+    let none = u64::MAX;
+    let ev = NcclCallEvent {
+        head: head(kind::NCCL_CALL),
+        // SAFETY: a helper without arguments.
+        t_enter: unsafe { bpf_ktime_get_ns() },
+        comm: pick(&args, nccl_api::arg(cookie, 16), 0),
+        count: pick(&args, nccl_api::arg(cookie, 8), 0),
+        op: nccl_api::op(cookie),
+        dtype: pick(&args, nccl_api::arg(cookie, 12), none) as i32,
+        red_op: pick(&args, nccl_api::arg(cookie, 24), none) as i32,
+        peer: pick(&args, nccl_api::arg(cookie, 20), none) as i32,
+        ret: 0,
+        depth: 0,
+    };
+    if NCCL_CALL_PENDING.insert(&id, &ev, 0).is_err() {
+        count(stat::MAP_FULL);
+    }
+    0
+}
+
+/// Return of an NCCL call: the event, with its result.
+#[uretprobe]
+pub fn nccl_call_ret(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(pending) = NCCL_CALL_PENDING.get_ptr_mut(&id) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry.
+    let pending = unsafe { &mut *pending };
+    if pending.depth > 0 {
+        pending.depth -= 1;
+        return 0;
+    }
+    let mut ev = *pending;
+    let _ = NCCL_CALL_PENDING.remove(&id);
+    ev.ret = ctx.ret::<i32>();
+    ev.head = head(kind::NCCL_CALL);
+    emit(&ev);
+    0
+}
+
+/// `ncclCommDestroy`/`ncclCommAbort`/`ncclCommFinalize(comm)`: reported at entry (the handle
+/// is gone after).
+#[uprobe]
+pub fn nccl_comm_end(ctx: ProbeContext) -> u32 {
+    if nccl_skipped() {
+        return 0;
+    }
+    // SAFETY: the program's own context.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let h = head(kind::NCCL_CALL);
+    emit(&NcclCallEvent {
+        head: h,
+        t_enter: h.ts_ns,
+        comm: ctx.arg::<u64>(0).unwrap_or(0),
+        op: nccl_api::op(cookie),
+        dtype: -1,
+        red_op: -1,
+        peer: -1,
+        ..NcclCallEvent::default()
+    });
+    0
+}
+
+/// Entry of `ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)` and
+/// `ncclCommInitRankConfig` (the same, then a config): the 128-byte id is passed by value, in
+/// memory above the return address, so `rank` is the third integer argument.
+#[uprobe]
+pub fn nccl_init(ctx: ProbeContext) -> u32 {
+    if nccl_skipped() {
+        return 0;
+    }
+    let id = bpf_get_current_pid_tgid();
+    if let Some(p) = NCCL_INIT_PENDING.get_ptr_mut(&id) {
+        // SAFETY: this thread's own entry.
+        unsafe { (*p).depth += 1 };
+        return 0;
+    }
+    // The event is built in its map slot: it is too large for the program's stack twice.
+    let blank = NcclInitEvent::default();
+    if NCCL_INIT_PENDING.insert(&id, &blank, 0).is_err() {
+        count(stat::MAP_FULL);
+        return 0;
+    }
+    let Some(p) = NCCL_INIT_PENDING.get_ptr_mut(&id) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry, just inserted.
+    let p = unsafe { &mut *p };
+    // SAFETY: a helper without arguments.
+    p.t_enter = unsafe { bpf_ktime_get_ns() };
+    p.comm = ctx.arg::<u64>(0).unwrap_or(0);
+    p.nranks = ctx.arg::<i32>(1).unwrap_or(0);
+    p.rank = ctx.arg::<i32>(2).unwrap_or(-1);
+    // SAFETY: the probe's saved registers of the current task.
+    let sp = unsafe { (*ctx.regs).rsp };
+    // SAFETY: `bpf_probe_read_user_buf` checks the address.
+    if unsafe { bpf_probe_read_user_buf((sp + 8) as *const u8, &mut p.id) }.is_err() {
+        count(stat::READ_FAILED);
+    }
+    0
+}
+
+#[uretprobe]
+pub fn nccl_init_ret(ctx: RetProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(p) = NCCL_INIT_PENDING.get_ptr_mut(&id) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry.
+    let p = unsafe { &mut *p };
+    if p.depth > 0 {
+        p.depth -= 1;
+        return 0;
+    }
+    p.ret = ctx.ret::<i32>();
+    p.head = head(kind::NCCL_INIT);
+    p.comm = if p.ret == 0 {
+        user::<u64>(p.comm).unwrap_or(0)
+    } else {
+        0
+    };
+    if let Some(mut slot) = EVENTS.reserve::<NcclInitEvent>(0) {
+        // SAFETY: copying the map's value into the reserved ring-buffer slot of its type.
+        unsafe { core::ptr::copy_nonoverlapping(p as *const NcclInitEvent, slot.as_mut_ptr(), 1) };
+        slot.submit(0);
+    } else {
+        count(stat::RINGBUF_FULL);
+    }
+    let _ = NCCL_INIT_PENDING.remove(&id);
     0
 }
 
