@@ -1322,7 +1322,8 @@ impl Pump {
         let mut inside = Vec::new();
         for (_, e) in shm.in_flight() {
             // Which library: GPU work is NCCL's (or RCCL's); the slot does not say more.
-            let lib = if e.status == commscope_wire::shm::in_flight_status::ON_GPU {
+            use commscope_wire::shm::in_flight_status::{ISSUED, ON_GPU};
+            let lib = if matches!(e.status, ON_GPU | ISSUED) {
                 commscope_wire::op::lib::NCCL
             } else {
                 commscope_wire::op::lib::MPI

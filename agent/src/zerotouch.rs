@@ -10,10 +10,13 @@
 //! watched like any other.
 //!
 //! What the host sees of an NCCL call is its enqueue: the records carry that interval and are
-//! marked [`flags::HOST_ONLY`] (counted and ordered, never timed: no GPU interval, no
-//! in-flight state). Processes that carry the preload are never adopted; communicators made
+//! marked [`flags::HOST_ONLY`] (counted and ordered, never timed: no GPU interval). Each
+//! communicator's latest collective stays in the ring's in-flight table as
+//! [`in_flight_status::ISSUED`]: the hang detector reads a member that never issued what the
+//! others did as the one they wait for, and nothing else from it. Processes that carry the preload are never adopted; communicators made
 //! before the probes attached (or by functions not probed: `ncclCommSplit`,
 //! `ncclCommInitAll`, `ncclCommInitRankScalable`) are unknown, and their calls only counted.
+//! The in-flight table keeps one slot per communicator ([`IN_FLIGHT_SLOTS`]).
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -29,11 +32,15 @@ use commscope_wire::record::{
     Call, Comm, CommEvent, EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, Record,
 };
 use commscope_wire::registration::{PROTOCOL_VERSION, Request};
-use commscope_wire::shm::{Counter, Geometry, LAYOUT_VERSION, Shm};
+use commscope_wire::shm::{Counter, Geometry, InFlight, LAYOUT_VERSION, Shm, in_flight_status};
 
 use crate::daemon::{now_mono, now_real};
 use crate::region::Region;
 use crate::registration::Registered;
+
+/// In-flight slots of an adopted process: one per live communicator (more are counted as
+/// dropped, and those communicators' calls are still recorded).
+const IN_FLIGHT_SLOTS: u32 = 256;
 
 /// Records an adopted process's ring holds (2 MiB): a second of calls at 16,000 calls/s.
 const RING_RECORDS: u64 = 1 << 14;
@@ -67,6 +74,8 @@ struct CommSt {
     size: i32,
     seq: u64,
     op_seq: [u64; OP_COUNT],
+    /// Its in-flight slot, holding its latest collective.
+    slot: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -175,6 +184,7 @@ impl Recorder {
                     size: e.nranks,
                     seq: 0,
                     op_seq: [0; OP_COUNT],
+                    slot: None,
                 },
             );
             self.counts.comms += 1;
@@ -200,6 +210,9 @@ impl Recorder {
                 return;
             }
             if let Some(c) = p.comms.remove(&e.comm) {
+                if let Some(i) = c.slot {
+                    p.ring.shm().in_flight_release(i);
+                }
                 let mut r = Comm::new(
                     CommEvent::Freed,
                     c.id,
@@ -255,6 +268,24 @@ impl Recorder {
             c.seq += 1;
             call.op_seq = c.op_seq[op as usize];
             c.op_seq[op as usize] += 1;
+            let issued = InFlight {
+                comm_id: c.id,
+                seq: call.seq,
+                t_enter: call.t_enter,
+                bytes: call.bytes,
+                op: call.op,
+                status: in_flight_status::ISSUED,
+                flags: call.flags,
+                peer: call.peer,
+                tag: -1,
+                tid: e.head.tid,
+                comm_rank: c.rank,
+            };
+            let shm = p.ring.shm();
+            match c.slot {
+                Some(i) => shm.in_flight_write(i, &issued),
+                None => c.slot = shm.in_flight_claim(0, &issued),
+            }
         }
         self.counts.calls += 1;
         push(p, &mut self.counts, &Record::Call(call));
@@ -347,7 +378,7 @@ impl Recorder {
         let job = launcher::nccl_job(get, first, pid, start_time);
         let geometry = Geometry {
             ring_capacity: RING_RECORDS,
-            in_flight_slots: 1,
+            in_flight_slots: IN_FLIGHT_SLOTS,
         };
         let (ring, theirs) = match rings(geometry) {
             Ok(r) => r,

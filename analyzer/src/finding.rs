@@ -168,6 +168,9 @@ pub struct HangCause<'a> {
     /// The culprits' GPUs hold work their peers completed (a stuck or failed GPU): what to
     /// say instead of where the host was; empty otherwise.
     pub gpu_note: String,
+    /// The waiting ranks are seen from the host only (recorded without the preload): they
+    /// issued the call and nothing after it on that communicator.
+    pub host_view: bool,
     pub opened_at: u64,
     pub confidence: f64,
     pub evidence: serde_json::Value,
@@ -220,9 +223,17 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             (true, 1, false) => "has not posted the match of",
             (true, _, false) => "have not posted the match of",
         };
+        let behind = if c.host_view {
+            format!(
+                "{others} issued it and {} nothing on that communicator since, for up to {:.1} s (seen from the host: they run without the preload, recorded by the node agent's uprobes)",
+                if c.live { "have issued" } else { "issued" },
+                w.age_s
+            )
+        } else {
+            format!("{others} {wait} behind it for up to {:.1} s", w.age_s)
+        };
         format!(
-            "{who} {entered} {what}; {others} {wait} behind it for up to {:.1} s — {}",
-            w.age_s,
+            "{who} {entered} {what}; {behind} — {}",
             match (c.in_library, c.live, c.state_note.is_empty()) {
                 _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
                 (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),

@@ -213,8 +213,9 @@ impl ProcessReplay {
             }
             Record::Enter(c) => {
                 let key = call_key(c);
-                // Completed already (its `enter` written late): not in flight.
-                if !self.recent.iter().rev().any(|k| *k == key) {
+                // Completed already (its `enter` written late): not in flight. (A call seen from
+                // the host only has its record once issued: that says nothing of completion.)
+                if c.host_only() || !self.recent.iter().rev().any(|k| *k == key) {
                     self.enters.insert(key, *c);
                 }
                 // Written once the call had been in flight that long: alive then.
@@ -290,6 +291,7 @@ impl ProcessReplay {
                 entered_ns: entered,
                 age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
                 stream: c.lib != commscope_wire::op::lib::MPI,
+                issued_only: c.host_only(),
             });
         }
         r

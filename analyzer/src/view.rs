@@ -110,6 +110,10 @@ pub struct InFlight {
     /// Work queued on a GPU stream (NCCL, RCCL): the host went on after queuing it, and the
     /// call completes on each rank when that rank's GPU finishes its part.
     pub stream: bool,
+    /// Stream work seen from the host only (a process recorded without the preload): the
+    /// rank's latest collective on the communicator, issued, its completion unknown. It says
+    /// who issued what, not who waits.
+    pub issued_only: bool,
 }
 
 /// A process's kernel state (live).

@@ -148,11 +148,14 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
         .iter()
         .filter_map(|c| {
             let op = Op::from_name(&c.op).filter(|o| *o != Op::None)?;
-            // A snapshot older than the records: the collective completed since.
-            let done = comms
-                .get(&c.comm_id)
-                .and_then(|m| m.progress.get(&r.rank))
-                .is_some_and(|p| *p > c.seq);
+            let issued_only = c.issued_only;
+            // A snapshot older than the records: the collective completed since. (A
+            // collective seen only as issued has its record already: it stays.)
+            let done = !issued_only
+                && comms
+                    .get(&c.comm_id)
+                    .and_then(|m| m.progress.get(&r.rank))
+                    .is_some_and(|p| *p > c.seq);
             if !op.is_p2p() && done {
                 return None;
             }
@@ -168,7 +171,8 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
                 tag: -1,
                 entered_ns: to_real(c.t_enter),
                 age_ns: (c.for_s * 1e9) as u64 + since,
-                stream: stream_lib,
+                stream: stream_lib || issued_only,
+                issued_only,
             })
         })
         .collect();

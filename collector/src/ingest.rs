@@ -453,6 +453,8 @@ fn handle(
                     bytes: e.bytes,
                     peer: e.peer,
                     for_s: s.t_mono_ns.saturating_sub(e.t_enter_ns) as f64 / 1e9,
+                    issued_only: e.status
+                        == u32::from(commscope_wire::shm::in_flight_status::ISSUED),
                 })
                 .collect();
             let proc = (!s.proc_state.is_empty()).then(|| crate::state::ProcSample {

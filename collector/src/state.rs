@@ -261,6 +261,10 @@ pub struct InFlightCall {
     pub peer: i32,
     /// Age at the snapshot, in seconds.
     pub for_s: f64,
+    /// Seen from the host only (a process recorded without the preload): the rank's latest
+    /// collective on the communicator, issued, its completion unknown.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub issued_only: bool,
 }
 
 fn ser_comm<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {

@@ -5,8 +5,9 @@
 //! collective); the agent probes the double's exported functions exactly as it probes the real
 //! `libnccl.so.2` (`transport.rs` resolves every target in the real file).
 
-use std::process::Command;
-use std::time::Duration;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use commscope_tests::nccl::doubles;
 use commscope_tests::services::{Services, http_get};
@@ -168,7 +169,6 @@ fn an_nccl_job_without_the_preload_is_recorded_by_the_agent_from_uprobes() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    eprintln!("waited {:?}", t.elapsed());
     let m = |what| metric(&page, "commscope_agent_zero_touch_total", what);
     assert_eq!(m("processes"), Some(4.0), "{page}");
     assert_eq!(m("comms"), Some(4.0));
@@ -229,4 +229,92 @@ fn a_job_with_the_preload_is_recorded_once_by_the_preload_not_the_probes() {
     assert_eq!(m("processes"), Some(0.0), "{page}");
     assert_eq!(m("calls"), Some(0.0));
     assert_eq!(m("unknown_comm"), Some(0.0));
+}
+
+#[test]
+fn a_rank_that_stops_issuing_collectives_is_named_from_the_host_view_alone() {
+    if !root() {
+        return;
+    }
+    let d = doubles();
+    let lib_path = d.join("libnccl.so.2");
+    let mut svc = Services::start_with_agent_env(
+        "node-zt3",
+        &[],
+        &[],
+        &[(
+            "COMMSCOPE_EBPF_LIBRARIES",
+            lib_path.to_str().expect("utf-8 path"),
+        )],
+    );
+    svc.agent().wait_log("probes on", Duration::from_secs(30));
+    // 10 all-reduces, then rank 1 sleeps while the others issue #10 and wait on their stream.
+    // A Slurm step's environment names the job.
+    let mut job_proc = Command::new(d.join("nccl_job"))
+        .args(["4", "hang", "1"])
+        .env_remove("LD_PRELOAD")
+        .env("COMMSCOPE_AGENT_SOCKET", &svc.socket)
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_STEP_ID", "0")
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start nccl_job");
+    let job = "slurm-4242.0";
+    let t = Instant::now();
+    let open = loop {
+        let f = svc.findings(job, "open");
+        if !f.is_empty() || t.elapsed() > Duration::from_secs(40) {
+            break f;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let named_after = t.elapsed();
+    // The whole group: the launcher and its ranks.
+    // SAFETY: signalling the process group this test started.
+    unsafe { libc::kill(-(job_proc.id() as i32), libc::SIGKILL) };
+    let _ = job_proc.wait();
+    assert_eq!(open.len(), 1, "one root cause, one finding: {open:#?}");
+    let f = &open[0];
+    assert_eq!(f["kind"], "hang");
+    assert_eq!(f["ranks"], serde_json::json!([1]));
+    assert_eq!(f["seq"], 10);
+    assert_eq!(f["evidence"]["victims"], serde_json::json!([0, 2, 3]));
+    let s = f["summary"].as_str().expect("summary");
+    assert!(
+        s.starts_with("rank 1 on node-zt3 has not entered allreduce #10")
+            && s.contains("seen from the host"),
+        "{s}"
+    );
+    eprintln!("named after {named_after:?}: {s}");
+
+    // After the kill, the trace says the same: the agent wrote what each rank had issued last.
+    svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let trace = load_job(&svc.trace_dir().join(job));
+    assert_eq!(trace.processes.len(), 4);
+    for p in &trace.processes {
+        let enters: Vec<(u64, bool)> = p
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Enter(c) => Some((c.seq, c.host_only())),
+                _ => None,
+            })
+            .collect();
+        let last = if p.header.rank == 1 { 9 } else { 10 };
+        assert_eq!(
+            enters,
+            [(last, true)],
+            "rank {}: what it had issued last",
+            p.header.rank
+        );
+    }
+    let v = analyze_json(&svc.trace_dir().join(job));
+    let post = v["findings"].as_array().expect("findings");
+    assert_eq!(post.len(), 1, "{v:#}");
+    assert_eq!(post[0]["kind"], "hang");
+    assert_eq!(post[0]["ranks"], serde_json::json!([1]));
+    assert_eq!(post[0]["seq"], 10);
+    assert_eq!(post[0]["evidence"]["victims"], serde_json::json!([0, 2, 3]));
 }

@@ -242,6 +242,10 @@ pub mod in_flight_status {
     pub const POSTED: u8 = 2;
     /// Enqueued to a GPU; waiting for its end event.
     pub const ON_GPU: u8 = 3;
+    /// Enqueued to a GPU, seen from the host only (the node agent's uprobes, for a process
+    /// without the preload): the rank's latest collective on the communicator, whose completion
+    /// is unknown. It says the rank issued it, not that it waits in it.
+    pub const ISSUED: u8 = 4;
 }
 
 /// A view of a region. It does not own the memory: whoever mapped it keeps it mapped for as long

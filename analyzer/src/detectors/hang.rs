@@ -797,9 +797,12 @@ fn explain(m: &mut Finding, victims: &[Victim]) {
 fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -> Finding {
     let roots: Vec<Root> = culprits.iter().map(|r| Root::Rank(*r)).collect();
     let call = anchor(victims, &roots).expect("a stuck call leads to every culprit");
-    let in_library = culprits
-        .iter()
-        .any(|r| view.ranks.get(r).is_some_and(|p| !p.in_flight.is_empty()));
+    // What a rank only issued (seen from the host) does not put it inside the library.
+    let in_library = culprits.iter().any(|r| {
+        view.ranks
+            .get(r)
+            .is_some_and(|p| p.in_flight.iter().any(|c| !c.issued_only))
+    });
     let state_note = culprits
         .iter()
         .filter_map(|r| view.ranks.get(r))
@@ -851,6 +854,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         live: view.live,
         state_note,
         gpu_note,
+        host_view: !victims.is_empty() && victims.iter().all(|v| v.call.issued_only),
         opened_at: call.entered_ns.max(1),
         confidence: if culprits.iter().all(|r| view.ranks.contains_key(r)) {
             0.95
@@ -921,7 +925,7 @@ fn unfinished_on_gpu(view: &JobView, rank: i32) -> Option<&InFlight> {
         .get(&rank)?
         .in_flight
         .iter()
-        .filter(|c| c.stream && !c.op.is_p2p())
+        .filter(|c| c.stream && !c.op.is_p2p() && !c.issued_only)
         .filter(|c| {
             view.members(c.comm)
                 .iter()

@@ -71,6 +71,7 @@ fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
         entered_ns: NOW - age,
         age_ns: age,
         stream: false,
+        issued_only: false,
     });
 }
 
@@ -85,6 +86,7 @@ fn recv(v: &mut JobView, r: i32, from: i32, age: u64) {
         entered_ns: NOW - age,
         age_ns: age,
         stream: false,
+        issued_only: false,
     });
 }
 
@@ -785,4 +787,85 @@ fn ranks_whose_agent_went_silent_are_held_until_contact_is_known() {
         rank(&mut v, r).observed_age_ns = Some(S / 2);
     }
     assert_eq!(run(&v).len(), 4);
+}
+
+/// Rank `r` (recorded without the preload) issued collective `seq` of the world `age` ago and
+/// nothing after it: its progress counts the issued call.
+fn issued(v: &mut JobView, r: i32, seq: u64, age: u64) {
+    rank(v, r).in_flight.push(InFlight {
+        comm: WORLD,
+        seq,
+        op: Op::Allreduce,
+        bytes: 1024,
+        peer: None,
+        tag: -1,
+        entered_ns: NOW - age,
+        age_ns: age,
+        stream: true,
+        issued_only: true,
+    });
+    v.comms
+        .get_mut(&WORLD)
+        .expect("world")
+        .progress
+        .insert(r, seq + 1);
+}
+
+#[test]
+fn a_rank_recorded_from_the_host_that_never_issued_what_the_others_did_is_the_hang() {
+    let mut v = job(4, 10, true);
+    for r in [0, 1, 3] {
+        issued(&mut v, r, 10, 20 * S);
+    }
+    issued(&mut v, 2, 9, 21 * S);
+    rank(&mut v, 2).process = Some(ProcessState {
+        state: "S".into(),
+        wchan: "hrtimer_nanosleep".into(),
+        cpu_advancing: false,
+    });
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
+    // What it only issued does not put it inside the library.
+    assert_eq!(f[0].class, Class::NonCommunicationHang);
+    assert_eq!(f[0].seq, Some(10));
+    assert_eq!(f[0].evidence["victims"], serde_json::json!([0, 1, 3]));
+    assert!(
+        f[0].summary
+            .contains("rank 2 on n0 has not entered allreduce #10")
+            && f[0]
+                .summary
+                .contains("issued it and have issued nothing on that communicator since")
+            && f[0].summary.contains("seen from the host")
+            && !f[0].summary.contains("GPU had not finished"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn ranks_recorded_from_the_host_that_all_issued_the_same_call_are_no_finding() {
+    // A long quiet phase (evaluation, a checkpoint) and a GPU stall look the same from the
+    // host: nothing is said.
+    let mut v = job(4, 10, true);
+    for r in 0..4 {
+        issued(&mut v, r, 10, 300 * S);
+    }
+    assert!(run(&v).is_empty(), "{:#?}", run(&v));
+    // The same while their records lag their in-flight state (progress not yet counting the
+    // issued call): still nothing, where GPU-timed work would be a stall.
+    for r in 0..4 {
+        v.comms
+            .get_mut(&WORLD)
+            .expect("world")
+            .progress
+            .insert(r, 10);
+    }
+    assert!(run(&v).is_empty(), "{:#?}", run(&v));
+    // One still short of the others, but for less than the hang floor: none either.
+    let mut v = job(4, 10, true);
+    for r in [0, 1, 3] {
+        issued(&mut v, r, 10, S / 2);
+    }
+    issued(&mut v, 2, 9, S);
+    assert!(run(&v).is_empty(), "{:#?}", run(&v));
 }

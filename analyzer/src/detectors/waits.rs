@@ -64,6 +64,17 @@ impl Waits<'_> {
         if !missing.is_empty() {
             return missing;
         }
+        // Seen from the host only: every member issued it, and nothing is known of its
+        // completion (a stall and a quiet job look the same): only a member already explained
+        // (gone, stopped) is waited for.
+        if call.issued_only {
+            return members
+                .iter()
+                .copied()
+                .filter(|m| self.explained.contains(m))
+                .map(Root::Rank)
+                .collect();
+        }
         // Stream work another member completed: the instance went through, and what is left is
         // this rank's own GPU finishing its part. It waits for nobody.
         if call.stream
