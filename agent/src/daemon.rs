@@ -844,6 +844,19 @@ impl Pump {
                     let _ = ev.send(Event::Exited(id, ending, seen)).await;
                 });
             }
+            // Gone already (a process the agent records itself may be registered after its
+            // last call): it ended when it was seen, status unknown.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                let ev = self.events.clone();
+                let exits = self.exits.clone();
+                let pid = req.pid;
+                let seen = (now_real(), now_mono());
+                tokio::spawn(async move {
+                    // The kernel's report of its exit, if the connector saw it.
+                    let ending = exits.ending(pid, Duration::ZERO).await.map(|e| e.0);
+                    let _ = ev.send(Event::Exited(id, ending, seen)).await;
+                });
+            }
             Err(e) => tracing::warn!("cannot watch pid {} for its exit: {e}", req.pid),
         }
         tracing::info!(

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use commscope_tests::nccl::doubles;
+use commscope_tests::nccl::{build_library_against_real_nccl, doubles, real_nccl_dir};
 use commscope_tests::services::{Services, http_get};
 use commscope_tests::{analyze_json, assert_ok, load_job};
 use commscope_wire::nccl_hash::{self, Version};
@@ -317,4 +317,71 @@ fn a_rank_that_stops_issuing_collectives_is_named_from_the_host_view_alone() {
     assert_eq!(post[0]["ranks"], serde_json::json!([1]));
     assert_eq!(post[0]["seq"], 10);
     assert_eq!(post[0]["evidence"]["victims"], serde_json::json!([0, 2, 3]));
+}
+
+#[test]
+fn the_real_nccl_loaded_privately_by_python_is_recorded_without_the_preload() {
+    if !root() {
+        return;
+    }
+    // The real libnccl.so.2 (PyPI), probed by the agent; a library calling it, opened by Python
+    // with RTLD_LOCAL as a framework's extension module is. Without a GPU its init fails: the
+    // probes must still read the unique id from the stack and the rank from the registers.
+    let real = real_nccl_dir().join("libnccl.so.2");
+    let lib = build_library_against_real_nccl("nccl_real");
+    let mut svc = Services::start_with_agent_env(
+        "node-zt4",
+        &[],
+        &[],
+        &[(
+            "COMMSCOPE_EBPF_LIBRARIES",
+            real.to_str().expect("utf-8 path"),
+        )],
+    );
+    svc.agent().wait_log("probes on", Duration::from_secs(60));
+    let o = Command::new(commscope_tests::python::interpreter())
+        .arg(commscope_tests::python::script("nccl_ctypes.py"))
+        .arg(&lib)
+        .env_remove("LD_PRELOAD")
+        .env("COMMSCOPE_AGENT_SOCKET", &svc.socket)
+        .output()
+        .expect("run python");
+    assert_ok(&o, "python with the real NCCL");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("ncclCommInitRank: rc=1 comm=null"), "{out}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let id = err
+        .lines()
+        .find_map(|l| l.strip_prefix("unique id: "))
+        .expect("the unique id on stderr");
+    // The library says it is 2.32.3.
+    let hash = nccl_hash::init_comm_hash(Version(23203), &unhex(id));
+    let job = format!("nccl-{hash:016x}");
+    svc.wait_job_ended(&job, Duration::from_secs(60));
+    svc.wait_segments(&job, Duration::from_secs(30));
+    let trace = load_job(&svc.trace_dir().join(&job));
+    assert_eq!(trace.processes.len(), 1);
+    let p = &trace.processes[0];
+    assert_eq!((p.header.rank, p.header.world_size), (0, 1));
+    let failed: Vec<(u64, i32, i32, i32)> = p
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Comm(c) if c.event == CommEvent::Failed => {
+                Some((c.comm_id, c.status, c.comm_rank, c.size))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [(hash, 1, 0, 1)],
+        "ncclUnhandledCudaError on rank 0 of 1"
+    );
+    let v = analyze_json(&svc.trace_dir().join(&job));
+    let f = v["findings"].as_array().expect("findings");
+    assert_eq!(f.len(), 1, "{v:#}");
+    assert_eq!(f[0]["kind"], "comm-error");
+    assert_eq!(f[0]["comm"], format!("{hash:#x}"));
+    eprintln!("real NCCL, zero-touch: {}", f[0]["summary"]);
 }
