@@ -7,7 +7,10 @@
 //! - in the agent: decoding and applying events (per event), reading the flows map (per read,
 //!   with 200 live flows), scanning `/proc` for libraries (per scan);
 //! - the agent's CPU share at a realistic rate: one map read a second, one scan every 5 s and
-//!   1,000 events a second (far above a training job's control-path rate).
+//!   1,000 events a second (far above a training job's control-path rate);
+//! - zero-touch NCCL recording: what the NCCL API probes add to an `ncclAllReduce` call (the
+//!   NCCL test double in no-op mode, `nccl_job 1 bench`), and what recording one call costs the
+//!   agent (decode, then the recorder's call record and in-flight slot).
 
 use std::ffi::{CString, c_void};
 use std::io::{Read, Write};
@@ -299,5 +302,127 @@ fn main() {
     println!(
         "agent CPU at one map read a second, one scan every 5 s and 1,000 events a second: {:.2} % of one core",
         share * 100.0
+    );
+    drop(probes);
+    zero_touch();
+}
+
+/// `nccl_job 1 bench CALLS` on the no-op NCCL double: ns inside one `ncclAllReduce`.
+fn allreduce_ns(dir: &Path, calls: u32) -> f64 {
+    let o = std::process::Command::new(dir.join("nccl_job"))
+        .args(["1", "bench", &calls.to_string()])
+        .env("TESTDOUBLE_NCCL_NOOP", "1")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run nccl_job");
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix("allreduce: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("nccl_job bench printed no time: {out}"))
+}
+
+fn zero_touch() {
+    use commscope_agent::zerotouch::Recorder;
+    use commscope_ebpf_common::{NcclCallEvent, NcclInitEvent, nccl_api};
+
+    let d = commscope_tests::nccl::doubles();
+    let calls = 10_000;
+    let bare = (0..3)
+        .map(|_| allreduce_ns(&d, calls))
+        .fold(f64::INFINITY, f64::min);
+    let mut probes = Probes::load(&Options {
+        discover: false,
+        tcp: false,
+        libraries: vec![d.join("libnccl.so.2")],
+        ..Options::default()
+    })
+    .expect("load the NCCL API probes");
+    let mut ring = probes.take_events().expect("ring");
+    let mut probed = f64::INFINITY;
+    let mut events = 0u64;
+    for _ in 0..3 {
+        probed = probed.min(allreduce_ns(&d, calls));
+        while let Some(item) = ring.next() {
+            events += u64::from(matches!(decode(&item), Some(Event::NcclCall(_))));
+        }
+    }
+    probes.read_kernel_drops();
+    println!(
+        "zero-touch: ncclAllReduce (no-op double) {bare:.0} ns bare, {probed:.0} ns with the NCCL API probes: {:.2} us per call (uprobe + uretprobe); {events} call events read, {} lost (ring full)",
+        (probed - bare) / 1e3,
+        probes.status().kernel_drops[0]
+    );
+
+    // The agent: one process adopted from a fixture /proc, then a million calls recorded.
+    let root = tempfile::tempdir().expect("tempdir");
+    let pid = 4242u32;
+    let pd = root.path().join(pid.to_string());
+    std::fs::create_dir_all(pd.join("root/run/commscope")).expect("mkdir");
+    std::fs::write(pd.join("environ"), b"RANK=0\0WORLD_SIZE=8\0").expect("environ");
+    std::fs::write(
+        pd.join("stat"),
+        format!("{pid} (bench) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 77 0 0"),
+    )
+    .expect("stat");
+    std::fs::write(pd.join("maps"), "").expect("maps");
+    let sock = root.path().join("agent.sock");
+    std::fs::write(&sock, "").expect("socket stand-in");
+    std::fs::hard_link(&sock, pd.join("root/run/commscope/agent.sock")).expect("link");
+    let mut rec = Recorder::new(root.path(), "bench", &sock);
+    let init = NcclInitEvent {
+        head: Head {
+            kind: kind::NCCL_INIT,
+            pid,
+            tid: pid,
+            ..Head::default()
+        },
+        comm: 0xc0,
+        nranks: 8,
+        rank: 0,
+        ..NcclInitEvent::default()
+    };
+    let reg = rec.init(&init).expect("adopted");
+    let call = NcclCallEvent {
+        head: Head {
+            kind: kind::NCCL_CALL,
+            pid,
+            tid: pid,
+            ..Head::default()
+        },
+        comm: 0xc0,
+        count: 1 << 20,
+        op: nccl_api::ALL_REDUCE,
+        dtype: 7,
+        peer: -1,
+        ..NcclCallEvent::default()
+    };
+    // SAFETY: the bytes of a plain repr(C) value.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&call as *const NcclCallEvent).cast::<u8>(),
+            size_of::<NcclCallEvent>(),
+        )
+    }
+    .to_vec();
+    let shm = reg.region.shm();
+    let m = 1_000_000u64;
+    let t = Instant::now();
+    for i in 0..m {
+        if let Some(Event::NcclCall(e)) = decode(std::hint::black_box(&bytes)) {
+            rec.call(&e);
+        }
+        // The pump's reading, so the ring never fills.
+        if i % 4096 == 0 {
+            shm.advance(commscope_wire::shm::Consumer::Agent, shm.head());
+        }
+    }
+    let per_call = t.elapsed().as_nanos() as f64 / m as f64;
+    println!(
+        "zero-touch agent: {per_call:.0} ns to decode and record one call ({:.1} M calls/s on one core; {} lost to a full ring); at 10,000 NCCL calls a second on the node: {:.2} % of one core",
+        1e3 / per_call,
+        rec.counts.ring_full,
+        per_call * 10_000.0 / 1e9 * 100.0
     );
 }
