@@ -297,7 +297,10 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
     }
 
     // The transport view (eBPF). Flows are attributed to this node's traced processes.
-    if let Some(opts) = cfg.ebpf.clone() {
+    if let Some(mut opts) = cfg.ebpf.clone() {
+        if let Some(root) = &cfg.sysfs {
+            opts.sysfs = root.clone();
+        }
         let shared = stats.transport.clone();
         let owners = {
             let stats = stats.clone();

@@ -184,6 +184,29 @@ pub struct Read {
 
 /// Reads every counter under `root` (normally `/sys`). Missing directories are no error: a
 /// node without RDMA devices has none.
+/// A port's GID at `index` of its table (`ports/<port>/gids/<index>`), or `None`.
+pub fn port_gid(root: &Path, device: &str, port: u8, index: u8) -> Option<[u8; 16]> {
+    let p = root
+        .join("class/infiniband")
+        .join(device)
+        .join(format!("ports/{port}/gids/{index}"));
+    let text = std::fs::read_to_string(p).ok()?;
+    let v6: std::net::Ipv6Addr = text.trim().parse().ok()?;
+    let gid = v6.octets();
+    (gid != [0; 16]).then_some(gid)
+}
+
+/// A port's LID (`ports/<port>/lid`, hexadecimal), or `None`.
+pub fn port_lid(root: &Path, device: &str, port: u8) -> Option<u16> {
+    let p = root
+        .join("class/infiniband")
+        .join(device)
+        .join(format!("ports/{port}/lid"));
+    let text = std::fs::read_to_string(p).ok()?;
+    let t = text.trim();
+    u16::from_str_radix(t.trim_start_matches("0x"), 16).ok()
+}
+
 pub fn read(root: &Path) -> Read {
     let mut out = Read::default();
     let ib = root.join("class/infiniband");
@@ -685,5 +708,36 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let r = read(&dir.path().join("missing"));
         assert!(r.values.is_empty() && r.ports.is_empty() && r.unreadable == 0);
+    }
+
+    #[test]
+    fn a_ports_gid_and_lid_are_read_from_sysfs() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let p = root.path().join("class/infiniband/mlx5_0/ports/1");
+        std::fs::create_dir_all(p.join("gids")).expect("mkdir");
+        std::fs::write(
+            p.join("gids/3"),
+            "0000:0000:0000:0000:0000:ffff:0a00:0007\n",
+        )
+        .expect("gid");
+        std::fs::write(
+            p.join("gids/4"),
+            "0000:0000:0000:0000:0000:0000:0000:0000\n",
+        )
+        .expect("gid");
+        std::fs::write(p.join("gids/5"), "garbage\n").expect("gid");
+        std::fs::write(p.join("lid"), "0x1a\n").expect("lid");
+        let gid = port_gid(root.path(), "mlx5_0", 1, 3).expect("gid 3");
+        assert_eq!(
+            std::net::Ipv6Addr::from(gid).to_canonical().to_string(),
+            "10.0.0.7"
+        );
+        // An empty slot, garbage, a missing index or port: none.
+        assert_eq!(port_gid(root.path(), "mlx5_0", 1, 4), None);
+        assert_eq!(port_gid(root.path(), "mlx5_0", 1, 5), None);
+        assert_eq!(port_gid(root.path(), "mlx5_0", 1, 6), None);
+        assert_eq!(port_gid(root.path(), "mlx5_0", 2, 3), None);
+        assert_eq!(port_lid(root.path(), "mlx5_0", 1), Some(0x1a));
+        assert_eq!(port_lid(root.path(), "mlx5_1", 1), None);
     }
 }

@@ -15,6 +15,10 @@
 //! address; a peer no agent reports is named by its address. Flows within one node are left
 //! out (no network link). RTT and retransmissions of the link and of the others go into the
 //! evidence: a congested or throttled path shows a longer RTT, a lossy one retransmits.
+//!
+//! RDMA `flow` records (NCCL's InfiniBand/RoCE connections, joined to their queue pairs' peer)
+//! carry bytes posted but no busy time: they are kept as each link's traffic over the window
+//! (evidence and views), and their local addresses name their node; they are never judged.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -108,11 +112,20 @@ struct LinkSt {
     busy_s: f64,
 }
 
+/// An RDMA link's traffic: (time, bytes posted) in the window, and its sending port.
+#[derive(Debug, Default)]
+struct RdmaSt {
+    samples: VecDeque<(f64, u64)>,
+    nic: Option<String>,
+}
+
 /// The detector's state: per (sending node, remote address), the window of samples.
 #[derive(Debug, Default)]
 pub struct FlowLinks {
     pub tuning: FlowTuning,
     links: HashMap<(String, IpAddr), LinkSt>,
+    /// RDMA links' traffic, by (sending node, remote address).
+    rdma: HashMap<(String, IpAddr), RdmaSt>,
     /// Addresses the job's own flows use locally, and their node.
     addr_node: HashMap<IpAddr, String>,
 }
@@ -121,9 +134,23 @@ impl FlowLinks {
     /// One flow record of a socket on `node`, at `now_s`.
     pub fn record(&mut self, node: &str, f: &Flow, now_s: f64) {
         let local = f.local_addr().ip();
-        self.addr_node.insert(local, node.to_owned());
+        if !local.is_unspecified() {
+            self.addr_node.insert(local, node.to_owned());
+        }
         let remote = f.remote_addr().ip();
         if remote.is_loopback() || remote == local {
+            return;
+        }
+        if f.transport == commscope_wire::record::flow_transport::RDMA {
+            let s = self.rdma.entry((node.to_owned(), remote)).or_default();
+            s.samples.push_back((now_s, f.bytes_sent));
+            if let Some(n) = f.iface_name() {
+                s.nic = Some(n);
+            }
+            let cutoff = now_s - self.tuning.window_s;
+            while s.samples.front().is_some_and(|x| x.0 < cutoff) {
+                s.samples.pop_front();
+            }
             return;
         }
         let s = self.links.entry((node.to_owned(), remote)).or_default();
@@ -372,19 +399,45 @@ impl FlowLinks {
         }
     }
 
-    /// Every judged link: (src, dst, rate while busy, bytes) — for evidence and views.
+    /// Every link with traffic in the window — for evidence and views: TCP links with their
+    /// rate while busy, RDMA links with their bytes posted and throughput over the window
+    /// (from the newest sample's time).
     pub fn summary(&self) -> Vec<serde_json::Value> {
-        let mut v: BTreeMap<(String, String), (f64, u64)> = BTreeMap::new();
+        let mut v: BTreeMap<(String, String, &str), serde_json::Value> = BTreeMap::new();
         for ((src, remote), s) in &self.links {
             if s.bytes > 0 {
-                v.insert((src.clone(), self.dst(remote)), (s.rate, s.bytes));
+                let dst = self.dst(remote);
+                v.insert(
+                    (src.clone(), dst.clone(), "tcp"),
+                    json!({"src": src, "dst": dst, "transport": "tcp",
+                           "rate_bytes_per_s": s.rate, "bytes": s.bytes}),
+                );
             }
         }
-        v.into_iter()
-            .map(|((src, dst), (rate, bytes))| {
-                json!({"src": src, "dst": dst, "rate_bytes_per_s": rate, "bytes": bytes})
-            })
-            .collect()
+        let newest = self
+            .rdma
+            .values()
+            .filter_map(|s| s.samples.back().map(|x| x.0))
+            .fold(f64::MIN, f64::max);
+        for ((src, remote), s) in &self.rdma {
+            let cutoff = newest - self.tuning.window_s;
+            let bytes: u64 = s
+                .samples
+                .iter()
+                .filter(|x| x.0 >= cutoff)
+                .map(|x| x.1)
+                .sum();
+            if bytes > 0 {
+                let dst = self.dst(remote);
+                v.insert(
+                    (src.clone(), dst.clone(), "rdma"),
+                    json!({"src": src, "dst": dst, "transport": "rdma", "src_nic": s.nic,
+                           "bytes": bytes,
+                           "throughput_bytes_per_s": bytes as f64 / self.tuning.window_s}),
+                );
+            }
+        }
+        v.into_values().collect()
     }
 
     /// The links dead at `now_s`: their senders retransmitted at least `dead_retransmits`
@@ -481,6 +534,94 @@ mod tests {
         let mut r = flow(local, remote, 0, 0, 0, 1);
         r.retransmits = n;
         f.record(node, &r, t);
+    }
+
+    /// An RDMA record: `bytes` posted from `local`'s port to `remote`'s GID (RoCE v2).
+    fn rdma(local: &str, remote: &str, bytes: u64) -> Flow {
+        Flow {
+            iface: Flow::iface_bytes("mlx5_0:1"),
+            transport: flow_transport::RDMA,
+            bytes_sent: bytes,
+            local: Flow::addr_bytes(local.parse().expect("ip")),
+            remote: Flow::addr_bytes(remote.parse().expect("ip")),
+            rank: 0,
+            ..Flow::default()
+        }
+    }
+
+    #[test]
+    fn rdma_links_are_traffic_by_node_never_judged_and_apart_from_tcp() {
+        let mut f = FlowLinks::default();
+        ring(&mut f, false);
+        // RoCE over the same addresses: n1 → n2 posts a tenth of the others' bytes.
+        for t in 0..10 {
+            for (node, local, remote, mib) in [
+                ("n0", "10.0.0.1", "10.0.0.2", 40u64),
+                ("n1", "10.0.0.2", "10.0.0.3", 4),
+                ("n2", "10.0.0.3", "10.0.0.1", 40),
+                // A peer no agent reports: named by its GID.
+                ("n2", "10.0.0.3", "10.0.0.9", 40),
+            ] {
+                f.record(node, &rdma(local, remote, mib << 20), f64::from(t));
+            }
+        }
+        let mut out = Vec::new();
+        f.findings("j", 10.0, &mut out);
+        assert!(out.is_empty(), "bytes posted alone judge no link: {out:#?}");
+        let links = f.summary();
+        let rdma: Vec<(String, String, u64, f64)> = links
+            .iter()
+            .filter(|l| l["transport"] == "rdma")
+            .map(|l| {
+                (
+                    l["src"].as_str().unwrap_or_default().to_owned(),
+                    l["dst"].as_str().unwrap_or_default().to_owned(),
+                    l["bytes"].as_u64().unwrap_or(0),
+                    l["throughput_bytes_per_s"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rdma,
+            [
+                (
+                    "n0".to_owned(),
+                    "n1".to_owned(),
+                    400 << 20,
+                    (400u64 << 20) as f64 / 20.0
+                ),
+                (
+                    "n1".to_owned(),
+                    "n2".to_owned(),
+                    40 << 20,
+                    (40u64 << 20) as f64 / 20.0
+                ),
+                (
+                    "n2".to_owned(),
+                    "10.0.0.9".to_owned(),
+                    400 << 20,
+                    (400u64 << 20) as f64 / 20.0
+                ),
+                (
+                    "n2".to_owned(),
+                    "n0".to_owned(),
+                    400 << 20,
+                    (400u64 << 20) as f64 / 20.0
+                ),
+            ]
+        );
+        assert!(
+            links
+                .iter()
+                .any(|l| l["transport"] == "rdma" && l["src_nic"] == "mlx5_0:1")
+        );
+        // The TCP links keep their own bytes (10 s of 8 MiB), not the RDMA ones.
+        let tcp: Vec<u64> = links
+            .iter()
+            .filter(|l| l["transport"] == "tcp")
+            .map(|l| l["bytes"].as_u64().unwrap_or(0))
+            .collect();
+        assert_eq!(tcp, [80 << 20; 3]);
     }
 
     #[test]

@@ -414,6 +414,39 @@ fn the_stand_in_libraries_produce_the_expected_events_and_queue_pair_peers() {
     assert_eq!((recv.totals.bytes, recv.totals.requests), (5 << 19, 5));
     assert_eq!(view.conns.len(), 2);
 
+    // As a link in the records: from this node's port (its GID at the index the queue pair
+    // uses, read from a sysfs tree) to the peer's, with the bytes posted.
+    let sysfs = tempfile::tempdir().expect("tempdir");
+    let gids = sysfs.path().join("class/infiniband/standin_0/ports/1/gids");
+    std::fs::create_dir_all(&gids).expect("mkdir");
+    std::fs::write(gids.join("0"), "fe80:0000:0000:0000:0202:c9ff:fe00:0001\n").expect("gid");
+    std::fs::write(gids.join("3"), "0000:0000:0000:0000:0000:ffff:0a07:0001\n").expect("gid");
+    let recs = view.rdma_records(
+        2,
+        |p| (p == pid).then_some(0),
+        |dev, port, gid| {
+            commscope_agent::nic::port_gid(sysfs.path(), dev, port, gid.expect("a global address"))
+        },
+    );
+    assert_eq!(recs.len(), 1, "the send connection: {recs:?}");
+    let r = recs[0].1;
+    assert_eq!(
+        (
+            r.local_addr().ip().to_string(),
+            r.remote_addr().ip().to_string(),
+            r.bytes_sent,
+            r.rank,
+            r.iface_name()
+        ),
+        (
+            "10.7.0.1".to_owned(),
+            "10.7.0.3".to_owned(),
+            10 << 20,
+            0,
+            Some("standin_0:1".to_owned())
+        )
+    );
+
     // Link errors: the port, the fatal QP event, the first queue pair's move to ERROR.
     let errors: Vec<&str> = view.link_errors.iter().map(|e| e.what.as_str()).collect();
     assert_eq!(
@@ -508,7 +541,7 @@ fn the_verbs_abi_offsets_match_the_installed_header() {
 #include <stddef.h>
 #include <stdio.h>
 int main(void) {
-  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %d %d %d %d\n",
+  printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %d %d %d %d\n",
     offsetof(struct ibv_qp, context), offsetof(struct ibv_qp, qp_num),
     offsetof(struct ibv_qp, qp_type), offsetof(struct ibv_context, device),
     offsetof(struct ibv_device, name), offsetof(struct ibv_qp_attr, qp_state),
@@ -516,6 +549,7 @@ int main(void) {
     offsetof(struct ibv_qp_attr, ah_attr.dlid), offsetof(struct ibv_qp_attr, ah_attr.is_global),
     offsetof(struct ibv_qp_attr, ah_attr.port_num), offsetof(struct ibv_mr, addr),
     offsetof(struct ibv_mr, length), offsetof(struct ibv_async_event, event_type),
+    offsetof(struct ibv_qp_attr, ah_attr.grh.sgid_index),
     IBV_QP_STATE, IBV_QP_AV, IBV_QP_DEST_QPN, IBV_QPS_ERR);
   return 0;
 }
@@ -550,6 +584,7 @@ int main(void) {
         ibv::MR_ADDR,
         ibv::MR_LENGTH,
         ibv::ASYNC_EVENT_TYPE,
+        ibv::ATTR_AH_SGID_INDEX,
     ]
     .iter()
     .map(|&v| v as i64)

@@ -1881,6 +1881,19 @@ mod tests {
                 c
             }),
             Record::Flow(crate::record::Flow {
+                rec_seq: 14,
+                transport: crate::record::flow_transport::RDMA,
+                bytes_sent: 1 << 30,
+                local: crate::record::Flow::lid_address(5),
+                remote: crate::record::Flow::lid_address(9),
+                t_start: 960,
+                t_end: 965,
+                rank: 2,
+                pid: 8,
+                iface: crate::record::Flow::iface_bytes("mlx5_0:1"),
+                ..Default::default()
+            }),
+            Record::Flow(crate::record::Flow {
                 rec_seq: 15,
                 transport: crate::record::flow_transport::TCP,
                 flags: flags::FLOW_CLOSED,

@@ -467,10 +467,14 @@ pub const TRANSPORT_RANK: i32 = -2;
 /// Transports of [`Flow`] records.
 pub mod flow_transport {
     pub const TCP: u8 = 1;
+    /// An NCCL InfiniBand/RoCE connection (its queue pairs' peer): bytes NCCL's network layer
+    /// posted, no busy time, RTT or retransmissions.
+    pub const RDMA: u8 = 2;
 
     pub fn name(t: u8) -> &'static str {
         match t {
             TCP => "tcp",
+            RDMA => "rdma",
             _ => "other",
         }
     }
@@ -478,6 +482,7 @@ pub mod flow_transport {
     pub fn from_name(s: &str) -> u8 {
         match s {
             "tcp" => TCP,
+            "rdma" => RDMA,
             _ => 0,
         }
     }
@@ -507,6 +512,17 @@ impl Flow {
     /// An interface name in the 16-byte form (Linux names have at most 15 bytes).
     pub fn iface_bytes(name: &str) -> [u8; 16] {
         nul_padded(name, 15)
+    }
+
+    /// The 16-byte address standing for an InfiniBand port reached by its LID alone (no GID
+    /// in the address vector): `fe80::ffff:ffff:0:LID`, which no port GUID makes.
+    pub fn lid_address(lid: u16) -> [u8; 16] {
+        let mut a = [0u8; 16];
+        a[0] = 0xfe;
+        a[1] = 0x80;
+        a[8..12].copy_from_slice(&[0xff; 4]);
+        a[14..].copy_from_slice(&lid.to_be_bytes());
+        a
     }
 
     /// Stores an address in the 16-byte form.

@@ -69,6 +69,9 @@ pub struct Options {
     pub proc_root: PathBuf,
     /// The kernel's BTF, for `struct tcp_sock`'s counters.
     pub btf: PathBuf,
+    /// Where the RDMA ports' GIDs and LIDs are read (`class/infiniband/…`), for the local end
+    /// of RDMA links.
+    pub sysfs: PathBuf,
 }
 
 impl Default for Options {
@@ -83,6 +86,7 @@ impl Default for Options {
             scan_every: Duration::from_secs(5),
             proc_root: PathBuf::from("/proc"),
             btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
+            sysfs: PathBuf::from("/sys"),
         }
     }
 }
@@ -680,7 +684,13 @@ pub async fn run<O, S, A>(
                     let mut v = shared.view.lock().unwrap_or_else(|p| p.into_inner());
                     let rank_of =
                         |pid: u32| owned_by.iter().find(|o| o.pid == pid).map(|o| o.rank);
-                    let records = v.flow_records(now, rank_of, |ip| ifaces.get(ip).cloned());
+                    let mut records = v.flow_records(now, rank_of, |ip| ifaces.get(ip).cloned());
+                    let sysfs = &opts.sysfs;
+                    records.extend(v.rdma_records(now, rank_of, |device, port, gid| match gid {
+                        Some(i) => crate::nic::port_gid(sysfs, device, port, i),
+                        None => crate::nic::port_lid(sysfs, device, port)
+                            .map(commscope_wire::record::Flow::lid_address),
+                    }));
                     let link_errors = v.take_link_errors(rank_of);
                     (records, link_errors, v.sweep())
                 };

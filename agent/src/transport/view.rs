@@ -55,6 +55,8 @@ pub struct Peer {
     pub port: u8,
     /// The destination GID when the address is global (RoCE, routed IB).
     pub gid: Option<[u8; 16]>,
+    /// The local GID index it is reached from (with a global address).
+    pub sgid_index: u8,
 }
 
 impl Peer {
@@ -86,6 +88,9 @@ pub struct Conn {
     pub totals: NetStats,
     /// Bytes per second posted over the last interval.
     pub rate: f64,
+    /// Its bytes, and the time (monotonic ns), at its last `flow` record.
+    pub emitted: u64,
+    pub emitted_at: u64,
 }
 
 /// Memory registrations of one process.
@@ -366,6 +371,7 @@ impl TransportView {
                         lid: e.dlid,
                         port: e.port_num,
                         gid: global.then_some(e.dgid),
+                        sgid_index: e.sgid_index,
                     });
                 }
                 if e.state >= 0 {
@@ -566,6 +572,64 @@ impl TransportView {
         out
     }
 
+    /// The `flow` records (transport RDMA) of NCCL InfiniBand/RoCE send connections that
+    /// posted bytes since their last one, each joined to its queue pairs' peer: a link from
+    /// this node's port to the peer's. `local` gives a port's address: (device, port, the GID
+    /// index for a global address, else None for its LID address). Returns (owner pid, record).
+    pub fn rdma_records(
+        &mut self,
+        now_ns: u64,
+        rank_of: impl Fn(u32) -> Option<i32>,
+        local: impl Fn(&str, u8, Option<u8>) -> Option<[u8; 16]>,
+    ) -> Vec<(u32, commscope_wire::record::Flow)> {
+        use commscope_wire::record::{Flow as Rec, flow_transport};
+        let mut out = Vec::new();
+        for c in self.conns.values_mut() {
+            if c.transport != net::IB || c.side != net::SEND {
+                continue;
+            }
+            let sent = c.totals.bytes.saturating_sub(c.emitted);
+            if sent == 0 {
+                continue;
+            }
+            // NCCL spreads a connection over several queue pairs, all to the same peer.
+            let Some((device, peer)) = c
+                .qps
+                .iter()
+                .filter_map(|q| self.qps.get(&(c.pid, *q)))
+                .find_map(|q| q.peer.map(|p| (q.device.clone(), p)))
+            else {
+                continue;
+            };
+            let (local_addr, remote) = match peer.gid {
+                Some(g) => (local(&device, peer.port, Some(peer.sgid_index)), g),
+                None => (local(&device, peer.port, None), Rec::lid_address(peer.lid)),
+            };
+            out.push((
+                c.pid,
+                Rec {
+                    transport: flow_transport::RDMA,
+                    bytes_sent: sent,
+                    local: local_addr.unwrap_or([0; 16]),
+                    remote,
+                    t_start: if c.emitted_at > 0 {
+                        c.emitted_at
+                    } else {
+                        c.totals.first_ns
+                    },
+                    t_end: now_ns,
+                    rank: rank_of(c.pid).unwrap_or(-1),
+                    pid: c.pid,
+                    iface: Rec::iface_bytes(&format!("{device}:{}", peer.port)),
+                    ..Rec::default()
+                },
+            ));
+            c.emitted = c.totals.bytes;
+            c.emitted_at = now_ns;
+        }
+        out
+    }
+
     /// Drops closed flows (after their last record): returns the sockets whose entries can be
     /// deleted from the map.
     pub fn sweep(&mut self) -> Vec<u64> {
@@ -700,6 +764,99 @@ mod tests {
         let mut d = [0u8; 16];
         d[..s.len()].copy_from_slice(s.as_bytes());
         d
+    }
+
+    /// A send connection of pid 10 over QP `qp` toward `peer` (global with `gid`, else LID 9).
+    fn connection(v: &mut TransportView, comm: u64, qp: u32, gid: Option<[u8; 16]>) {
+        v.apply(&Event::Qp(QpEvent {
+            head: head(kind::QP_CREATE, 10, 11, 1),
+            qp: 0x5000,
+            qp_num: qp,
+            device: dev("mlx5_1"),
+            ..QpEvent::default()
+        }));
+        v.apply(&Event::Qp(QpEvent {
+            head: head(kind::QP_MODIFY, 10, 11, 2),
+            qp_num: qp,
+            state: 2,
+            attr_mask: ibv::MASK_STATE | ibv::MASK_AV | ibv::MASK_DEST_QPN,
+            dest_qp_num: 0x201,
+            dlid: 9,
+            port_num: 2,
+            is_global: u8::from(gid.is_some()),
+            dgid: gid.unwrap_or_default(),
+            sgid_index: 3,
+            device: dev("mlx5_1"),
+            ..QpEvent::default()
+        }));
+        v.apply(&Event::Conn(ConnEvent {
+            head: head(kind::NET_CONN, 10, 11, 3),
+            comm,
+            side: net::SEND,
+            transport: net::IB,
+        }));
+    }
+
+    #[test]
+    fn rdma_connections_become_flow_records_of_the_link_to_their_peer() {
+        use commscope_wire::record::{Flow, flow_transport};
+        let mut v = TransportView::default();
+        let mut gid = [0u8; 16];
+        gid[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 2]);
+        connection(&mut v, 0xc0, 0x101, Some(gid));
+        connection(&mut v, 0xd0, 0x102, None);
+        let stats = |bytes| NetStats {
+            first_ns: 1,
+            last_ns: 2,
+            bytes,
+            requests: 1,
+            transport: net::IB,
+            _pad: 0,
+        };
+        let key = |comm| NetKey {
+            pid: 10,
+            side: net::SEND,
+            comm,
+        };
+        // The local end: GID index 3 of mlx5_1 port 2, or its LID 5.
+        let local = |dev: &str, port: u8, gid: Option<u8>| {
+            assert_eq!((dev, port), ("mlx5_1", 2));
+            Some(match gid {
+                Some(i) => {
+                    assert_eq!(i, 3);
+                    Flow::addr_bytes("10.0.0.1".parse().expect("ip"))
+                }
+                None => Flow::lid_address(5),
+            })
+        };
+        v.update_conns(
+            1_000,
+            &[(key(0xc0), stats(8 << 20)), (key(0xd0), stats(1 << 20))],
+        );
+        let mut recs = v.rdma_records(2_000, |_| Some(4), local);
+        recs.sort_by_key(|r| r.1.bytes_sent);
+        assert_eq!(recs.len(), 2);
+        let (pid, lid) = recs[0];
+        assert_eq!(
+            (pid, lid.bytes_sent, lid.transport),
+            (10, 1 << 20, flow_transport::RDMA)
+        );
+        assert_eq!(
+            (lid.local, lid.remote),
+            (Flow::lid_address(5), Flow::lid_address(9))
+        );
+        let g = recs[1].1;
+        assert_eq!(g.bytes_sent, 8 << 20);
+        assert_eq!(g.remote_addr().ip().to_string(), "10.0.0.2");
+        assert_eq!(g.local_addr().ip().to_string(), "10.0.0.1");
+        assert_eq!((g.rank, g.iface_name().as_deref()), (4, Some("mlx5_1:2")));
+        assert_eq!((g.t_start, g.t_end), (1, 2_000));
+        // Nothing new posted: no record; more posted: what changed since the last.
+        assert!(v.rdma_records(3_000, |_| Some(4), local).is_empty());
+        v.update_conns(4_000, &[(key(0xc0), stats(9 << 20))]);
+        let recs = v.rdma_records(5_000, |_| Some(4), local);
+        assert_eq!(recs.len(), 1);
+        assert_eq!((recs[0].1.bytes_sent, recs[0].1.t_start), (1 << 20, 2_000));
     }
 
     #[test]

@@ -177,6 +177,9 @@ pub struct QpEvent {
     pub dgid: [u8; 16],
     /// The device's name (`ibv_device::name`), as far as it fits.
     pub device: [u8; 16],
+    /// With the address vector: the local GID table index the queue pair sends from.
+    pub sgid_index: u8,
+    pub _pad: [u8; 7],
 }
 
 /// A memory registration or deregistration, with its latency.
@@ -304,6 +307,7 @@ pub mod ibv {
     pub const ATTR_AH_DLID: usize = 80;
     pub const ATTR_AH_IS_GLOBAL: usize = 85;
     pub const ATTR_AH_PORT_NUM: usize = 86;
+    pub const ATTR_AH_SGID_INDEX: usize = 76;
     /// `enum ibv_qp_attr_mask`.
     pub const MASK_STATE: i32 = 1;
     pub const MASK_AV: i32 = 1 << 7;

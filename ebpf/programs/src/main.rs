@@ -393,6 +393,7 @@ pub fn ibv_modify_qp(ctx: ProbeContext) -> u32 {
         ev.dlid = user::<u16>(attr + ibv::ATTR_AH_DLID as u64).unwrap_or(0);
         ev.is_global = user::<u8>(attr + ibv::ATTR_AH_IS_GLOBAL as u64).unwrap_or(0);
         ev.port_num = user::<u8>(attr + ibv::ATTR_AH_PORT_NUM as u64).unwrap_or(0);
+        ev.sgid_index = user::<u8>(attr + ibv::ATTR_AH_SGID_INDEX as u64).unwrap_or(0);
     }
     if QP_PENDING
         .insert(&bpf_get_current_pid_tgid(), &ev, 0)

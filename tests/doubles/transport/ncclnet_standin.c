@@ -41,6 +41,8 @@ static struct comm *setup(uint32_t peer_qpn, int host) {
   attr.path_mtu = IBV_MTU_4096;
   attr.ah_attr.is_global = 1;
   attr.ah_attr.port_num = 1;
+  /* RoCE v2's IPv4 GID is commonly at index 3 of the port's table. */
+  attr.ah_attr.grh.sgid_index = 3;
   attr.ah_attr.grh.dgid.raw[10] = 0xff;
   attr.ah_attr.grh.dgid.raw[11] = 0xff;
   attr.ah_attr.grh.dgid.raw[12] = 10;
