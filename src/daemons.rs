@@ -1,6 +1,7 @@
 //! `commscope agent`, `commscope collector` and `commscope up`: settings resolved (see
 //! [`crate::config`]) and the services run on a tokio runtime until SIGINT/SIGTERM.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -31,8 +32,9 @@ fn sysfs_root() -> Option<PathBuf> {
     }
 }
 
-/// The agent's settings from its flags, environment and file.
-pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
+/// The agent's settings from its flags, environment and file, and the trace directory of its
+/// local mode (no collector: one runs in the same process, writing there).
+pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<PathBuf>)> {
     let f = config::load(a.config.as_deref())?.agent;
     let node = pick(a.node.clone(), f.node, config::default_node());
     let mut c = commscope_agent::Config::new(node);
@@ -44,8 +46,8 @@ pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
         c.collector = Some(format!("http://{url}"));
     }
     c.socket = pick(a.socket.clone(), f.socket, c.socket);
-    c.trace_dir = a.trace_dir.clone().or(f.trace_dir);
-    if c.collector.is_none() && c.trace_dir.is_none() {
+    let trace_dir = a.trace_dir.clone().or(f.trace_dir);
+    if c.collector.is_none() && trace_dir.is_none() {
         anyhow::bail!(
             "the agent needs a collector (--collector URL) or a directory to write traces itself (--trace-dir DIR)"
         );
@@ -84,7 +86,7 @@ pub fn agent_config(a: &AgentArgs) -> Result<commscope_agent::Config> {
     if let Some(s) = a.spool_after.clone().or(f.spool_after) {
         c.spool_after = parse_duration(&s)?;
     }
-    Ok(c)
+    Ok((c, trace_dir))
 }
 
 /// The collector's settings from its flags, environment and file.
@@ -134,11 +136,43 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     Ok(c)
 }
 
-/// `commscope agent`.
+/// `commscope agent`. Without a collector, local mode: a collector on loopback in the same
+/// process writes the traces (assembled here, so the agent crate does not depend on the
+/// collector's).
 pub fn agent(a: AgentArgs) -> Result<ExitCode> {
-    let c = agent_config(&a)?;
-    runtime()?.block_on(commscope_agent::run(c))?;
+    let (mut c, trace_dir) = agent_config(&a)?;
+    let Some(dir) = trace_dir.filter(|_| c.collector.is_none()) else {
+        runtime()?.block_on(commscope_agent::run(c))?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    runtime()?.block_on(async move {
+        let mut cc = commscope_collector::Config::new(dir.clone());
+        cc.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        cc.http = SocketAddr::from(([127, 0, 0, 1], 0));
+        cc.segment_age = std::time::Duration::from_secs(30);
+        let collector = commscope_collector::start(cc).await?;
+        c.collector = Some(format!("http://{}", collector.listen));
+        let agent = commscope_agent::start(c).await?;
+        tracing::info!(
+            "local mode: a collector in this process writes {}",
+            dir.display()
+        );
+        wait_for_signal().await?;
+        agent.stop().await;
+        collector.stop().await;
+        Ok::<_, anyhow::Error>(())
+    })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Until SIGINT or SIGTERM.
+async fn wait_for_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
 }
 
 /// `commscope collector`.
@@ -183,11 +217,7 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
             agent.http.map(|h| h.to_string()).unwrap_or_default(),
             dir.join("traces").display()
         );
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        wait_for_signal().await?;
         agent.stop().await;
         collector.stop().await;
         Ok::<_, anyhow::Error>(())

@@ -44,12 +44,11 @@ use crate::spool::Spool;
 pub struct Config {
     /// The registration socket.
     pub socket: PathBuf,
-    /// The collector's gRPC address (`http://host:port`); None: local mode.
+    /// The collector's gRPC address (`http://host:port`). Required to start. (The CLI's local
+    /// mode, `--trace-dir` without a collector, starts one in the same process first.)
     pub collector: Option<String>,
     /// This node's name.
     pub node: String,
-    /// Local mode: where the job traces go.
-    pub trace_dir: Option<PathBuf>,
     /// `/metrics` address (None: not served).
     pub http: Option<SocketAddr>,
     /// The spool directory and its bound.
@@ -81,7 +80,6 @@ impl Config {
             socket: PathBuf::from(commscope_wire::registration::DEFAULT_SOCKET),
             collector: None,
             node: node.into(),
-            trace_dir: None,
             http: None,
             spool_dir: PathBuf::from("/var/lib/commscope/spool"),
             spool_max_bytes: 1 << 30,
@@ -149,8 +147,6 @@ pub struct Running {
     pub stats: Arc<Stats>,
     pub http: Option<SocketAddr>,
     pub socket: PathBuf,
-    /// The collector inside the agent (local mode).
-    pub local: Option<commscope_collector::Running>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -163,26 +159,13 @@ impl Running {
             let _ = t.await;
         }
         let _ = std::fs::remove_file(&self.socket);
-        if let Some(l) = self.local {
-            l.stop().await;
-        }
     }
 }
 
 /// Starts the agent; returns once the socket is listening.
-pub async fn start(mut cfg: Config) -> Result<Running> {
-    let mut local = None;
+pub async fn start(cfg: Config) -> Result<Running> {
     if cfg.collector.is_none() {
-        let dir = cfg.trace_dir.clone().context(
-            "the agent needs --collector URL, or --trace-dir DIR to write traces itself",
-        )?;
-        let mut c = commscope_collector::Config::new(dir);
-        c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-        c.http = SocketAddr::from(([127, 0, 0, 1], 0));
-        c.segment_age = Duration::from_secs(30);
-        let running = commscope_collector::start(c).await?;
-        cfg.collector = Some(format!("http://{}", running.listen));
-        local = Some(running);
+        anyhow::bail!("the agent needs a collector (--collector URL)");
     }
     if let Some(dir) = cfg.socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -408,21 +391,16 @@ pub async fn start(mut cfg: Config) -> Result<Running> {
     };
     tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
     tracing::info!(
-        "node {}: registrations on {}, records to {}, metrics on {}{}",
+        "node {}: registrations on {}, records to {}, metrics on {}",
         cfg.node,
         cfg.socket.display(),
         cfg.collector.as_deref().unwrap_or("-"),
         http.map_or_else(|| "-".to_owned(), |a| a.to_string()),
-        match (&local, &cfg.trace_dir) {
-            (Some(_), Some(d)) => format!(" (local collector writing {})", d.display()),
-            _ => String::new(),
-        }
     );
     Ok(Running {
         stats,
         http,
         socket: cfg.socket.clone(),
-        local,
         stop,
         tasks,
     })

@@ -215,3 +215,45 @@ fn logs_are_json_lines_filtered_by_commscope_log() {
         "{log}"
     );
 }
+
+#[test]
+fn an_agent_without_a_collector_writes_the_traces_itself() {
+    // Local mode: `commscope agent --trace-dir DIR` runs a collector in its own process.
+    use commscope_tests::services::Service;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let traces = dir.path().join("traces");
+    let socket = dir.path().join("agent.sock");
+    let mut c = commscope_tests::commscope();
+    c.arg("agent")
+        .arg("--trace-dir")
+        .arg(&traces)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--node")
+        .arg("local-node")
+        .arg("--http")
+        .arg("off")
+        .arg("--spool-dir")
+        .arg(dir.path().join("spool"))
+        .arg("--no-ebpf");
+    let mut agent = Service::spawn(c, "agent");
+    agent.wait_log("registrations on", Duration::from_secs(30));
+    assert!(
+        agent
+            .log()
+            .contains("local mode: a collector in this process writes"),
+        "{}",
+        agent.log()
+    );
+    let prog = build(Flavour::OpenMpi, "basic");
+    let cmd = launch(Flavour::OpenMpi, 2, &prog, &["10"]);
+    let out = run_with_agent(&socket, "local-mode", &cmd, &[]);
+    assert_ok(&out, "the job");
+    // Everything acknowledged is written out when the agent stops.
+    std::thread::sleep(Duration::from_secs(2));
+    agent.stop();
+    let trace = load_job(&traces.join("local-mode"));
+    let mut ranks: Vec<i32> = trace.processes.iter().map(|p| p.header.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1], "{}", agent.log());
+}
