@@ -172,6 +172,10 @@ pub struct AgentArgs {
     /// Unreachable collector: spool batches after this long [default: 2s].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SPOOL_AFTER")]
     pub spool_after: Option<String>,
+    /// On SIGTERM, stop within this long whatever the collector does; what is not acknowledged
+    /// stays in the rings and the spool [default: 10s].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<String>,
     /// Never attach to a process to take its stacks (a hang's culprits, on the collector's
     /// request; eu-stack or gdb pauses the process while it reads them).
     #[arg(long)]
@@ -235,6 +239,10 @@ pub struct CollectorArgs {
     /// How often to export over OTLP [default: 10s].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_OTLP_INTERVAL")]
     pub otlp_interval: Option<String>,
+    /// On SIGTERM, stop within this long whatever the agents do (connections still open are
+    /// cut; what was acknowledged is in the write-ahead logs) [default: 10s].
+    #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<String>,
     /// Settings file (TOML, table [collector]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,

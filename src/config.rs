@@ -44,6 +44,7 @@ pub struct AgentFile {
     pub batch_records: Option<usize>,
     pub poll: Option<String>,
     pub spool_after: Option<String>,
+    pub shutdown_timeout: Option<String>,
 }
 
 /// `[collector]`.
@@ -65,6 +66,7 @@ pub struct CollectorFile {
     pub job_linger: Option<String>,
     pub otlp: Option<String>,
     pub otlp_interval: Option<String>,
+    pub shutdown_timeout: Option<String>,
 }
 
 /// Reads the file (a missing `--config` file is an error; no file given is an empty one).

@@ -86,6 +86,9 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
     if let Some(s) = a.spool_after.clone().or(f.spool_after) {
         c.spool_after = parse_duration(&s)?;
     }
+    if let Some(s) = a.shutdown_timeout.clone().or(f.shutdown_timeout) {
+        c.shutdown_timeout = parse_duration(&s)?;
+    }
     Ok((c, trace_dir))
 }
 
@@ -132,6 +135,9 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     c.otlp = a.otlp.clone().or(f.otlp).filter(|u| !u.trim().is_empty());
     if let Some(s) = a.otlp_interval.clone().or(f.otlp_interval) {
         c.otlp_interval = parse_duration(&s)?.max(std::time::Duration::from_millis(100));
+    }
+    if let Some(s) = a.shutdown_timeout.clone().or(f.shutdown_timeout) {
+        c.shutdown_timeout = parse_duration(&s)?;
     }
     Ok(c)
 }

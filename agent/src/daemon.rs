@@ -51,6 +51,8 @@ pub struct Config {
     pub node: String,
     /// `/metrics` address (None: not served).
     pub http: Option<SocketAddr>,
+    /// [`Running::stop`] waits this long for its tasks (the collector link among them).
+    pub shutdown_timeout: Duration,
     /// The spool directory and its bound.
     pub spool_dir: PathBuf,
     pub spool_max_bytes: u64,
@@ -81,6 +83,7 @@ impl Config {
             collector: None,
             node: node.into(),
             http: None,
+            shutdown_timeout: Duration::from_secs(10),
             spool_dir: PathBuf::from("/var/lib/commscope/spool"),
             spool_max_bytes: 1 << 30,
             batch_records: 4096,
@@ -147,16 +150,30 @@ pub struct Running {
     pub stats: Arc<Stats>,
     pub http: Option<SocketAddr>,
     pub socket: PathBuf,
+    shutdown_timeout: Duration,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops: drains what it can for a moment, then returns (the socket file is removed).
+    /// Tasks still running after the shutdown timeout (a collector link stuck on a dead path)
+    /// are cut: what was not acknowledged stays in the rings and the spool.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        let mut cut = 0;
+        for mut t in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+                t.abort();
+                cut += 1;
+            }
+        }
+        if cut > 0 {
+            tracing::warn!(
+                "shutdown: {cut} task(s) still running after {:.0?}; cut them (what was not acknowledged stays in the rings and the spool)",
+                self.shutdown_timeout
+            );
         }
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -401,6 +418,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
         stats,
         http,
         socket: cfg.socket.clone(),
+        shutdown_timeout: cfg.shutdown_timeout,
         stop,
         tasks,
     })

@@ -45,6 +45,8 @@ pub struct Config {
     pub segment_bytes: u64,
     /// ... or this age.
     pub segment_age: Duration,
+    /// [`Running::stop`] waits this long for the listeners and their connections.
+    pub shutdown_timeout: Duration,
     /// Segments older than this are deleted.
     pub retention: Option<Duration>,
     /// Oldest segments are deleted while all together exceed this.
@@ -76,6 +78,7 @@ impl Config {
             trace_dir: trace_dir.into(),
             segment_bytes: 64 << 20,
             segment_age: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(10),
             retention: None,
             retention_bytes: None,
             max_message_bytes: 16 << 20,
@@ -343,18 +346,39 @@ pub struct Running {
     pub listen: SocketAddr,
     pub http: SocketAddr,
     shutdown: tokio::sync::watch::Sender<bool>,
+    shutdown_timeout: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops serving, writes every open log out as a segment, and returns.
+    /// Stops serving, writes every open log out as a segment, and returns. Connections that do
+    /// not close within the shutdown timeout (an agent behind a dead network path, whose TCP
+    /// cannot drain) are cut: what they had acknowledged is in the write-ahead logs already.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        let cut = join_until(self.tasks, self.shutdown_timeout).await;
+        if cut > 0 {
+            tracing::warn!(
+                "shutdown: {cut} listener(s) still had connections open after {:.0?}; cut them (what was acknowledged is kept)",
+                self.shutdown_timeout
+            );
         }
         self.shared.store.flush().await;
     }
+}
+
+/// Awaits `tasks` until `timeout` has passed, then aborts those still running; returns how
+/// many were aborted.
+pub async fn join_until(tasks: Vec<tokio::task::JoinHandle<()>>, timeout: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut cut = 0;
+    for mut t in tasks {
+        if tokio::time::timeout_at(deadline, &mut t).await.is_err() {
+            t.abort();
+            cut += 1;
+        }
+    }
+    cut
 }
 
 /// Opens the store (recovering what a previous run left) and starts serving. Returns once both
@@ -512,6 +536,7 @@ pub async fn start(config: Config) -> Result<Running> {
         listen,
         http: http_addr,
         shutdown,
+        shutdown_timeout: config.shutdown_timeout,
         tasks,
     })
 }
