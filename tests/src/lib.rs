@@ -494,3 +494,13 @@ pub fn wait<T>(what: &str, timeout: std::time::Duration, mut f: impl FnMut() -> 
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Whether this runs as root (loading eBPF programs needs it); says so when it does not.
+pub fn root() -> bool {
+    // SAFETY: a plain getter.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        eprintln!("skipped: loading eBPF programs needs root");
+    }
+    euid == 0
+}

@@ -17,16 +17,8 @@ use commscope_agent::transport::symbols::Symbols;
 use commscope_agent::transport::{Options, Probes, TransportView};
 use commscope_ebpf_common::{NetKey, kind, nccl_api, net, verbs_fn};
 use commscope_tests::nccl::real_nccl_dir;
+use commscope_tests::root;
 use commscope_tests::transport::stand_ins;
-
-fn root() -> bool {
-    // SAFETY: a plain getter.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        eprintln!("skipped: loading eBPF programs needs root");
-    }
-    euid == 0
-}
 
 fn only(opts: Options) -> Options {
     Options {

@@ -11,19 +11,10 @@ use std::time::{Duration, Instant};
 
 use commscope_tests::nccl::{build_library_against_real_nccl, doubles, real_nccl_dir};
 use commscope_tests::services::{Services, http_get};
-use commscope_tests::{analyze_json, assert_ok, load_job};
+use commscope_tests::{analyze_json, assert_ok, load_job, root};
 use commscope_wire::nccl_hash::{self, Version};
 use commscope_wire::op::{Op, lib};
 use commscope_wire::record::{CommEvent, ProcessEvent, Record};
-
-fn root() -> bool {
-    // SAFETY: a plain getter.
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        eprintln!("skipped: loading eBPF programs needs root");
-    }
-    euid == 0
-}
 
 fn unhex(s: &str) -> [u8; 128] {
     let mut id = [0u8; 128];
@@ -31,6 +22,24 @@ fn unhex(s: &str) -> [u8; 128] {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex id");
     }
     id
+}
+
+/// A collector and an agent of node `node` that probes `lib` from its start.
+fn probing(node: &str, lib: &std::path::Path) -> Services {
+    let svc = Services::start_with_agent_env(
+        node,
+        &[],
+        &[],
+        &[(
+            "COMMSCOPE_EBPF_LIBRARIES",
+            lib.to_str().expect("utf-8 path"),
+        )],
+    );
+    svc.agent
+        .as_ref()
+        .expect("agent running")
+        .wait_log("probes on", Duration::from_secs(60));
+    svc
 }
 
 /// `name{…what="W"…} value` from a Prometheus text page.
@@ -47,16 +56,7 @@ fn an_nccl_job_without_the_preload_is_recorded_by_the_agent_from_uprobes() {
     }
     let d = doubles();
     let lib_path = d.join("libnccl.so.2");
-    let mut svc = Services::start_with_agent_env(
-        "node-zt",
-        &[],
-        &[],
-        &[(
-            "COMMSCOPE_EBPF_LIBRARIES",
-            lib_path.to_str().expect("utf-8 path"),
-        )],
-    );
-    svc.agent().wait_log("probes on", Duration::from_secs(30));
+    let svc = probing("node-zt", &lib_path);
 
     // Nothing commscope's: no preload, no `commscope run`. (The socket says which agent serves
     // the job, as the default path does on a real node, where one agent runs.)
@@ -185,16 +185,7 @@ fn a_job_with_the_preload_is_recorded_once_by_the_preload_not_the_probes() {
     }
     let d = doubles();
     let lib_path = d.join("libnccl.so.2");
-    let mut svc = Services::start_with_agent_env(
-        "node-zt2",
-        &[],
-        &[],
-        &[(
-            "COMMSCOPE_EBPF_LIBRARIES",
-            lib_path.to_str().expect("utf-8 path"),
-        )],
-    );
-    svc.agent().wait_log("probes on", Duration::from_secs(30));
+    let svc = probing("node-zt2", &lib_path);
     let o = commscope_tests::services::run_with_agent(
         &svc.socket,
         "zt-preloaded",
@@ -238,16 +229,7 @@ fn a_rank_that_stops_issuing_collectives_is_named_from_the_host_view_alone() {
     }
     let d = doubles();
     let lib_path = d.join("libnccl.so.2");
-    let mut svc = Services::start_with_agent_env(
-        "node-zt3",
-        &[],
-        &[],
-        &[(
-            "COMMSCOPE_EBPF_LIBRARIES",
-            lib_path.to_str().expect("utf-8 path"),
-        )],
-    );
-    svc.agent().wait_log("probes on", Duration::from_secs(30));
+    let svc = probing("node-zt3", &lib_path);
     // 10 all-reduces, then rank 1 sleeps while the others issue #10 and wait on their stream.
     // A Slurm step's environment names the job.
     let mut job_proc = Command::new(d.join("nccl_job"))
@@ -329,16 +311,7 @@ fn the_real_nccl_loaded_privately_by_python_is_recorded_without_the_preload() {
     // probes must still read the unique id from the stack and the rank from the registers.
     let real = real_nccl_dir().join("libnccl.so.2");
     let lib = build_library_against_real_nccl("nccl_real");
-    let mut svc = Services::start_with_agent_env(
-        "node-zt4",
-        &[],
-        &[],
-        &[(
-            "COMMSCOPE_EBPF_LIBRARIES",
-            real.to_str().expect("utf-8 path"),
-        )],
-    );
-    svc.agent().wait_log("probes on", Duration::from_secs(60));
+    let svc = probing("node-zt4", &real);
     let o = Command::new(commscope_tests::python::interpreter())
         .arg(commscope_tests::python::script("nccl_ctypes.py"))
         .arg(&lib)

@@ -178,24 +178,10 @@ pub fn plan(symbols: &Symbols) -> Plan {
     let mut p = Plan::default();
     if symbols.exported("ibv_modify_qp").is_some() {
         p.library = Some(Library::Verbs);
-        for (function, entry, ret, cookie) in VERBS {
-            let Some(found) = symbols.exported(function) else {
-                p.missing.push(function.to_owned());
-                continue;
-            };
-            for (program, is_ret) in [(entry, false), (ret, true)] {
-                let Some(program) = program else { continue };
-                p.targets.push(Target {
-                    function,
-                    symbol: found.symbol.clone(),
-                    version: found.version.clone(),
-                    offset: found.offset,
-                    program,
-                    ret: is_ret,
-                    cookie: cookie.map(u64::from),
-                });
-            }
-        }
+        let verbs = VERBS
+            .iter()
+            .map(|(f, entry, ret, cookie)| (*f, *entry, *ret, cookie.map(u64::from)));
+        plan_exported(symbols, &mut p, verbs);
         return p;
     }
     let api = symbols.exported(NCCL_API_REQUIRED).is_some();
@@ -254,13 +240,33 @@ pub fn plan(symbols: &Symbols) -> Plan {
 fn plan_api(symbols: &Symbols, p: &mut Plan) {
     let calls = NCCL_API
         .iter()
-        .map(|(f, c)| (*f, "nccl_call", Some("nccl_call_ret"), *c));
-    for (function, entry, ret, cookie) in calls.chain(NCCL_COMMS) {
+        .map(|(f, c)| (*f, Some("nccl_call"), Some("nccl_call_ret"), Some(*c)));
+    let comms = NCCL_COMMS
+        .iter()
+        .map(|(f, entry, ret, c)| (*f, Some(*entry), *ret, Some(*c)));
+    plan_exported(symbols, p, calls.chain(comms));
+}
+
+/// Targets on exported functions, each at its default version: (function, entry program,
+/// return program, cookie). A function the file lacks is listed as missing.
+fn plan_exported(
+    symbols: &Symbols,
+    p: &mut Plan,
+    targets: impl Iterator<
+        Item = (
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<u64>,
+        ),
+    >,
+) {
+    for (function, entry, ret, cookie) in targets {
         let Some(found) = symbols.exported(function) else {
             p.missing.push(function.to_owned());
             continue;
         };
-        for (program, is_ret) in [(Some(entry), false), (ret, true)] {
+        for (program, is_ret) in [(entry, false), (ret, true)] {
             let Some(program) = program else { continue };
             p.targets.push(Target {
                 function,
@@ -269,7 +275,7 @@ fn plan_api(symbols: &Symbols, p: &mut Plan) {
                 offset: found.offset,
                 program,
                 ret: is_ret,
-                cookie: Some(cookie),
+                cookie,
             });
         }
     }
