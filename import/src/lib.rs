@@ -197,6 +197,13 @@ fn companion(path: &Path) -> bool {
         ) && !name.contains("-pid")
 }
 
+/// A file a writer has not finished (`seg-…parquet.partial`, `job.json.partial`): its
+/// records are still in the log it is being made from, so a directory listing skips it rather
+/// than warn that it cannot be read. Named on the command line, it is read (and warned about).
+fn in_progress(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "partial")
+}
+
 fn collect(path: &Path, out: &mut Vec<(PathBuf, bool)>, explicit: bool) -> Result<()> {
     let meta =
         std::fs::metadata(path).with_context(|| format!("failed to access {}", path.display()))?;
@@ -206,8 +213,8 @@ fn collect(path: &Path, out: &mut Vec<(PathBuf, bool)>, explicit: bool) -> Resul
             .filter_map(|e| e.ok().map(|e| e.path()))
             .collect();
         entries.sort();
-        for e in entries {
-            collect(&e, out, false)?;
+        for e in entries.iter().filter(|e| !in_progress(e)) {
+            collect(e, out, false)?;
         }
     } else if meta.is_file() {
         out.push((path.to_owned(), explicit));

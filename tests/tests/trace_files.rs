@@ -125,6 +125,39 @@ fn damaged_foreign_and_newer_files_are_reported_and_the_rest_is_read() {
     );
 }
 
+/// A collector stopped while it was turning a log into a segment leaves the unfinished segment
+/// (`seg-….parquet.partial`) beside the log it came from: reading the directory takes the log
+/// and skips the unfinished file without a warning. Named on its own, it is still reported.
+#[test]
+fn unfinished_files_in_a_trace_directory_are_skipped_quietly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = real_trace(tmp.path(), "unfinished", "2000");
+    let (before, o) = summary_json(&[&dir]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let seg = dir.join("seg-00000002.parquet.partial");
+    // What a writer cut off mid-way holds: Parquet's head magic and some of its pages.
+    std::fs::write(&seg, b"PAR1\x15\x00\x15\x80").expect("write");
+    std::fs::write(dir.join("job.json.partial"), b"{\"job\": \"unfin").expect("write");
+
+    let (after, o) = summary_json(&[&dir]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    assert_eq!(after["warnings"], serde_json::json!([]), "{after}");
+    assert_eq!(after["records"], before["records"], "{after}");
+    assert!(after["records"].as_u64().unwrap_or(0) > 0, "{after}");
+
+    let (_, o) = summary_json(&[&dir, &seg]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("commscope: warning: ") && l.contains("parquet.partial"))
+            .count(),
+        1,
+        "{err}"
+    );
+}
+
 #[test]
 fn missing_paths_and_empty_directories_are_clear_errors() {
     let tmp = tempfile::tempdir().expect("tempdir");
