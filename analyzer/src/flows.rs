@@ -157,9 +157,12 @@ impl FlowLinks {
         if let Some(n) = f.iface_name() {
             s.iface = Some(n);
         }
-        if f.bytes_sent > 0 {
+        // Bytes acknowledged revive a dead link — but not those of a closing socket: its
+        // totals are synced at the close and carry bytes acknowledged before the path died.
+        let closing = f.flags & commscope_wire::op::flags::FLOW_CLOSED != 0;
+        if f.bytes_sent > 0 && !closing {
             s.dead = None;
-        } else if f.retransmits > 0 {
+        } else if f.bytes_sent == 0 && f.retransmits > 0 {
             let d = s.dead.get_or_insert(Dead {
                 since_s: now_s,
                 ..Default::default()
@@ -648,6 +651,12 @@ mod tests {
             retransmitted(&mut f2, "n0", "10.0.0.1", "10.0.0.2", 1, t);
         }
         assert_eq!(f2.dead_links(12.0).len(), 1);
+        // The job killed while the path is dead: the closing socket's totals, synced at the
+        // close, add bytes its last ACK before the cut acknowledged. No revival.
+        let mut close = flow("10.0.0.1", "10.0.0.2", 24_000, 0, 100, 0);
+        close.flags = commscope_wire::op::flags::FLOW_CLOSED;
+        f2.record("n0", &close, 12.2);
+        assert_eq!(f2.dead_links(12.3).len(), 1);
         f2.record(
             "n0",
             &flow("10.0.0.1", "10.0.0.2", 1 << 20, 5, 100, 0),

@@ -129,7 +129,13 @@ fn a_dead_data_path_under_a_stall_is_one_communication_hang_naming_the_node() {
     assert_eq!(found.len(), 1, "analyze: {found:#?}\n{}", v["explain"]);
     assert_eq!(found[0]["class"], "communication-hang", "{:#}", found[0]);
     assert_eq!(found[0]["ranks"], serde_json::json!([]), "{:#}", found[0]);
-    assert_eq!(found[0]["link"], g["link"], "{:#}", found[0]);
+    assert_eq!(
+        found[0]["link"],
+        g["link"],
+        "{:#}\nthe trace's flow records:\n{}",
+        found[0],
+        flow_lines(&dir)
+    );
     assert_eq!(g["kind"], "hang", "{g:#}");
     assert_eq!(g["class"], "communication-hang", "{g:#}");
     assert_eq!(g["ranks"], serde_json::json!([]), "{g:#}");
@@ -267,4 +273,40 @@ fn a_throttled_node_link_is_one_slow_link_live_and_in_the_trace() {
             .is_some_and(|u| u.iter().all(|r| r.as_i64() >= Some(0))),
         "{sum:#}"
     );
+}
+
+/// The `flow` records of a job's trace, one line each in time order: what a post-mortem
+/// conclusion about its links rests on (printed when one differs from the live finding).
+fn flow_lines(dir: &std::path::Path) -> String {
+    use commscope_wire::record::Record;
+    let trace = commscope_tests::load_job(dir);
+    let mut lines: Vec<(u64, String)> = trace
+        .processes
+        .iter()
+        .filter(|p| p.header.is_transport())
+        .flat_map(|p| {
+            p.records.iter().filter_map(move |r| match r {
+                Record::Flow(f) => Some((
+                    f.t_end,
+                    format!(
+                        "{} t_end={} rank={} -> {} sent={} retransmits={} flags={}",
+                        p.header.node,
+                        f.t_end,
+                        f.rank,
+                        f.remote_addr(),
+                        f.bytes_sent,
+                        f.retransmits,
+                        f.flags
+                    ),
+                )),
+                _ => None,
+            })
+        })
+        .collect();
+    lines.sort();
+    lines
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -314,7 +314,8 @@ pub mod flags {
 
     /// Link: the proxy operation sent (else it received).
     pub const LINK_SEND: u16 = 1 << 0;
-    /// `flow` record: the flow ended during the interval.
+    /// `flow` record: the connection closed or began closing (teardown; see
+    /// [`crate::record::Flow::flags`]).
     pub const FLOW_CLOSED: u16 = 1 << 0;
 
     /// Heartbeat: the last heartbeat of a process that shut down cleanly.

@@ -431,7 +431,9 @@ pub struct Flow {
     pub rec_seq: u64,
     /// [`flow_transport`].
     pub transport: u8,
-    /// [`crate::op::flags::FLOW_CLOSED`]: the flow ended during the interval.
+    /// [`crate::op::flags::FLOW_CLOSED`]: the connection closed or began closing (left
+    /// ESTABLISHED) during or before the interval. Its totals are then synced from the socket,
+    /// so the bytes of such a record may have been acknowledged before the interval.
     pub flags: u16,
     /// Bytes sent and acknowledged, and bytes received, during the interval.
     pub bytes_sent: u64,

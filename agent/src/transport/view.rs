@@ -28,6 +28,10 @@ pub struct Flow {
     pub retransmits_recent: u32,
     /// The socket was closed; its entry goes after its last totals are read.
     pub closed: bool,
+    /// The connection left ESTABLISHED (the application or its peer closed it): what follows
+    /// is teardown, and the totals were synced from the socket at that moment, so bytes they
+    /// add may have been acknowledged before it (the last ACK `tcp_probe` had not counted).
+    pub closing: bool,
     /// Its totals, and the time (monotonic ns), at its last `flow` record.
     pub emitted: TcpFlow,
     pub emitted_at: u64,
@@ -234,10 +238,14 @@ impl TransportView {
         match ev {
             Event::TcpState(e) => {
                 *self.events.entry(kind_name(e.head.kind)).or_default() += 1;
-                if e.newstate == tcp_state::CLOSE
-                    && let Some(f) = self.flows.get_mut(&e.skaddr)
-                {
-                    f.closed = true;
+                if let Some(f) = self.flows.get_mut(&e.skaddr) {
+                    if e.newstate == tcp_state::CLOSE {
+                        f.closed = true;
+                    }
+                    if e.oldstate == tcp_state::ESTABLISHED && e.newstate != tcp_state::ESTABLISHED
+                    {
+                        f.closing = true;
+                    }
                 }
             }
             Event::Qp(e) => {
@@ -479,6 +487,7 @@ impl TransportView {
                 rx_rate: 0.0,
                 retransmits_recent: 0,
                 closed: false,
+                closing: false,
                 emitted: TcpFlow::default(),
                 emitted_at: 0,
             });
@@ -492,6 +501,7 @@ impl TransportView {
                 f.remote = sockaddr(t.family, &t.daddr, t.dport);
                 f.pid = None;
                 f.closed = false;
+                f.closing = false;
                 f.emitted = TcpFlow::default();
                 f.emitted_at = 0;
             }
@@ -540,7 +550,7 @@ impl TransportView {
                 Rec {
                     rec_seq: 0,
                     transport: flow_transport::TCP,
-                    flags: if f.closed {
+                    flags: if f.closed || f.closing {
                         commscope_wire::op::flags::FLOW_CLOSED
                     } else {
                         0
@@ -998,6 +1008,34 @@ mod tests {
     }
 
     #[test]
+    fn a_flow_that_leaves_established_is_teardown_from_then_on() {
+        let mut v = TransportView::default();
+        // Closed by the application with data unacknowledged (FIN_WAIT1, an orphan that goes
+        // on retransmitting): its records from then on are teardown.
+        v.update_flows(5_000_000_000, &[(9, flow(1_000, 0, 0))]);
+        v.flows.get_mut(&9).expect("flow").pid = Some(42);
+        let own = |pid: u32| (pid == 42).then_some(3);
+        let recs = v.flow_records(5_000_000_000, own, |_| None);
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].1.flags, 0);
+        v.apply(&Event::TcpState(commscope_ebpf_common::TcpStateEvent {
+            head: head(kind::TCP_STATE, 0, 0, 4),
+            skaddr: 9,
+            oldstate: tcp_state::ESTABLISHED,
+            newstate: tcp_state::FIN_WAIT1,
+            ..Default::default()
+        }));
+        v.update_flows(6_000_000_000, &[(9, flow(5_000, 0, 3))]);
+        let recs = v.flow_records(6_000_000_000, own, |_| None);
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].1.flags, recs[0].1.bytes_sent, recs[0].1.retransmits),
+            (commscope_wire::op::flags::FLOW_CLOSED, 4_000, 3)
+        );
+        assert!(v.sweep().is_empty(), "not closed yet: its entry stays");
+    }
+
+    #[test]
     fn flow_rates_come_from_successive_reads_and_closed_flows_keep_their_totals() {
         let mut v = TransportView::default();
         v.update_flows(1_000_000_000, &[(7, flow(0, 0, 0))]);
@@ -1045,6 +1083,7 @@ mod tests {
         assert_eq!(r.iface_name().as_deref(), Some("eth0"));
         assert_eq!(v.sweep(), vec![7]);
         assert_eq!(v.flows.keys().collect::<Vec<_>>(), [&8]);
+
         let peers = v.tcp_by_peer();
         let p = peers[&"10.9.0.2".parse::<IpAddr>().expect("ip")];
         assert_eq!((p.bytes_sent, p.retransmits, p.flows), (5_000_000, 2, 0));

@@ -73,6 +73,7 @@ pub struct TcpStateEvent {
 pub mod tcp_state {
     pub const ESTABLISHED: u8 = 1;
     pub const SYN_SENT: u8 = 2;
+    pub const FIN_WAIT1: u8 = 4;
     pub const CLOSE: u8 = 7;
 }
 
