@@ -184,6 +184,20 @@ pub struct AgentArgs {
     /// (by default they are loaded where the agent is permitted to).
     #[arg(long, env = "COMMSCOPE_NO_EBPF")]
     pub no_ebpf: bool,
+    /// The node's pod list, to name each process's Kubernetes pod, namespace and owner: a URL
+    /// answering a PodList (the API server's `/api/v1/pods?fieldSelector=spec.nodeName=NODE`,
+    /// or the kubelet's `/pods`); `off` for none [default: inside a pod with a service
+    /// account, the API server's list of this node's pods; else none].
+    #[arg(long, value_name = "URL", env = "COMMSCOPE_PODS_URL")]
+    pub pods_url: Option<String>,
+    /// A bearer token for the pod list [default: the service account's, with the in-cluster
+    /// URL].
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_PODS_TOKEN_FILE")]
+    pub pods_token_file: Option<PathBuf>,
+    /// The CA certificate (PEM) the pod list's server is signed by [default: the service
+    /// account's, with the in-cluster URL; else the system's roots].
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_PODS_CA_FILE")]
+    pub pods_ca_file: Option<PathBuf>,
     /// Settings file (TOML, table [agent]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,

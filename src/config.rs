@@ -45,6 +45,9 @@ pub struct AgentFile {
     pub poll: Option<String>,
     pub spool_after: Option<String>,
     pub shutdown_timeout: Option<String>,
+    pub pods_url: Option<String>,
+    pub pods_token_file: Option<PathBuf>,
+    pub pods_ca_file: Option<PathBuf>,
 }
 
 /// `[collector]`.

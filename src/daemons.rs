@@ -89,6 +89,15 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
     if let Some(s) = a.shutdown_timeout.clone().or(f.shutdown_timeout) {
         c.shutdown_timeout = parse_duration(&s)?;
     }
+    c.pods = match a.pods_url.clone().or(f.pods_url) {
+        Some(url) if url == "off" => None,
+        Some(url) => Some(commscope_agent::attribution::PodSource {
+            url,
+            token_file: a.pods_token_file.clone().or(f.pods_token_file),
+            ca_file: a.pods_ca_file.clone().or(f.pods_ca_file),
+        }),
+        None => commscope_agent::attribution::PodSource::in_cluster(&c.node),
+    };
     Ok((c, trace_dir))
 }
 

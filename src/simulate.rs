@@ -317,6 +317,7 @@ fn process_id(h: &Header) -> ProcessId {
         mono_anchor_ns: h.mono_anchor,
         real_anchor_ns: h.real_anchor,
         library: h.library.clone(),
+        attribution: None,
     }
 }
 

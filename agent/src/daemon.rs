@@ -73,6 +73,10 @@ pub struct Config {
     pub nic_every: Duration,
     /// The transport view's eBPF probes ([`crate::transport`]); None: off (`--no-ebpf`).
     pub ebpf: Option<crate::transport::Options>,
+    /// Where processes' `cgroup` and `environ` files are read for their attribution.
+    pub proc_root: PathBuf,
+    /// The node's pod list ([`crate::attribution`]); None: pods are not named.
+    pub pods: Option<crate::attribution::PodSource>,
 }
 
 impl Config {
@@ -97,6 +101,8 @@ impl Config {
             // seconds.
             nic_every: Duration::from_secs(5),
             ebpf: Some(crate::transport::Options::default()),
+            proc_root: PathBuf::from("/proc"),
+            pods: None,
         }
     }
 }
@@ -405,6 +411,9 @@ pub async fn start(cfg: Config) -> Result<Running> {
         events: ev_tx.clone(),
         rates: HashMap::new(),
         transport: HashMap::new(),
+        pods: Arc::new(tokio::sync::Mutex::new(crate::attribution::Pods::new(
+            cfg.pods.clone(),
+        ))),
     };
     tasks.push(tokio::spawn(pump.run(ev_rx, stop_rx)));
     tracing::info!(
@@ -448,6 +457,8 @@ enum Event {
     Transport(String, Vec<Record>),
     /// Link events of the whole node (NIC counters, ports): every job on it gets them.
     NodeLinkEvents(Vec<commscope_wire::record::LinkEvent>),
+    /// A registered process's pod and job ([`crate::attribution`]).
+    Attributed(u64, commscope_wire::grpc::Attribution),
 }
 
 /// Keeps one stream to the collector open, reconnecting with backoff.
@@ -635,6 +646,8 @@ struct Pump {
     /// Per job: the identity the agent writes its transport records under, and its next
     /// `rec_seq`.
     transport: HashMap<String, (ProcessId, u64)>,
+    /// The node's pods, for attribution.
+    pods: Arc<tokio::sync::Mutex<crate::attribution::Pods>>,
 }
 
 impl Pump {
@@ -705,6 +718,7 @@ impl Pump {
                 self.flush();
             }
             Event::Transport(job, records) => self.queue_transport(job, records),
+            Event::Attributed(id, a) => self.attributed(id, a),
             Event::NodeLinkEvents(events) => {
                 let jobs: std::collections::BTreeSet<String> = self
                     .sources
@@ -746,6 +760,7 @@ impl Pump {
                     mono_anchor_ns: now_mono(),
                     real_anchor_ns: now_real(),
                     library: String::new(),
+                    attribution: None,
                 },
                 1,
             )
@@ -806,6 +821,7 @@ impl Pump {
             mono_anchor_ns: mono,
             real_anchor_ns: real,
             library: String::new(),
+            attribution: None,
         };
         let read_pos = shm.cursor(Consumer::Agent);
         let id = self.next_source;
@@ -858,6 +874,7 @@ impl Pump {
             }
             Err(e) => tracing::warn!("cannot watch pid {} for its exit: {e}", req.pid),
         }
+        let pid = req.pid;
         tracing::info!(
             "registered rank {} of job {} (pid {}, {} ranks, {}), reading from record {}",
             req.rank,
@@ -884,6 +901,52 @@ impl Pump {
                 last_snapshot: None,
             },
         );
+        // Its pod and job: read off the pump (the pod list is a network call).
+        let (ev, pods, root) = (
+            self.events.clone(),
+            self.pods.clone(),
+            self.cfg.proc_root.clone(),
+        );
+        tokio::spawn(async move {
+            let a = crate::attribution::attribute(&root, pid, &pods).await;
+            if a != commscope_wire::grpc::Attribution::default() {
+                let _ = ev.send(Event::Attributed(id, a)).await;
+            }
+        });
+    }
+
+    /// A process's attribution arrived: its batches from now on carry it (the transport
+    /// records of its job too, when it is the first of the job to have one).
+    fn attributed(&mut self, id: u64, a: commscope_wire::grpc::Attribution) {
+        let Some(s) = self.sources.get_mut(&id) else {
+            return;
+        };
+        if !a.pod.is_empty() {
+            tracing::info!(
+                "rank {} of job {} (pid {}) runs in pod {}/{} (container {}, {})",
+                s.process.rank,
+                s.process.job,
+                s.process.pid,
+                a.namespace,
+                a.pod,
+                if a.container.is_empty() {
+                    "?"
+                } else {
+                    &a.container
+                },
+                a.owner
+            );
+        }
+        if let Some((t, _)) = self.transport.get_mut(&s.process.job)
+            && t.attribution.is_none()
+        {
+            t.attribution = Some(commscope_wire::grpc::Attribution {
+                pod: String::new(),
+                container: String::new(),
+                ..a.clone()
+            });
+        }
+        s.process.attribution = Some(a);
     }
 
     /// Whether batches should go to the spool instead of the collector now.

@@ -9,6 +9,7 @@
 //!   in-flight snapshots, process exits.
 //! - [`spool`], [`exits`], [`clock`], [`metrics`]: its parts.
 
+pub mod attribution;
 pub mod clock;
 pub mod daemon;
 pub mod exits;

@@ -69,9 +69,37 @@ impl Engine {
             job_now.extend(mismatches);
             job_now.extend(rest);
             commscope_analyzer::link_errors::fold_into_hangs(&mut job_now);
+            attach_attribution(job, &mut job_now);
             now.extend(job_now);
         }
         self.tracker.update(now, t)
+    }
+}
+
+/// `evidence.attribution` on a job's findings, when its agents attributed it: the job's
+/// namespace, owner and scheduler ids, and the pod of each rank the finding names.
+fn attach_attribution(job: &JobState, found: &mut [Finding]) {
+    let any_pod = job.ranks.values().any(|r| !r.pod.is_empty());
+    if job.attribution.is_empty() && !any_pod {
+        return;
+    }
+    for f in found {
+        let mut a = serde_json::to_value(&job.attribution).unwrap_or_else(|_| json!({}));
+        let pods: BTreeMap<String, &str> = f
+            .ranks
+            .iter()
+            .filter_map(|rank| {
+                job.ranks
+                    .values()
+                    .filter(|r| r.rank == *rank && !r.pod.is_empty())
+                    .max_by_key(|r| r.last_heard_ns)
+                    .map(|r| (rank.to_string(), r.pod.as_str()))
+            })
+            .collect();
+        if !pods.is_empty() {
+            a["pods"] = json!(pods);
+        }
+        f.evidence["attribution"] = a;
     }
 }
 

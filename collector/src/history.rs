@@ -280,6 +280,7 @@ mod tests {
             dropped: 0,
             first_seen_ns: 10,
             last_seen_ns: 5_000,
+            attribution: crate::state::JobAttribution::default(),
         }
     }
 

@@ -17,7 +17,7 @@ use serde::Serialize;
 use commscope_analyzer::Finding;
 
 use crate::Shared;
-use crate::state::{InFlightCall, JobState};
+use crate::state::{InFlightCall, JobAttribution, JobState};
 
 /// The routes.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -65,6 +65,10 @@ pub struct JobLine {
     pub dropped: u64,
     pub first_seen_ns: u64,
     pub last_seen_ns: u64,
+    /// Its Kubernetes namespace and owning workload, Slurm job, torchrun run (omitted when
+    /// none is known).
+    #[serde(default, skip_serializing_if = "JobAttribution::is_empty")]
+    pub attribution: JobAttribution,
 }
 
 /// Summary line of a job.
@@ -81,6 +85,7 @@ pub fn job_line(j: &JobState) -> JobLine {
         dropped: j.dropped(),
         first_seen_ns: j.first_seen_ns,
         last_seen_ns: j.last_seen_ns,
+        attribution: j.attribution.clone(),
     }
 }
 
@@ -155,6 +160,11 @@ pub struct ProcessDetail {
     pub rank: i32,
     pub node: String,
     pub pid: u32,
+    /// Its Kubernetes pod and container (omitted when unknown).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub container: String,
     pub state: &'static str,
     /// It shut down cleanly (MPI_Finalize) before it ended.
     pub finalized: bool,
@@ -224,6 +234,8 @@ pub fn job_detail(j: &JobState) -> JobDetail {
             rank: r.rank,
             node: r.node.clone(),
             pid: r.pid,
+            pod: r.pod.clone(),
+            container: r.container.clone(),
             state: r.status.name(),
             finalized: r.finalized,
             exit_status: r.exit_status,

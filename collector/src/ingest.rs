@@ -397,6 +397,7 @@ fn handle(
                 shared.set_node_clock(&header.node, c);
             }
             let overrun = b.dropped_overrun;
+            let attribution = process.attribution.clone();
             m.records_in.fetch_add(n as u64, Ordering::Relaxed);
             let commit = shared.store.submit(Batch {
                 header: header.clone(),
@@ -412,7 +413,11 @@ fn handle(
                             if overrun > 0 {
                                 st.set_overrun(&header, overrun);
                             }
-                            st.apply(&header, clock, &c.accepted)
+                            let ended = st.apply(&header, clock, &c.accepted);
+                            if let Some(a) = &attribution {
+                                st.attribute(&header, a);
+                            }
+                            ended
                         };
                         if ended {
                             shared.job_ended(&header.job).await;

@@ -24,7 +24,7 @@ use commscope_wire::hash::format_comm_id;
 use commscope_wire::op::Op;
 
 use crate::Shared;
-use crate::state::{BUCKETS, JobState, OpStats, SIZE_CLASSES, now_ns};
+use crate::state::{BUCKETS, JobAttribution, JobState, OpStats, SIZE_CLASSES, now_ns};
 use commscope_analyzer::links::NodePair;
 
 /// Communicators with their own series per job.
@@ -34,10 +34,20 @@ pub const MAX_LINK_SERIES: usize = 64;
 /// Ranks with their own series per job.
 pub const MAX_RANK_SERIES: usize = 4096;
 
-const J: &[&str] = &["job_id"];
-const COP: &[&str] = &["job_id", "comm", "op"];
-const LINK: &[&str] = &["job_id", "src", "dst"];
-const RANK: &[&str] = &["job_id", "rank", "node"];
+// Every per-job series leads with the job and its attribution (empty when unknown, which
+// Prometheus stores as no label): see [`JobSink`].
+const J: &[&str] = &["job_id", "namespace", "owner", "slurm_job_id"];
+const COP: &[&str] = &["job_id", "namespace", "owner", "slurm_job_id", "comm", "op"];
+const LINK: &[&str] = &["job_id", "namespace", "owner", "slurm_job_id", "src", "dst"];
+const RANK: &[&str] = &[
+    "job_id",
+    "namespace",
+    "owner",
+    "slurm_job_id",
+    "rank",
+    "node",
+    "pod",
+];
 
 static UP: Def = Def::gauge(
     "commscope_collector_up",
@@ -152,7 +162,7 @@ static CLOCK_ERROR: Def = Def::gauge(
 static FINDINGS_OPEN: Def = Def::gauge(
     "commscope_findings_open",
     "Open findings, by job and kind (see docs/diagnosis.md).",
-    &["job_id", "kind"],
+    &["job_id", "namespace", "owner", "slurm_job_id", "kind"],
 );
 static JOBS: Def = Def::gauge(
     "commscope_collector_jobs",
@@ -203,7 +213,7 @@ static JOB_OUT_OF_ORDER: Def = Def::counter(
 static JOB_DROPPED: Def = Def::counter(
     "commscope_job_dropped_records_total",
     "Records the job's processes or agents could not deliver, by reason.",
-    &["job_id", "reason"],
+    &["job_id", "namespace", "owner", "slurm_job_id", "reason"],
 );
 static CALLS: Def = Def::counter(
     "commscope_collective_calls_total",
@@ -238,17 +248,24 @@ static BUSBW: Def = Def::gauge(
 static SIZE_DURATION: Def = Def::histogram(
     "commscope_collective_size_duration_seconds",
     "Duration of completed collectives by op and message-size class, all communicators together (size: the class's upper bound).",
-    &["job_id", "op", "size"],
+    &["job_id", "namespace", "owner", "slurm_job_id", "op", "size"],
 );
 static SIZE_BUS_BYTES: Def = Def::counter(
     "commscope_collective_size_bus_bytes_total",
     "Bus bytes of completed collectives by op and message-size class; over the duration sum, the mean bus bandwidth of that size.",
-    &["job_id", "op", "size"],
+    &["job_id", "namespace", "owner", "slurm_job_id", "op", "size"],
 );
 static COMM_PROGRESS: Def = Def::gauge(
     "commscope_comm_progress",
     "Collectives completed in order on a communicator by its slowest and its fastest member (bound: slowest or fastest).",
-    &["job_id", "comm", "bound"],
+    &[
+        "job_id",
+        "namespace",
+        "owner",
+        "slurm_job_id",
+        "comm",
+        "bound",
+    ],
 );
 static JOB_LAG: Def = Def::gauge(
     "commscope_job_ingest_lag_seconds",
@@ -485,24 +502,63 @@ fn findings(s: &Shared, o: &mut Sink) {
             *n.entry((f.job.clone(), f.kind.name())).or_default() += 1;
         }
     }
+    let st = s.lock_state();
+    let none = JobAttribution::default();
     for ((job, kind), c) in n {
-        o.value(&FINDINGS_OPEN, &[&job, kind], c as f64);
+        let a = st.jobs.get(&job).map_or(&none, |j| &j.attribution);
+        JobSink::new(o, &job, a).value(&FINDINGS_OPEN, &[kind], c as f64);
+    }
+}
+
+/// Writes one job's series: its `job_id` and attribution labels, then the family's own.
+struct JobSink<'a> {
+    o: &'a mut Sink,
+    head: [&'a str; 4],
+}
+
+impl<'a> JobSink<'a> {
+    fn new(o: &'a mut Sink, job: &'a str, a: &'a JobAttribution) -> JobSink<'a> {
+        let [ns, owner, slurm] = a.labels();
+        JobSink {
+            o,
+            head: [job, ns, owner, slurm],
+        }
+    }
+
+    fn labels<'l>(&self, rest: &[&'l str]) -> Vec<&'l str>
+    where
+        'a: 'l,
+    {
+        let mut l = self.head.to_vec();
+        l.extend_from_slice(rest);
+        l
+    }
+
+    fn value(&mut self, def: &'static Def, rest: &[&str], v: f64) {
+        let l = self.labels(rest);
+        self.o.value(def, &l, v);
+    }
+
+    fn histogram(&mut self, def: &'static Def, rest: &[&str], s: &OpStats) {
+        let l = self.labels(rest);
+        self.o
+            .histogram(def, &l, &BUCKETS, &s.buckets, s.timed, s.duration_sum_s);
     }
 }
 
 fn job(j: &JobState, o: &mut Sink) {
-    let l = [j.job.as_str()];
-    o.value(&JOB_RANKS, &l, j.rank_count() as f64);
-    o.value(&JOB_RECORDS, &l, j.records as f64);
-    o.value(&JOB_SAMPLED_OUT, &l, j.sampled_out as f64);
-    o.value(&JOB_SAMPLED_COMMS, &l, j.sampled_comms as f64);
-    o.value(&JOB_AWAITING, &l, j.reorder.len() as f64);
+    let mut o = JobSink::new(o, &j.job, &j.attribution);
+    o.value(&JOB_RANKS, &[], j.rank_count() as f64);
+    o.value(&JOB_RECORDS, &[], j.records as f64);
+    o.value(&JOB_SAMPLED_OUT, &[], j.sampled_out as f64);
+    o.value(&JOB_SAMPLED_COMMS, &[], j.sampled_comms as f64);
+    o.value(&JOB_AWAITING, &[], j.reorder.len() as f64);
     o.value(
         &JOB_OUT_OF_ORDER,
-        &l,
+        &[],
         (j.reorder.late + j.reorder.forced) as f64,
     );
-    o.value(&JOB_LAG, &l, j.lag_ns as f64 / 1e9);
+    o.value(&JOB_LAG, &[], j.lag_ns as f64 / 1e9);
     let mut d = [0u64; 4];
     for r in j.ranks.values() {
         d[0] += r.dropped_ring_full;
@@ -514,7 +570,7 @@ fn job(j: &JobState, o: &mut Sink) {
         .into_iter()
         .zip(d)
     {
-        o.value(&JOB_DROPPED, &[&j.job, reason], v as f64);
+        o.value(&JOB_DROPPED, &[reason], v as f64);
     }
 }
 
@@ -532,6 +588,7 @@ fn add_stats(e: &mut OpStats, s: &OpStats) {
 }
 
 fn collectives(j: &JobState, o: &mut Sink) {
+    let mut o = JobSink::new(o, &j.job, &j.attribution);
     let mut comms: Vec<(u64, u64)> = j
         .comms
         .iter()
@@ -547,27 +604,16 @@ fn collectives(j: &JobState, o: &mut Sink) {
             if i >= MAX_COMM_SERIES {
                 add_stats(other.entry(*op).or_default(), s);
             } else {
-                op_series(&j.job, &format_comm_id(*id), *op, s, o);
+                op_series(&format_comm_id(*id), *op, s, &mut o);
             }
         }
     }
     for (op, s) in &other {
-        op_series(&j.job, "other", *op, s, o);
+        op_series("other", *op, s, &mut o);
     }
     for ((op, size), s) in &j.by_size {
-        let l = [
-            j.job.as_str(),
-            Op::from_code(*op).name(),
-            SIZE_CLASSES[*size as usize].1,
-        ];
-        o.histogram(
-            &SIZE_DURATION,
-            &l,
-            &BUCKETS,
-            &s.buckets,
-            s.timed,
-            s.duration_sum_s,
-        );
+        let l = [Op::from_code(*op).name(), SIZE_CLASSES[*size as usize].1];
+        o.histogram(&SIZE_DURATION, &l, s);
         o.value(&SIZE_BUS_BYTES, &l, s.bus_bytes.round());
     }
     for (id, _) in comms.iter().take(MAX_COMM_SERIES) {
@@ -576,23 +622,16 @@ fn collectives(j: &JobState, o: &mut Sink) {
             continue;
         };
         let comm = format_comm_id(*id);
-        o.value(&COMM_PROGRESS, &[&j.job, &comm, "slowest"], *lo as f64);
-        o.value(&COMM_PROGRESS, &[&j.job, &comm, "fastest"], *hi as f64);
+        o.value(&COMM_PROGRESS, &[&comm, "slowest"], *lo as f64);
+        o.value(&COMM_PROGRESS, &[&comm, "fastest"], *hi as f64);
     }
 }
 
-fn op_series(job: &str, comm: &str, op: u8, s: &OpStats, o: &mut Sink) {
-    let l = [job, comm, Op::from_code(op).name()];
+fn op_series(comm: &str, op: u8, s: &OpStats, o: &mut JobSink) {
+    let l = [comm, Op::from_code(op).name()];
     o.value(&CALLS, &l, s.calls as f64);
     o.value(&BYTES, &l, s.bytes as f64);
-    o.histogram(
-        &DURATION,
-        &l,
-        &BUCKETS,
-        &s.buckets,
-        s.timed,
-        s.duration_sum_s,
-    );
+    o.histogram(&DURATION, &l, s);
     o.value(&BUS_BYTES, &l, s.bus_bytes.round());
     if s.algbw_avg > 0.0 {
         o.value(&ALGBW, &l, s.algbw_avg.round());
@@ -602,9 +641,10 @@ fn op_series(job: &str, comm: &str, op: u8, s: &OpStats, o: &mut Sink) {
 
 /// Per (sending node, receiving node): NCCL's step-timed proxy sends.
 fn links(j: &JobState, o: &mut Sink) {
+    let mut o = JobSink::new(o, &j.job, &j.attribution);
     let pairs = j.detectors.node_pairs();
     let mut emit = |p: &NodePair| {
-        let l = [j.job.as_str(), p.src.as_str(), p.dst.as_str()];
+        let l = [p.src.as_str(), p.dst.as_str()];
         o.value(&LINK_BYTES, &l, p.bytes as f64);
         o.value(&LINK_NETWORK, &l, p.net_ns as f64 / 1e9);
         o.value(&LINK_GPU_WAIT, &l, p.gpu_wait_ns as f64 / 1e9);
@@ -629,6 +669,7 @@ fn links(j: &JobState, o: &mut Sink) {
 }
 
 fn ranks(j: &JobState, now: u64, o: &mut Sink) {
+    let mut o = JobSink::new(o, &j.job, &j.attribution);
     let health: HashMap<i32, (f64, f64)> = j
         .detectors
         .health()
@@ -637,7 +678,7 @@ fn ranks(j: &JobState, now: u64, o: &mut Sink) {
         .collect();
     for r in j.ranks.values().take(MAX_RANK_SERIES) {
         let rank = r.rank.to_string();
-        let l = [j.job.as_str(), rank.as_str(), r.node.as_str()];
+        let l = [rank.as_str(), r.node.as_str(), r.pod.as_str()];
         let live = r.live_in_flight();
         o.value(&RANK_CALLS, &l, r.calls as f64);
         o.value(&RANK_IN_FLIGHT, &l, live.len() as f64);

@@ -212,6 +212,9 @@ pub struct RankInfo {
     pub snapshot_at: Option<Instant>,
     /// Its latest completed calls (at most [`RECENT_CALLS`]), oldest first.
     pub recent: std::collections::VecDeque<RecentCall>,
+    /// Its Kubernetes pod and container, when its agent named them.
+    pub pod: String,
+    pub container: String,
 }
 
 /// Completed calls each rank keeps for the operator's rank view.
@@ -361,6 +364,49 @@ pub struct JobState {
     /// per-export bound.
     pub slow_calls: Vec<SlowCall>,
     pub slow_calls_dropped: u64,
+    /// Its namespace, owner, Slurm job and torchrun run, from its processes' attribution.
+    pub attribution: JobAttribution,
+}
+
+/// A job's place in the cluster's schedulers: each field as the first of its processes to know
+/// it named it (they agree; a process that knows less does not blank it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct JobAttribution {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// The workload behind its pods, "Kind/name".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub slurm_job_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub torchrun_run_id: String,
+}
+
+impl JobAttribution {
+    pub fn is_empty(&self) -> bool {
+        *self == JobAttribution::default()
+    }
+
+    /// Fills what is still unknown from one process's attribution.
+    fn merge(&mut self, a: &commscope_wire::grpc::Attribution) {
+        for (have, new) in [
+            (&mut self.namespace, &a.namespace),
+            (&mut self.owner, &a.owner),
+            (&mut self.slurm_job_id, &a.slurm_job_id),
+            (&mut self.torchrun_run_id, &a.torchrun_run_id),
+        ] {
+            if have.is_empty() && !new.is_empty() {
+                have.clone_from(new);
+            }
+        }
+    }
+
+    /// The metric labels it gives every per-job series: `namespace`, `owner`, `slurm_job_id`
+    /// (empty when unknown, which Prometheus stores as no label).
+    pub fn labels(&self) -> [&str; 3] {
+        [&self.namespace, &self.owner, &self.slurm_job_id]
+    }
 }
 
 impl JobState {
@@ -386,6 +432,7 @@ impl JobState {
             by_size: BTreeMap::new(),
             slow_calls: Vec::new(),
             slow_calls_dropped: 0,
+            attribution: JobAttribution::default(),
         }
     }
 
@@ -564,6 +611,22 @@ impl State {
         }
     }
 
+    /// One process's attribution (sent with its batches): its job's namespace, owner and
+    /// scheduler ids, its own pod and container.
+    pub fn attribute(&mut self, header: &Header, a: &commscope_wire::grpc::Attribution) {
+        let Some(job) = self.jobs.get_mut(&header.job) else {
+            return;
+        };
+        job.attribution.merge(a);
+        if let Some(r) = job.ranks.get_mut(&ProcessKey::of(header))
+            && r.pod.is_empty()
+            && !a.pod.is_empty()
+        {
+            r.pod.clone_from(&a.pod);
+            r.container.clone_from(&a.container);
+        }
+    }
+
     /// Applies stored records of one process. Returns whether the job just ended.
     pub fn apply(
         &mut self,
@@ -632,6 +695,8 @@ impl State {
             cpu_advanced_at: None,
             stacks: None,
             exit_arrived: None,
+            pod: String::new(),
+            container: String::new(),
         });
         rank.last_seen_ns = now;
         rank.records += records.len() as u64;

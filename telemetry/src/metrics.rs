@@ -115,10 +115,13 @@ fn label_pairs(def: &Def, values: &[&str]) -> Option<Vec<proto::LabelPair>> {
         );
         return None;
     }
+    // An empty value is no label (as Prometheus stores it): a job without attribution keeps
+    // the series it had before its labels existed.
     Some(
         def.labels
             .iter()
             .zip(values)
+            .filter(|(_, v)| !v.is_empty())
             .map(|(n, v)| {
                 let mut p = proto::LabelPair::default();
                 p.set_name((*n).to_owned());

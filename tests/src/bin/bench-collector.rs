@@ -128,6 +128,7 @@ fn process(job: &str, node: &str, pid: u32, rank: i32, world: i32) -> ProcessId 
         mono_anchor_ns: 1,
         real_anchor_ns: 1_700_000_000_000_000_000,
         library: String::new(),
+        attribution: None,
     }
 }
 

@@ -28,6 +28,31 @@ pub struct ProcessId {
     /// The communication library's version string.
     #[prost(string, tag = "10")]
     pub library: ::prost::alloc::string::String,
+    /// Where the process runs in the cluster's terms, as its agent found it (may come after the
+    /// process's first batches; empty fields are unknown).
+    #[prost(message, optional, tag = "11")]
+    pub attribution: ::core::option::Option<Attribution>,
+}
+/// A process's pod and job in the cluster's schedulers.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Attribution {
+    /// Kubernetes: from the process's cgroup (pod UID, container ID) and the node's pod list.
+    #[prost(string, tag = "1")]
+    pub namespace: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub pod: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub container: ::prost::alloc::string::String,
+    /// The workload behind the pod, "Kind/name": a JobSet, PyTorchJob, Job, Deployment, ...
+    #[prost(string, tag = "4")]
+    pub owner: ::prost::alloc::string::String,
+    /// Slurm's job id (SLURM_JOB_ID, or the job\_<id> of the process's cgroup).
+    #[prost(string, tag = "5")]
+    pub slurm_job_id: ::prost::alloc::string::String,
+    /// torchrun's run id (TORCHELASTIC_RUN_ID).
+    #[prost(string, tag = "6")]
+    pub torchrun_run_id: ::prost::alloc::string::String,
 }
 /// Consecutive records of one process.
 #[allow(clippy::all)]
