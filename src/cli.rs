@@ -73,6 +73,9 @@ pub struct TuiArgs {
     /// Replay traces (files or directories) instead, with a time cursor ([ and ] step it).
     #[arg(long, value_name = "PATH", num_args = 1..)]
     pub replay: Vec<PathBuf>,
+    /// A file holding the token the collector requires (docs/security.md).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -83,6 +86,9 @@ pub struct SimulateArgs {
     /// The collector's HTTP address, to read its findings (with --collector).
     #[arg(long, value_name = "ADDR")]
     pub collector_http: Option<String>,
+    /// A file holding the token the collector requires (docs/security.md).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Ranks (a multiple of --ranks-per-node).
     #[arg(long, default_value_t = 1024)]
     pub ranks: usize,
@@ -198,6 +204,9 @@ pub struct AgentArgs {
     /// account's, with the in-cluster URL; else the system's roots].
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_PODS_CA_FILE")]
     pub pods_ca_file: Option<PathBuf>,
+    /// A file holding the token the collector requires (docs/security.md).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Settings file (TOML, table [agent]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,
@@ -232,6 +241,18 @@ pub struct CollectorArgs {
     /// Records per second one agent may send; more is refused with a retry delay [default: 2000000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_AGENT_RATE")]
     pub max_agent_rate: Option<u64>,
+    /// Jobs one agent may send records of; batches of more are refused [default: 64].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS_PER_AGENT")]
+    pub max_jobs_per_agent: Option<usize>,
+    /// Processes (ranks) one agent may send records of; batches of more are refused
+    /// [default: 4096].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_RANKS_PER_AGENT")]
+    pub max_ranks_per_agent: Option<usize>,
+    /// Require this token (a file holding it) on every gRPC request and every HTTP request but
+    /// /healthz and /readyz: agents, the TUI, API clients and Prometheus send it as
+    /// `Authorization: Bearer <token>` (docs/security.md).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
     /// Consistent sampling: calls per second (all jobs) taken in full; above it, busy
     /// communicators are sampled (a power-of-two modulus each) [default: 150000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_SAMPLE_BUDGET")]
@@ -279,6 +300,9 @@ pub struct UpArgs {
     /// The agent's HTTP address [default: 127.0.0.1:4652].
     #[arg(long, value_name = "ADDR")]
     pub agent_http: Option<String>,
+    /// A token (a file holding it) the collector requires and the agent sends.
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -463,7 +487,8 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                         commscope_collector::DEFAULT_GRPC_PORT
                     )
                 });
-                Box::new(commscope_tui::live::Live::connect(&url)?)
+                let token = daemons::token(a.auth_token_file.clone())?;
+                Box::new(commscope_tui::live::Live::connect(&url, token)?)
             } else {
                 Box::new(crate::tui::Replay::load(&a.replay)?)
             };

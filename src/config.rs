@@ -48,6 +48,7 @@ pub struct AgentFile {
     pub pods_url: Option<String>,
     pub pods_token_file: Option<PathBuf>,
     pub pods_ca_file: Option<PathBuf>,
+    pub auth_token_file: Option<PathBuf>,
 }
 
 /// `[collector]`.
@@ -70,6 +71,9 @@ pub struct CollectorFile {
     pub otlp: Option<String>,
     pub otlp_interval: Option<String>,
     pub shutdown_timeout: Option<String>,
+    pub max_jobs_per_agent: Option<usize>,
+    pub max_ranks_per_agent: Option<usize>,
+    pub auth_token_file: Option<PathBuf>,
 }
 
 /// Reads the file (a missing `--config` file is an error; no file given is an empty one).

@@ -98,6 +98,7 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
         }),
         None => commscope_agent::attribution::PodSource::in_cluster(&c.node),
     };
+    c.auth_token = token(a.auth_token_file.clone().or(f.auth_token_file))?;
     Ok((c, trace_dir))
 }
 
@@ -148,7 +149,26 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     if let Some(s) = a.shutdown_timeout.clone().or(f.shutdown_timeout) {
         c.shutdown_timeout = parse_duration(&s)?;
     }
+    c.max_jobs_per_agent = pick(
+        a.max_jobs_per_agent,
+        f.max_jobs_per_agent,
+        c.max_jobs_per_agent,
+    )
+    .max(1);
+    c.max_ranks_per_agent = pick(
+        a.max_ranks_per_agent,
+        f.max_ranks_per_agent,
+        c.max_ranks_per_agent,
+    )
+    .max(1);
+    c.auth_token = token(a.auth_token_file.clone().or(f.auth_token_file))?;
     Ok(c)
+}
+
+/// The shared token from its file (`--auth-token-file`), when one is named.
+pub fn token(file: Option<PathBuf>) -> Result<Option<commscope_wire::auth::Token>> {
+    file.map(|f| commscope_wire::auth::Token::from_file(&f).map_err(anyhow::Error::msg))
+        .transpose()
 }
 
 /// `commscope agent`. Without a collector, local mode: a collector on loopback in the same
@@ -165,6 +185,7 @@ pub fn agent(a: AgentArgs) -> Result<ExitCode> {
         cc.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         cc.http = SocketAddr::from(([127, 0, 0, 1], 0));
         cc.segment_age = std::time::Duration::from_secs(30);
+        cc.auth_token.clone_from(&c.auth_token);
         let collector = commscope_collector::start(cc).await?;
         c.collector = Some(format!("http://{}", collector.listen));
         let agent = commscope_agent::start(c).await?;
@@ -219,6 +240,8 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
     ac.http = Some(parse_addr(
         a.agent_http.as_deref().unwrap_or(DEFAULT_AGENT_HTTP),
     )?);
+    cc.auth_token = token(a.auth_token_file.clone())?;
+    ac.auth_token.clone_from(&cc.auth_token);
     runtime()?.block_on(async move {
         let collector = commscope_collector::start(cc).await?;
         ac.collector = Some(format!("http://{}", collector.listen));

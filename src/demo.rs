@@ -128,6 +128,7 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
             crate::simulate::run(&crate::cli::SimulateArgs {
                 collector: None,
                 collector_http: None,
+                auth_token_file: None,
                 ranks: 256,
                 ranks_per_node: 8,
                 tp: None,

@@ -237,6 +237,7 @@ type RatesMsg = (usize, Vec<(u64, u32, u64)>);
 
 async fn connect(
     url: &str,
+    token: Option<commscope_wire::auth::Token>,
     node: &str,
     index: usize,
     counts: Arc<Counts>,
@@ -250,9 +251,10 @@ async fn connect(
         .connect()
         .await
         .with_context(|| format!("cannot reach the collector at {url}"))?;
-    let mut client = IngestClient::new(channel)
-        .max_decoding_message_size(16 << 20)
-        .max_encoding_message_size(64 << 20);
+    let mut client =
+        IngestClient::with_interceptor(channel, commscope_wire::auth::Token::interceptor(token))
+            .max_decoding_message_size(16 << 20)
+            .max_encoding_message_size(64 << 20);
     let (tx, rx) = mpsc::channel::<IngestRequest>(4096);
     tx.send(IngestRequest {
         batch_id: 0,
@@ -324,7 +326,7 @@ fn process_id(h: &Header) -> ProcessId {
 /// Where findings are read from.
 enum Findings {
     Local(Arc<commscope_collector::Shared>),
-    Http(SocketAddr),
+    Http(SocketAddr, Option<commscope_wire::auth::Token>),
     None,
 }
 
@@ -332,7 +334,9 @@ impl Findings {
     fn read(&self, job: &str) -> Vec<Finding> {
         match self {
             Findings::Local(sh) => job_findings(sh, job),
-            Findings::Http(addr) => http_findings(*addr, job).unwrap_or_default(),
+            Findings::Http(addr, token) => {
+                http_findings(*addr, job, token.as_ref()).unwrap_or_default()
+            }
             Findings::None => Vec::new(),
         }
     }
@@ -344,12 +348,19 @@ pub fn job_findings(shared: &commscope_collector::Shared, job: &str) -> Vec<Find
 }
 
 /// `GET /api/v1/findings?job=` on a collector's HTTP address.
-fn http_findings(addr: SocketAddr, job: &str) -> Result<Vec<Finding>> {
+fn http_findings(
+    addr: SocketAddr,
+    job: &str,
+    token: Option<&commscope_wire::auth::Token>,
+) -> Result<Vec<Finding>> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let auth = token.map_or_else(String::new, |t| {
+        format!("Authorization: {}\r\n", t.header_value())
+    });
     write!(
         s,
-        "GET /api/v1/findings?job={job} HTTP/1.0\r\nHost: {addr}\r\n\r\n"
+        "GET /api/v1/findings?job={job} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n"
     )?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
@@ -361,6 +372,7 @@ fn http_findings(addr: SocketAddr, job: &str) -> Result<Vec<Finding>> {
 async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     let epoch = now_real();
     let mut local = None;
+    let token = crate::daemons::token(a.auth_token_file.clone())?;
     let (url, findings) = match &a.collector {
         Some(u) => (
             u.clone(),
@@ -368,6 +380,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 Some(h) => Findings::Http(
                     h.parse()
                         .with_context(|| format!("--collector-http {h}: not an address"))?,
+                    token.clone(),
                 ),
                 None => Findings::None,
             },
@@ -431,6 +444,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         links.push(
             connect(
                 &url,
+                token.clone(),
                 &topo.node_name(n),
                 n,
                 counts.clone(),

@@ -77,6 +77,8 @@ pub struct Config {
     pub proc_root: PathBuf,
     /// The node's pod list ([`crate::attribution`]); None: pods are not named.
     pub pods: Option<crate::attribution::PodSource>,
+    /// The token the collector requires (`--auth-token-file`).
+    pub auth_token: Option<commscope_wire::auth::Token>,
 }
 
 impl Config {
@@ -103,6 +105,7 @@ impl Config {
             ebpf: Some(crate::transport::Options::default()),
             proc_root: PathBuf::from("/proc"),
             pods: None,
+            auth_token: None,
         }
     }
 }
@@ -368,6 +371,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
     tasks.push(tokio::spawn(uplink(
         collector,
         cfg.node.clone(),
+        cfg.auth_token.clone(),
         ev_tx.clone(),
         stop_rx.clone(),
     )));
@@ -461,14 +465,20 @@ enum Event {
     Attributed(u64, commscope_wire::grpc::Attribution),
 }
 
+/// How a refusal of the agent's token begins.
+const AUTH_REFUSED: &str = "the collector refused this agent's credentials";
+
 /// Keeps one stream to the collector open, reconnecting with backoff.
 async fn uplink(
     url: String,
     node: String,
+    token: Option<commscope_wire::auth::Token>,
     events: mpsc::Sender<Event>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
+    // The last refusal of this agent's credentials, logged once (it retries every few seconds).
+    let mut refused: Option<String> = None;
     loop {
         if stop_requested(&stop) {
             return;
@@ -487,9 +497,12 @@ async fn uplink(
                 .connect()
                 .await
                 .map_err(|e| format!("cannot reach the collector at {url}: {e}"))?;
-            let mut client = IngestClient::new(channel)
-                .max_decoding_message_size(16 << 20)
-                .max_encoding_message_size(64 << 20);
+            let mut client = IngestClient::with_interceptor(
+                channel,
+                commscope_wire::auth::Token::interceptor(token.clone()),
+            )
+            .max_decoding_message_size(16 << 20)
+            .max_encoding_message_size(64 << 20);
             let (tx, rx) = mpsc::channel::<IngestRequest>(1024);
             tx.send(IngestRequest {
                 batch_id: 0,
@@ -505,12 +518,24 @@ async fn uplink(
             let resp = client
                 .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
                 .await
-                .map_err(|e| format!("the collector refused the stream: {}", e.message()))?;
+                .map_err(|e| {
+                    if e.code() == tonic::Code::Unauthenticated {
+                        format!("{AUTH_REFUSED}: {}", e.message())
+                    } else {
+                        format!("the collector refused the stream: {}", e.message())
+                    }
+                })?;
             Ok::<_, String>((tx, resp.into_inner()))
         };
         let (tx, mut acks) = match attempt.await {
             Ok(x) => x,
             Err(e) => {
+                if e.starts_with(AUTH_REFUSED) && refused.as_ref() != Some(&e) {
+                    tracing::error!(
+                        "{e}; records wait in the rings and the spool until the token is right (--auth-token-file)"
+                    );
+                    refused = Some(e.clone());
+                }
                 let _ = events.send(Event::Disconnected(e)).await;
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
@@ -521,6 +546,7 @@ async fn uplink(
             }
         };
         backoff = Duration::from_millis(100);
+        refused = None;
         if events.send(Event::Connected(tx)).await.is_err() {
             return;
         }
@@ -676,6 +702,36 @@ impl Pump {
         // Leaving: whatever is not acknowledged stays in the rings (cursor not moved) or the
         // spool, for the next agent.
         self.link = None;
+        self.spool_everything();
+    }
+
+    /// Leaving: what was read and not acknowledged goes to the spool, in order, for the next
+    /// agent — the rings of processes that ended leave with this one. (Rings of live processes
+    /// are read again from their cursors; the collector drops what arrives twice.)
+    fn spool_everything(&mut self) {
+        self.drain_rings();
+        let mut all: Vec<Outgoing> = std::mem::take(&mut self.pending)
+            .into_values()
+            .map(|(o, _)| o)
+            .collect();
+        all.extend(self.queue.drain(..));
+        all.sort_by_key(|o| o.order);
+        let mut kept = 0;
+        for out in all {
+            // Loaded from the spool: still there.
+            if matches!(out.origin, Origin::Spool(_)) {
+                continue;
+            }
+            if !self.spool_one(out) {
+                break;
+            }
+            kept += 1;
+        }
+        if kept > 0 {
+            tracing::info!(
+                "stopping: {kept} unacknowledged batches kept in the spool for the next agent"
+            );
+        }
     }
 
     async fn event(&mut self, e: Event) {

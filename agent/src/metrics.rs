@@ -39,7 +39,7 @@ static SPOOLED: Def = Def::counter(
 );
 static REFUSED: Def = Def::counter(
     "commscope_agent_records_refused_total",
-    "Records the collector refused for good (malformed); counted as dropped.",
+    "Records the collector refused for good (malformed, or over a per-agent bound); counted as dropped.",
     N,
 );
 static DROPPED: Def = Def::counter(

@@ -28,6 +28,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/jobs", get(jobs))
         .route("/api/v1/jobs/{job}", get(job))
         .route("/api/v1/findings", get(findings))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::auth::http_check,
+        ))
         .with_state(shared)
 }
 

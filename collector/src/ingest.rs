@@ -48,6 +48,71 @@ struct Peer {
     blocked_until: Option<Instant>,
 }
 
+/// Per node: the jobs its agent sent records of, when each was first admitted, and their
+/// processes — kept across the agent's reconnections (a fresh stream gets no fresh budget); a
+/// job leaves once the collector no longer holds it.
+pub type AgentUsage = std::collections::HashMap<String, NodeJobs>;
+
+/// One node's admitted jobs: when each was first admitted, and its processes (pid, start).
+pub type NodeJobs =
+    std::collections::HashMap<String, (Instant, std::collections::HashSet<(u32, u64)>)>;
+
+/// A job admitted this long ago and no longer in memory no longer counts against its node.
+const USAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the per-agent bounds admit records of `p` from `node`'s agent: a job or a process
+/// beyond them is refused (why, and the refusal's reason label). The agent's own transport
+/// identity is not a rank.
+fn admits(shared: &Shared, node: &str, p: &ProcessId) -> Result<(), (String, &'static str)> {
+    let (max_jobs, max_ranks) = (
+        shared.config.max_jobs_per_agent,
+        shared.config.max_ranks_per_agent,
+    );
+    let mut usage = shared.agent_usage.lock().unwrap_or_else(|e| e.into_inner());
+    let jobs = usage.entry(node.to_owned()).or_default();
+    let ranks = |jobs: &NodeJobs| jobs.values().map(|(_, p)| p.len()).sum::<usize>();
+    let is_rank = p.rank != commscope_wire::record::TRANSPORT_RANK;
+    let known = jobs
+        .get(&p.job)
+        .is_some_and(|(_, procs)| !is_rank || procs.contains(&(p.pid, p.start_time)));
+    if known {
+        return Ok(());
+    }
+    // At a bound: forget the jobs the collector released first.
+    if jobs.len() >= max_jobs || ranks(jobs) >= max_ranks {
+        let st = shared.lock_state();
+        jobs.retain(|j, (at, _)| at.elapsed() < USAGE_GRACE || st.jobs.contains_key(j));
+    }
+    if !jobs.contains_key(&p.job) && jobs.len() >= max_jobs {
+        return Err((
+            format!(
+                "node {node}'s agent already sends {} jobs, the most one agent may (--max-jobs-per-agent); job {} is refused",
+                jobs.len(),
+                p.job
+            ),
+            "agent-jobs",
+        ));
+    }
+    if is_rank && ranks(jobs) >= max_ranks {
+        return Err((
+            format!(
+                "node {node}'s agent already sends {} processes, the most one agent may (--max-ranks-per-agent); rank {} of job {} is refused",
+                ranks(jobs),
+                p.rank,
+                p.job
+            ),
+            "agent-ranks",
+        ));
+    }
+    let (_, procs) = jobs
+        .entry(p.job.clone())
+        .or_insert_with(|| (Instant::now(), Default::default()));
+    if is_rank {
+        procs.insert((p.pid, p.start_time));
+    }
+    Ok(())
+}
+
 impl Peer {
     /// Takes `n` records from the bucket (it may go into debt: a batch larger than a second's
     /// worth passes when the bucket is full); on refusal, how long until it would pass (ms).
@@ -365,6 +430,11 @@ fn handle(
                     format!("{n} records in one batch; at most {MAX_BATCH_RECORDS}"),
                     0,
                 )));
+            }
+            let node = peer.node.clone().unwrap_or_default();
+            if let Err((why, reason)) = admits(shared, &node, process) {
+                m.refused(reason);
+                return Ok(ready(refused(id, recv_ns, why, 0)));
             }
             if let Err(wait) = peer.take(n, shared.config.max_agent_rate as f64) {
                 m.refused("rate-limit");

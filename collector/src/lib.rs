@@ -9,6 +9,7 @@
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`, `/api/v1/...`.
 //! - [`findings`]: the live findings engine.
 
+pub mod auth;
 pub mod findings;
 pub mod history;
 pub mod http;
@@ -55,6 +56,13 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Records per second one agent stream may send; more is refused with a retry delay.
     pub max_agent_rate: u64,
+    /// Jobs, and processes, one agent stream may send records of; batches of more are refused
+    /// (the agent counts their records as refused).
+    pub max_jobs_per_agent: usize,
+    pub max_ranks_per_agent: usize,
+    /// The shared token every gRPC request and every HTTP request but the health checks must
+    /// carry; None: open.
+    pub auth_token: Option<commscope_wire::auth::Token>,
     /// Live-state bounds.
     pub limits: Limits,
     /// A collective in flight this long while members have not entered it is a hang.
@@ -83,6 +91,9 @@ impl Config {
             retention_bytes: None,
             max_message_bytes: 16 << 20,
             max_agent_rate: 2_000_000,
+            max_jobs_per_agent: 64,
+            max_ranks_per_agent: 4096,
+            auth_token: None,
             limits: Limits::default(),
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
@@ -110,6 +121,8 @@ pub struct Metrics {
     /// OTLP: exports by (signal, result), and spans left out.
     pub otlp_exports: Mutex<HashMap<(&'static str, &'static str), u64>>,
     pub otlp_spans_dropped: AtomicU64,
+    /// Per client address: when a refusal for its token was last logged.
+    pub auth_logged: Mutex<HashMap<std::net::IpAddr, std::time::Instant>>,
 }
 
 impl Metrics {
@@ -163,6 +176,8 @@ pub struct Shared {
     pub rates: tokio::sync::watch::Sender<Arc<sampling::ByNode>>,
     /// Per node: its agent's streams ([`AgentLink`]).
     pub agents: Mutex<std::collections::BTreeMap<String, AgentLink>>,
+    /// Per node: what its agent sent, for the per-agent bounds.
+    pub agent_usage: Mutex<ingest::AgentUsage>,
 }
 
 /// A node's agent as its streams show it.
@@ -416,6 +431,7 @@ pub async fn start(config: Config) -> Result<Running> {
         otlp_findings: Mutex::new(Vec::new()),
         history,
         agents: Mutex::new(Default::default()),
+        agent_usage: Mutex::new(Default::default()),
     });
     let registry = metrics::registry(Arc::downgrade(&shared))?;
     let _ = shared.registry.set(registry);
@@ -445,9 +461,16 @@ pub async fn start(config: Config) -> Result<Running> {
         shared: shared.clone(),
     })
     .max_decoding_message_size(config.max_message_bytes);
-    let query = commscope_wire::grpc::query_server::QueryServer::new(query::QueryService {
-        shared: shared.clone(),
-    });
+    let ingest = tonic::service::interceptor::InterceptedService::new(
+        ingest,
+        auth::grpc_check(shared.clone(), "an agent stream"),
+    );
+    let query = tonic::service::interceptor::InterceptedService::new(
+        commscope_wire::grpc::query_server::QueryServer::new(query::QueryService {
+            shared: shared.clone(),
+        }),
+        auth::grpc_check(shared.clone(), "a query"),
+    );
     let mut r1 = rx.clone();
     tasks.push(tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
@@ -466,6 +489,7 @@ pub async fn start(config: Config) -> Result<Running> {
     let app = http::router(shared.clone());
     let mut r2 = rx.clone();
     tasks.push(tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let _ = axum::serve(http_l, app)
             .with_graceful_shutdown(async move {
                 let _ = r2.wait_for(|s| *s).await;

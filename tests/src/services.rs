@@ -310,11 +310,20 @@ impl Services {
 
 /// A minimal HTTP/1.1 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_get_with(addr, path, &[])
+}
+
+/// [`http_get`] with extra request headers (e.g. `Authorization`).
+pub fn http_get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\r\n");
     if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());
     }

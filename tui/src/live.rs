@@ -34,7 +34,7 @@ pub struct Live {
 
 impl Live {
     /// Starts polling `url` (the collector's `--listen` address, `http://host:port`).
-    pub fn connect(url: &str) -> Result<Live> {
+    pub fn connect(url: &str, token: Option<commscope_wire::auth::Token>) -> Result<Live> {
         let url = if url.contains("://") {
             url.to_owned()
         } else {
@@ -48,7 +48,7 @@ impl Live {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("commscope-tui-poll".into())
-            .spawn(move || poll_loop(endpoint, s))
+            .spawn(move || poll_loop(endpoint, token, s))
             .context("cannot start the polling thread")?;
         Ok(Live {
             url,
@@ -104,14 +104,30 @@ fn now_s() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn poll_loop(endpoint: Endpoint, shared: Arc<(Mutex<Shared>, std::sync::Condvar)>) {
+/// The Query client, with the collector's token on every request.
+type Client = QueryClient<
+    tonic::service::interceptor::InterceptedService<
+        Channel,
+        Box<
+            dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>
+                + Send
+                + Sync,
+        >,
+    >,
+>;
+
+fn poll_loop(
+    endpoint: Endpoint,
+    token: Option<commscope_wire::auth::Token>,
+    shared: Arc<(Mutex<Shared>, std::sync::Condvar)>,
+) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     else {
         return;
     };
-    let mut client: Option<QueryClient<Channel>> = None;
+    let mut client: Option<Client> = None;
     loop {
         let (want, generation) = {
             let g = shared.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -120,7 +136,7 @@ fn poll_loop(endpoint: Endpoint, shared: Arc<(Mutex<Shared>, std::sync::Condvar)
             }
             (g.want.clone(), g.want_gen)
         };
-        let snap = rt.block_on(fetch(&endpoint, &mut client, &want));
+        let snap = rt.block_on(fetch(&endpoint, &token, &mut client, &want));
         let (lock, cv) = &*shared;
         let mut g = lock.lock().unwrap_or_else(|p| p.into_inner());
         g.latest = Some(snap);
@@ -141,7 +157,8 @@ fn poll_loop(endpoint: Endpoint, shared: Arc<(Mutex<Shared>, std::sync::Condvar)
 
 async fn fetch(
     endpoint: &Endpoint,
-    client: &mut Option<QueryClient<Channel>>,
+    token: &Option<commscope_wire::auth::Token>,
+    client: &mut Option<Client>,
     want: &(Option<String>, Option<i32>),
 ) -> Snapshot {
     let mut snap = Snapshot {
@@ -150,7 +167,10 @@ async fn fetch(
     };
     if client.is_none() {
         match endpoint.connect().await {
-            Ok(ch) => *client = Some(QueryClient::new(ch)),
+            Ok(ch) => {
+                let add = commscope_wire::auth::Token::interceptor(token.clone());
+                *client = Some(QueryClient::with_interceptor(ch, Box::new(add)));
+            }
             Err(e) => {
                 snap.error = Some(format!(
                     "collector {} unreachable: {e}; retrying every second",

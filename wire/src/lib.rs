@@ -32,4 +32,6 @@ pub mod wal;
 pub mod parquet;
 
 #[cfg(feature = "grpc")]
+pub mod auth;
+#[cfg(feature = "grpc")]
 pub mod grpc;
