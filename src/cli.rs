@@ -76,6 +76,35 @@ pub struct TuiArgs {
     /// A file holding the token the collector requires (docs/security.md).
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS settings (docs/security.md). On the collector: the certificate and key of its gRPC and
+/// HTTP listeners (their URLs become https://), and the CA whose certificates agents must
+/// present (mutual TLS). On a client: the CA that signed the collector's certificate (else the
+/// system's roots), and its own certificate and key for mutual TLS.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct TlsArgs {
+    /// This side's TLS certificate (PEM).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) the other side's certificate must be signed by.
+    #[arg(long, value_name = "FILE", env = "COMMSCOPE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    pub fn files(&self) -> commscope_wire::tls::TlsFiles {
+        commscope_wire::tls::TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -89,6 +118,8 @@ pub struct SimulateArgs {
     /// A file holding the token the collector requires (docs/security.md).
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Ranks (a multiple of --ranks-per-node).
     #[arg(long, default_value_t = 1024)]
     pub ranks: usize,
@@ -207,6 +238,8 @@ pub struct AgentArgs {
     /// A file holding the token the collector requires (docs/security.md).
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Settings file (TOML, table [agent]); flags and environment variables win over it.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_CONFIG")]
     pub config: Option<PathBuf>,
@@ -253,6 +286,8 @@ pub struct CollectorArgs {
     /// `Authorization: Bearer <token>` (docs/security.md).
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Consistent sampling: calls per second (all jobs) taken in full; above it, busy
     /// communicators are sampled (a power-of-two modulus each) [default: 150000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_SAMPLE_BUDGET")]
@@ -488,7 +523,11 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
                     )
                 });
                 let token = daemons::token(a.auth_token_file.clone())?;
-                Box::new(commscope_tui::live::Live::connect(&url, token)?)
+                Box::new(commscope_tui::live::Live::connect(
+                    &url,
+                    token,
+                    a.tls.files(),
+                )?)
             } else {
                 Box::new(crate::tui::Replay::load(&a.replay)?)
             };

@@ -99,6 +99,7 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
         None => commscope_agent::attribution::PodSource::in_cluster(&c.node),
     };
     c.auth_token = token(a.auth_token_file.clone().or(f.auth_token_file))?;
+    c.tls = a.tls.files();
     Ok((c, trace_dir))
 }
 
@@ -162,6 +163,7 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     )
     .max(1);
     c.auth_token = token(a.auth_token_file.clone().or(f.auth_token_file))?;
+    c.tls = a.tls.files();
     Ok(c)
 }
 

@@ -129,6 +129,7 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
                 collector: None,
                 collector_http: None,
                 auth_token_file: None,
+                tls: Default::default(),
                 ranks: 256,
                 ranks_per_node: 8,
                 tp: None,

@@ -238,6 +238,7 @@ type RatesMsg = (usize, Vec<(u64, u32, u64)>);
 async fn connect(
     url: &str,
     token: Option<commscope_wire::auth::Token>,
+    tls: &commscope_wire::tls::TlsFiles,
     node: &str,
     index: usize,
     counts: Arc<Counts>,
@@ -247,6 +248,13 @@ async fn connect(
         .with_context(|| format!("bad collector address {url}"))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
+    let endpoint = if url.starts_with("https://") {
+        endpoint
+            .tls_config(tls.client().map_err(anyhow::Error::msg)?)
+            .with_context(|| format!("TLS to {url}"))?
+    } else {
+        endpoint
+    };
     let channel = endpoint
         .connect()
         .await
@@ -445,6 +453,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             connect(
                 &url,
                 token.clone(),
+                &a.tls.files(),
                 &topo.node_name(n),
                 n,
                 counts.clone(),

@@ -79,6 +79,9 @@ pub struct Config {
     pub pods: Option<crate::attribution::PodSource>,
     /// The token the collector requires (`--auth-token-file`).
     pub auth_token: Option<commscope_wire::auth::Token>,
+    /// TLS to the collector (an `https://` URL): the CA that signed its certificate, and this
+    /// agent's certificate and key for mutual TLS.
+    pub tls: commscope_wire::tls::TlsFiles,
 }
 
 impl Config {
@@ -106,6 +109,7 @@ impl Config {
             proc_root: PathBuf::from("/proc"),
             pods: None,
             auth_token: None,
+            tls: Default::default(),
         }
     }
 }
@@ -372,6 +376,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
         collector,
         cfg.node.clone(),
         cfg.auth_token.clone(),
+        cfg.tls.clone(),
         ev_tx.clone(),
         stop_rx.clone(),
     )));
@@ -465,7 +470,37 @@ enum Event {
     Attributed(u64, commscope_wire::grpc::Attribution),
 }
 
-/// How a refusal of the agent's token begins.
+/// An error with its causes, as one line (tonic's transport errors say little by themselves).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// Whether an error is TLS refusing a certificate (either side's), not the network failing.
+fn is_tls_refusal(why: &str) -> bool {
+    let w = why.to_ascii_lowercase();
+    [
+        "certificate",
+        "tls",
+        "handshake",
+        "alert",
+        "unknownca",
+        "unknown ca",
+    ]
+    .iter()
+    .any(|k| w.contains(k))
+}
+
+/// How a refusal of the agent's credentials (its token, its TLS certificate) begins.
 const AUTH_REFUSED: &str = "the collector refused this agent's credentials";
 
 /// Keeps one stream to the collector open, reconnecting with backoff.
@@ -473,12 +508,14 @@ async fn uplink(
     url: String,
     node: String,
     token: Option<commscope_wire::auth::Token>,
+    tls: commscope_wire::tls::TlsFiles,
     events: mpsc::Sender<Event>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
-    // The last refusal of this agent's credentials, logged once (it retries every few seconds).
-    let mut refused: Option<String> = None;
+    // Failures to connect since the last success, each logged once (it retries every few
+    // seconds).
+    let mut logged: std::collections::HashSet<String> = Default::default();
     loop {
         if stop_requested(&stop) {
             return;
@@ -493,10 +530,24 @@ async fn uplink(
                 .http2_keep_alive_interval(Duration::from_secs(2))
                 .keep_alive_timeout(Duration::from_secs(4))
                 .keep_alive_while_idle(true);
-            let channel = endpoint
-                .connect()
-                .await
-                .map_err(|e| format!("cannot reach the collector at {url}: {e}"))?;
+            let endpoint = if url.starts_with("https://") {
+                let cfg = tls.client().map_err(|e| format!("{AUTH_REFUSED}: {e}"))?;
+                endpoint
+                    .tls_config(cfg)
+                    .map_err(|e| format!("{AUTH_REFUSED}: TLS to {url}: {e}"))?
+            } else {
+                endpoint
+            };
+            let channel = endpoint.connect().await.map_err(|e| {
+                let why = error_chain(&e);
+                // A TLS refusal (a certificate either side does not trust) is a
+                // credentials problem, not the network's.
+                if is_tls_refusal(&why) {
+                    format!("{AUTH_REFUSED}: TLS to {url}: {why}")
+                } else {
+                    format!("cannot reach the collector at {url}: {why}")
+                }
+            })?;
             let mut client = IngestClient::with_interceptor(
                 channel,
                 commscope_wire::auth::Token::interceptor(token.clone()),
@@ -519,10 +570,19 @@ async fn uplink(
                 .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
                 .await
                 .map_err(|e| {
-                    if e.code() == tonic::Code::Unauthenticated {
-                        format!("{AUTH_REFUSED}: {}", e.message())
+                    let mut why = e.message().to_owned();
+                    if let Some(src) = std::error::Error::source(&e) {
+                        let rest = error_chain(src);
+                        why = if rest.starts_with(&why) {
+                            rest
+                        } else {
+                            format!("{why}: {rest}")
+                        };
+                    }
+                    if e.code() == tonic::Code::Unauthenticated || is_tls_refusal(&why) {
+                        format!("{AUTH_REFUSED}: {why}")
                     } else {
-                        format!("the collector refused the stream: {}", e.message())
+                        format!("the collector refused the stream: {why}")
                     }
                 })?;
             Ok::<_, String>((tx, resp.into_inner()))
@@ -530,11 +590,16 @@ async fn uplink(
         let (tx, mut acks) = match attempt.await {
             Ok(x) => x,
             Err(e) => {
-                if e.starts_with(AUTH_REFUSED) && refused.as_ref() != Some(&e) {
-                    tracing::error!(
-                        "{e}; records wait in the rings and the spool until the token is right (--auth-token-file)"
-                    );
-                    refused = Some(e.clone());
+                // Each distinct failure once (it retries every few seconds): a refusal of the
+                // agent's credentials as an error, anything else as a warning.
+                if logged.len() < 16 && logged.insert(e.clone()) {
+                    if e.starts_with(AUTH_REFUSED) {
+                        tracing::error!(
+                            "{e}; records wait in the rings and the spool until the credentials are right (--auth-token-file, --tls-cert)"
+                        );
+                    } else {
+                        tracing::warn!("{e}; retrying");
+                    }
                 }
                 let _ = events.send(Event::Disconnected(e)).await;
                 tokio::select! {
@@ -546,7 +611,7 @@ async fn uplink(
             }
         };
         backoff = Duration::from_millis(100);
-        refused = None;
+        logged.clear();
         if events.send(Event::Connected(tx)).await.is_err() {
             return;
         }

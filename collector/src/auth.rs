@@ -2,7 +2,7 @@
 //! configured, every gRPC request (agent streams, the query service) and every HTTP request but
 //! the health checks must carry it. Each refusal is counted
 //! (`commscope_collector_refused_total{reason="auth"}`) and logged, once a minute per client
-//! address at most (an agent with a wrong token retries every few seconds).
+//! address and kind of request at most (an agent with a wrong token retries every few seconds).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,9 +19,16 @@ use crate::Shared;
 /// How often a refused client's address is logged again.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Counts and (rate-limited) logs one refused request.
-fn refused(shared: &Shared, what: &str, peer: Option<SocketAddr>, why: &str) {
-    shared.metrics.refused("auth");
+/// Counts (under `reason`) and, once a minute per client address at most, logs one refused
+/// request or connection.
+pub(crate) fn refused(
+    shared: &Shared,
+    reason: &'static str,
+    what: &str,
+    peer: Option<SocketAddr>,
+    why: &str,
+) {
+    shared.metrics.refused(reason);
     let now = Instant::now();
     let log = match peer {
         Some(p) => {
@@ -30,11 +37,12 @@ fn refused(shared: &Shared, what: &str, peer: Option<SocketAddr>, why: &str) {
                 .auth_logged
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
+            let key = (p.ip(), what.to_owned());
             let due = seen
-                .get(&p.ip())
+                .get(&key)
                 .is_none_or(|t| now.duration_since(*t) >= LOG_EVERY);
             if due {
-                seen.insert(p.ip(), now);
+                seen.insert(key, now);
             }
             due
         }
@@ -60,7 +68,7 @@ pub(crate) fn grpc_check(
         match token.check(&req) {
             Ok(()) => Ok(req),
             Err(status) => {
-                refused(&shared, what, req.remote_addr(), status.message());
+                refused(&shared, "auth", what, req.remote_addr(), status.message());
                 Err(status)
             }
         }
@@ -93,7 +101,7 @@ pub(crate) async fn http_check(
     } else {
         "a wrong token"
     };
-    refused(&shared, "an HTTP request", peer, why);
+    refused(&shared, "auth", "an HTTP request", peer, why);
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],

@@ -20,6 +20,7 @@ pub mod query;
 pub mod sampling;
 pub mod state;
 pub mod store;
+mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -63,6 +64,9 @@ pub struct Config {
     /// The shared token every gRPC request and every HTTP request but the health checks must
     /// carry; None: open.
     pub auth_token: Option<commscope_wire::auth::Token>,
+    /// The listeners' TLS certificate and key, and the CA that signs the agents' certificates
+    /// (mutual TLS on gRPC); empty: plaintext.
+    pub tls: commscope_wire::tls::TlsFiles,
     /// Live-state bounds.
     pub limits: Limits,
     /// A collective in flight this long while members have not entered it is a hang.
@@ -94,6 +98,7 @@ impl Config {
             max_jobs_per_agent: 64,
             max_ranks_per_agent: 4096,
             auth_token: None,
+            tls: Default::default(),
             limits: Limits::default(),
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
@@ -121,8 +126,8 @@ pub struct Metrics {
     /// OTLP: exports by (signal, result), and spans left out.
     pub otlp_exports: Mutex<HashMap<(&'static str, &'static str), u64>>,
     pub otlp_spans_dropped: AtomicU64,
-    /// Per client address: when a refusal for its token was last logged.
-    pub auth_logged: Mutex<HashMap<std::net::IpAddr, std::time::Instant>>,
+    /// Per client address and kind of request: when a refusal was last logged.
+    pub auth_logged: Mutex<HashMap<(std::net::IpAddr, String), std::time::Instant>>,
 }
 
 impl Metrics {
@@ -471,31 +476,65 @@ pub async fn start(config: Config) -> Result<Running> {
         }),
         auth::grpc_check(shared.clone(), "a query"),
     );
+    let grpc_tls = config
+        .tls
+        .server(&[b"h2"], true)
+        .map_err(anyhow::Error::msg)?;
+    let http_tls = config
+        .tls
+        .server(&[b"http/1.1"], false)
+        .map_err(anyhow::Error::msg)?;
     let mut r1 = rx.clone();
-    tasks.push(tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-        // Keepalive pings: a stream whose node is cut off ends within seconds instead of
-        // waiting for TCP to give up.
-        let _ = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE_EVERY))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-            .add_service(ingest)
-            .add_service(query)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = r1.wait_for(|s| *s).await;
-            })
-            .await;
-    }));
+    // Keepalive pings: a stream whose node is cut off ends within seconds instead of waiting
+    // for TCP to give up.
+    let grpc_server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_EVERY))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(ingest)
+        .add_service(query);
+    let grpc_stop = async move {
+        let _ = r1.wait_for(|s| *s).await;
+    };
+    match grpc_tls {
+        Some(tls) => {
+            let incoming =
+                tls::incoming(grpc, tls, shared.clone(), "a gRPC connection", rx.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = grpc_server
+                    .serve_with_incoming_shutdown(incoming, grpc_stop)
+                    .await;
+            }));
+        }
+        None => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            tasks.push(tokio::spawn(async move {
+                let _ = grpc_server
+                    .serve_with_incoming_shutdown(incoming, grpc_stop)
+                    .await;
+            }));
+        }
+    }
     let app = http::router(shared.clone());
     let mut r2 = rx.clone();
-    tasks.push(tokio::spawn(async move {
-        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        let _ = axum::serve(http_l, app)
-            .with_graceful_shutdown(async move {
-                let _ = r2.wait_for(|s| *s).await;
-            })
-            .await;
-    }));
+    match http_tls {
+        Some(tls) => {
+            tasks.push(tokio::spawn(tls::serve_https(
+                http_l,
+                app,
+                tls,
+                shared.clone(),
+                rx.clone(),
+            )));
+        }
+        None => tasks.push(tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
+            let _ = axum::serve(http_l, app)
+                .with_graceful_shutdown(async move {
+                    let _ = r2.wait_for(|s| *s).await;
+                })
+                .await;
+        })),
+    }
     // Housekeeping: release ended jobs after their linger time; end jobs whose processes all
     // went silent is the agents' business (they report exits).
     let sh = shared.clone();
@@ -554,7 +593,21 @@ pub async fn start(config: Config) -> Result<Running> {
         )));
     }
     shared.ready.store(true, Ordering::Release);
-    tracing::info!("listening: gRPC on {listen}, HTTP on {http_addr}");
+    tracing::info!(
+        "listening: gRPC on {listen}, HTTP on {http_addr}{}{}",
+        if config.tls.is_empty() {
+            ""
+        } else if config.tls.ca.is_some() {
+            "; TLS on both (https://), agents' certificates checked against the CA"
+        } else {
+            "; TLS on both (https://)"
+        },
+        if config.auth_token.is_some() {
+            "; a token required"
+        } else {
+            ""
+        }
+    );
     Ok(Running {
         shared,
         listen,

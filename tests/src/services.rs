@@ -136,6 +136,8 @@ pub struct Services {
     pub agent_args: Vec<String>,
     /// Environment the agent starts with (e.g. `COMMSCOPE_SYSFS_ROOT`).
     pub agent_env: Vec<(String, String)>,
+    /// How the agent reaches the collector: `http`, or `https` when the collector has TLS.
+    pub scheme: &'static str,
 }
 
 impl Services {
@@ -170,6 +172,11 @@ impl Services {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            scheme: if collector_args.contains(&"--tls-cert") {
+                "https"
+            } else {
+                "http"
+            },
         };
         s.start_collector();
         s.start_agent();
@@ -211,7 +218,7 @@ impl Services {
         let mut c = commscope();
         c.arg("agent")
             .arg("--collector")
-            .arg(format!("http://{}", self.grpc))
+            .arg(format!("{}://{}", self.scheme, self.grpc))
             .arg("--socket")
             .arg(&self.socket)
             .arg("--node")

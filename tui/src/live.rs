@@ -34,7 +34,11 @@ pub struct Live {
 
 impl Live {
     /// Starts polling `url` (the collector's `--listen` address, `http://host:port`).
-    pub fn connect(url: &str, token: Option<commscope_wire::auth::Token>) -> Result<Live> {
+    pub fn connect(
+        url: &str,
+        token: Option<commscope_wire::auth::Token>,
+        tls: commscope_wire::tls::TlsFiles,
+    ) -> Result<Live> {
         let url = if url.contains("://") {
             url.to_owned()
         } else {
@@ -44,6 +48,13 @@ impl Live {
             .with_context(|| format!("--collector {url}: not a URL"))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5));
+        let endpoint = if url.starts_with("https://") {
+            endpoint
+                .tls_config(tls.client().map_err(anyhow::Error::msg)?)
+                .with_context(|| format!("TLS to {url}"))?
+        } else {
+            endpoint
+        };
         let shared = Arc::new((Mutex::new(Shared::default()), std::sync::Condvar::new()));
         let s = shared.clone();
         let thread = std::thread::Builder::new()

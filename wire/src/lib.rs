@@ -35,3 +35,5 @@ pub mod parquet;
 pub mod auth;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+#[cfg(feature = "grpc")]
+pub mod tls;
