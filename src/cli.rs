@@ -204,7 +204,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DIR", env = "COMMSCOPE_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
     /// The spool's size limit in bytes [default: 1 GiB].
-    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SPOOL_MAX_BYTES")]
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SPOOL_MAX_BYTES", value_parser = crate::config::bytes_arg)]
     pub spool_max_bytes: Option<u64>,
     /// Unreachable collector: spool batches after this long [default: 2s].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SPOOL_AFTER")]
@@ -257,7 +257,7 @@ pub struct CollectorArgs {
     #[arg(long, value_name = "DIR", env = "COMMSCOPE_COLLECTOR_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
     /// A job's write-ahead log becomes a Parquet segment at this size [default: 64 MiB].
-    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SEGMENT_BYTES")]
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_SEGMENT_BYTES", value_parser = crate::config::bytes_arg)]
     pub segment_bytes: Option<u64>,
     /// ... or at this age [default: 60s].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_SEGMENT_AGE")]
@@ -266,10 +266,10 @@ pub struct CollectorArgs {
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_RETENTION")]
     pub retention: Option<String>,
     /// Delete the oldest segments while all together exceed this many bytes [default: no limit].
-    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_RETENTION_BYTES")]
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_RETENTION_BYTES", value_parser = crate::config::bytes_arg)]
     pub retention_bytes: Option<u64>,
     /// Largest gRPC message accepted [default: 16 MiB].
-    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_MAX_MESSAGE_BYTES")]
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_MAX_MESSAGE_BYTES", value_parser = crate::config::bytes_arg_usize)]
     pub max_message_bytes: Option<usize>,
     /// Records per second one agent may send; more is refused with a retry delay [default: 2000000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_AGENT_RATE")]

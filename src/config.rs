@@ -111,6 +111,50 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Parses a size in bytes: a number, optionally with a unit — `KB`, `MB`, `GB`, `TB` (powers
+/// of 1000), `KiB`, `MiB`, `GiB`, `TiB` or `K`, `M`, `G`, `T` (powers of 1024), `B` — any case:
+/// `65536`, `64MiB`, `1.5GiB`, `80GB`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("invalid size {s:?} (e.g. 65536, 64MiB, 1.5GiB, 80GB)"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => {
+            bail!("invalid size unit {other:?} in {s:?} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        }
+    };
+    let bytes = (v * scale).round();
+    if !bytes.is_finite() || !(0.0..=u64::MAX as f64).contains(&bytes) {
+        bail!("size {s:?} is out of range");
+    }
+    Ok(bytes as u64)
+}
+
+/// [`parse_bytes`] for clap.
+pub fn bytes_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_bytes(s).map_err(|e| format!("{e:#}"))
+}
+
+/// [`parse_bytes`] for clap, into a `usize`.
+pub fn bytes_arg_usize(s: &str) -> std::result::Result<usize, String> {
+    let b = bytes_arg(s)?;
+    usize::try_from(b).map_err(|_| format!("size {s:?} is out of range"))
+}
+
 /// Parses a socket address, accepting `:PORT` for all interfaces and `localhost:PORT`.
 pub fn parse_addr(s: &str) -> Result<std::net::SocketAddr> {
     let t = s.trim();
@@ -155,6 +199,27 @@ pub fn default_node() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_take_decimal_and_binary_units() {
+        for (text, want) in [
+            ("65536", 65_536),
+            ("64MiB", 64 << 20),
+            ("64mib", 64 << 20),
+            ("1.5GiB", 3 << 29),
+            ("80GB", 80_000_000_000),
+            ("10k", 10_240),
+            (" 2 TiB ", 2 << 40),
+            ("512B", 512),
+        ] {
+            assert_eq!(parse_bytes(text).expect(text), want, "{text}");
+        }
+        for bad in ["", "GiB", "-1", "12 parsecs", "1e9"] {
+            let e = parse_bytes(bad).expect_err(bad).to_string();
+            assert!(e.contains("size"), "{bad}: {e}");
+        }
+        assert!(parse_bytes("99999999TiB").is_err());
+    }
 
     #[test]
     fn durations_addresses_and_files() {
