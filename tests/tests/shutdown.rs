@@ -1,7 +1,7 @@
 //! Bounded shutdown: a collector told to stop while a node's network is down. Its graceful
 //! shutdown used to wait for that node's agent connection, which cannot drain over the dead
 //! path, for minutes; now it cuts it after `--shutdown-timeout` (10 s) and keeps what it had
-//! acknowledged.
+//! acknowledged. And an agent told to stop while its collector is frozen.
 
 use std::time::{Duration, Instant};
 
@@ -66,5 +66,55 @@ fn a_collector_stops_promptly_while_a_nodes_link_is_down() {
             p.header.rank,
             p.records.len()
         );
+    }
+}
+
+/// The agent's side: told to stop while its collector is frozen (SIGSTOP: the stream is open,
+/// nothing is acknowledged), it stops within its `--shutdown-timeout` and keeps what it read —
+/// the records of a job whose processes already ended, whose rings leave with it — in the
+/// spool; the next agent delivers the job whole.
+#[test]
+fn an_agent_stops_promptly_with_its_collector_frozen_and_loses_nothing() {
+    use commscope_tests::services::{Services, run_with_agent};
+    let mut svc = Services::start("node-stop", &[], &["--no-ebpf", "--shutdown-timeout", "3s"]);
+    let prog = build(Flavour::Mpich, "basic");
+    let collector = svc.collector.as_ref().expect("collector").child.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(collector, libc::SIGSTOP) };
+    let out = run_with_agent(
+        &svc.socket,
+        "frozen",
+        &commscope_tests::launch(Flavour::Mpich, 2, &prog, &["50"]),
+        &[],
+    );
+    commscope_tests::assert_ok(&out, "job");
+    // Both ranks' exits seen, so their rings are read to the end.
+    svc.agent
+        .as_ref()
+        .expect("agent")
+        .wait_log("rank 1 of job frozen", Duration::from_secs(10));
+    let t = Instant::now();
+    svc.agent().stop();
+    let took = t.elapsed();
+    let log = svc.agent.as_ref().expect("agent").log();
+    // SAFETY: as above.
+    unsafe { libc::kill(collector, libc::SIGCONT) };
+    assert!(took < Duration::from_secs(6), "took {took:?}: {log}");
+    assert!(
+        log.contains("kept in the spool for the next agent"),
+        "{log}"
+    );
+    let spooled = std::fs::read_dir(svc.spool_dir())
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(spooled > 0, "{log}");
+
+    svc.start_agent();
+    let job = svc.wait_job_ended("frozen", Duration::from_secs(60));
+    assert_eq!(job["ranks"], 2, "{job}");
+    let records = job["records"].as_u64().unwrap_or(0);
+    assert!(records > 100, "{job}");
+    for p in job["processes"].as_array().expect("processes") {
+        assert_eq!(p["finalized"], true, "{p}");
     }
 }
