@@ -72,6 +72,7 @@ fn rank_state(r: &crate::state::RankInfo) -> RankState {
         dropped: r.dropped(),
         clock_offset_ns: r.clock.map(|c| c.offset_ns),
         clock_error_ns: r.clock.map(|c| c.error_ns).unwrap_or(0),
+        pod: r.pod.clone(),
     }
 }
 

@@ -230,6 +230,26 @@ fn a_job_in_a_pods_cgroup_is_attributed_to_its_pod_namespace_and_owner() {
         );
     }
 
+    // The Query service (the TUI's rank view) names each rank's pod too.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let detail = rt.block_on(async {
+        let mut q = commscope_wire::grpc::query_client::QueryClient::connect(format!(
+            "http://{}",
+            svc.grpc
+        ))
+        .await
+        .expect("connect");
+        q.get_job(commscope_wire::grpc::GetJobRequest { job: job.into() })
+            .await
+            .expect("GetJob")
+            .into_inner()
+    });
+    let named: Vec<&str> = detail.ranks.iter().map(|r| r.pod.as_str()).collect();
+    assert_eq!(named, ["trainer-0"; 3], "{detail:?}");
+
     let (_, m) = svc.get("/metrics");
     let labels = "job_id=\"attributed\",namespace=\"ml-team\",owner=\"JobSet/llama\"";
     assert!(

@@ -35,7 +35,12 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App) {
     let mut lines = vec![
         Line::from(vec![
             Span::styled(format!("rank {}", st.rank), palette::title()),
-            Span::raw(format!(" on node {} · pid {} · pod —  ", st.node, st.pid)),
+            Span::raw(format!(
+                " on node {} · pid {} · pod {}  ",
+                st.node,
+                st.pid,
+                if st.pod.is_empty() { "—" } else { &st.pod }
+            )),
             Span::styled(st.state.clone(), palette::state(&st.state)),
             Span::raw(match (st.exit_status, st.signal) {
                 (_, Some(s)) => format!(" (signal {s})"),

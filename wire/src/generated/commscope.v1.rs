@@ -352,6 +352,9 @@ pub struct RankState {
     pub clock_offset_ns: ::core::option::Option<i64>,
     #[prost(uint64, tag = "12")]
     pub clock_error_ns: u64,
+    /// Its Kubernetes pod, when its agent named it (empty: unknown).
+    #[prost(string, tag = "13")]
+    pub pod: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
