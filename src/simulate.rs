@@ -248,13 +248,7 @@ async fn connect(
         .with_context(|| format!("bad collector address {url}"))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    let endpoint = if url.starts_with("https://") {
-        endpoint
-            .tls_config(tls.client().map_err(anyhow::Error::msg)?)
-            .with_context(|| format!("TLS to {url}"))?
-    } else {
-        endpoint
-    };
+    let endpoint = tls.endpoint(endpoint, url).map_err(anyhow::Error::msg)?;
     let channel = endpoint
         .connect()
         .await

@@ -530,14 +530,9 @@ async fn uplink(
                 .http2_keep_alive_interval(Duration::from_secs(2))
                 .keep_alive_timeout(Duration::from_secs(4))
                 .keep_alive_while_idle(true);
-            let endpoint = if url.starts_with("https://") {
-                let cfg = tls.client().map_err(|e| format!("{AUTH_REFUSED}: {e}"))?;
-                endpoint
-                    .tls_config(cfg)
-                    .map_err(|e| format!("{AUTH_REFUSED}: TLS to {url}: {e}"))?
-            } else {
-                endpoint
-            };
+            let endpoint = tls
+                .endpoint(endpoint, &url)
+                .map_err(|e| format!("{AUTH_REFUSED}: {e}"))?;
             let channel = endpoint.connect().await.map_err(|e| {
                 let why = error_chain(&e);
                 // A TLS refusal (a certificate either side does not trust) is a

@@ -48,13 +48,7 @@ impl Live {
             .with_context(|| format!("--collector {url}: not a URL"))?
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(5));
-        let endpoint = if url.starts_with("https://") {
-            endpoint
-                .tls_config(tls.client().map_err(anyhow::Error::msg)?)
-                .with_context(|| format!("TLS to {url}"))?
-        } else {
-            endpoint
-        };
+        let endpoint = tls.endpoint(endpoint, &url).map_err(anyhow::Error::msg)?;
         let shared = Arc::new((Mutex::new(Shared::default()), std::sync::Condvar::new()));
         let s = shared.clone();
         let thread = std::thread::Builder::new()

@@ -93,6 +93,21 @@ impl TlsFiles {
         Ok(Some(Arc::new(c)))
     }
 
+    /// A client's endpoint for `url`: with this TLS when the URL is `https://`, as it is
+    /// otherwise.
+    pub fn endpoint(
+        &self,
+        endpoint: tonic::transport::Endpoint,
+        url: &str,
+    ) -> Result<tonic::transport::Endpoint, String> {
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        endpoint
+            .tls_config(self.client()?)
+            .map_err(|e| format!("TLS to {url}: {e}"))
+    }
+
     /// A gRPC client's TLS.
     pub fn client(&self) -> Result<ClientTlsConfig, String> {
         let mut c = ClientTlsConfig::new().with_native_roots();
