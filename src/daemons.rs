@@ -100,6 +100,10 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
     };
     c.auth_token = token(a.auth_token_file.clone().or(f.auth_token_file))?;
     c.tls = a.tls.files();
+    // Bad TLS files are this agent's mistake, said at start (not as the collector's refusal).
+    if !c.tls.is_empty() {
+        c.tls.client().map_err(anyhow::Error::msg)?;
+    }
     Ok((c, trace_dir))
 }
 
