@@ -185,8 +185,10 @@ pub struct SimulateArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The collector's gRPC address, e.g. http://collector:4650.
-    #[arg(long, value_name = "URL", env = "COMMSCOPE_COLLECTOR")]
+    /// The collector's gRPC address, e.g. http://collector:4650; or several replicas'
+    /// addresses, comma-separated: each job goes to one of them (rendezvous hashing of its id;
+    /// every agent must be given the same list).
+    #[arg(long, value_name = "URL[,URL…]", env = "COMMSCOPE_COLLECTOR")]
     pub collector: Option<String>,
     /// The registration socket [default: /run/commscope/agent.sock].
     #[arg(long, value_name = "PATH", env = "COMMSCOPE_AGENT_SOCKET")]
@@ -298,6 +300,20 @@ pub struct CollectorArgs {
     /// Jobs kept in memory at most [default: 256].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS")]
     pub max_jobs: Option<usize>,
+    /// Split jobs over N shards of live state, findings and storage, each job in one, so that
+    /// jobs use separate cores [default: one per CPU, at most 16].
+    #[arg(long, value_name = "N", env = "COMMSCOPE_SHARDS")]
+    pub shards: Option<usize>,
+    /// The replicas' gRPC addresses (http://host:port, comma-separated; the list agents get
+    /// with `agent --collector URL,URL,…`, this replica's own entry is harmless): the JSON API
+    /// and the query service answer for the jobs of all of them.
+    #[arg(
+        long,
+        value_name = "URL,…",
+        env = "COMMSCOPE_PEERS",
+        value_delimiter = ','
+    )]
+    pub peers: Vec<String>,
     /// How long an ended job stays in memory and in the metrics (the API serves it from disk
     /// after that, until retention deletes its trace) [default: 5m].
     #[arg(long, value_name = "DURATION", env = "COMMSCOPE_JOB_LINGER")]

@@ -67,6 +67,8 @@ pub struct CollectorFile {
     pub sample_budget: Option<u64>,
     pub sample_modulus: Option<u32>,
     pub max_jobs: Option<usize>,
+    pub shards: Option<usize>,
+    pub peers: Option<Vec<String>>,
     pub job_linger: Option<String>,
     pub otlp: Option<String>,
     pub otlp_interval: Option<String>,

@@ -39,15 +39,10 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
     let node = pick(a.node.clone(), f.node, config::default_node());
     let mut c = commscope_agent::Config::new(node);
     c.sysfs = sysfs_root();
-    c.collector = a.collector.clone().or(f.collector);
-    if let Some(url) = &c.collector
-        && !url.contains("://")
-    {
-        c.collector = Some(format!("http://{url}"));
-    }
+    c.collectors = collector_list(a.collector.clone().or(f.collector).as_deref())?;
     c.socket = pick(a.socket.clone(), f.socket, c.socket);
     let trace_dir = a.trace_dir.clone().or(f.trace_dir);
-    if c.collector.is_none() && trace_dir.is_none() {
+    if c.collectors.is_empty() && trace_dir.is_none() {
         anyhow::bail!(
             "the agent needs a collector (--collector URL) or a directory to write traces itself (--trace-dir DIR)"
         );
@@ -144,6 +139,23 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
         .filter(|k| *k > 1)
         .map(commscope_wire::sampling::modulus_floor);
     c.limits.max_jobs = pick(a.max_jobs, f.max_jobs, c.limits.max_jobs).max(1);
+    c.shards = pick(a.shards, f.shards, c.shards).clamp(1, 256);
+    c.peers = if a.peers.is_empty() {
+        f.peers.unwrap_or_default()
+    } else {
+        a.peers.clone()
+    };
+    c.peers = c
+        .peers
+        .iter()
+        .map(|p| p.trim().trim_end_matches('/').to_owned())
+        .filter(|p| !p.is_empty())
+        .collect();
+    for p in &c.peers {
+        if !(p.starts_with("http://") || p.starts_with("https://")) {
+            anyhow::bail!("--peers: {p:?} is not an http:// or https:// URL");
+        }
+    }
     if let Some(s) = a.job_linger.clone().or(f.job_linger) {
         c.limits.linger = parse_duration(&s)?;
     }
@@ -171,6 +183,32 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     Ok(c)
 }
 
+/// `--collector`: one URL, or the replicas' URLs separated by commas (a job goes to one of
+/// them by rendezvous hashing of its id: every agent must list the same names). A URL without
+/// a scheme gets `http://`.
+pub fn collector_list(spec: Option<&str>) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for u in spec.unwrap_or("").split(',') {
+        let u = u.trim().trim_end_matches('/');
+        if u.is_empty() {
+            continue;
+        }
+        let u = if u.contains("://") {
+            u.to_owned()
+        } else {
+            format!("http://{u}")
+        };
+        if !(u.starts_with("http://") || u.starts_with("https://")) {
+            anyhow::bail!("--collector: {u:?} is not an http:// or https:// URL");
+        }
+        if out.contains(&u) {
+            anyhow::bail!("--collector: {u} is listed twice");
+        }
+        out.push(u);
+    }
+    Ok(out)
+}
+
 /// The shared token from its file (`--auth-token-file`), when one is named.
 pub fn token(file: Option<PathBuf>) -> Result<Option<commscope_wire::auth::Token>> {
     file.map(|f| commscope_wire::auth::Token::from_file(&f).map_err(anyhow::Error::msg))
@@ -182,7 +220,7 @@ pub fn token(file: Option<PathBuf>) -> Result<Option<commscope_wire::auth::Token
 /// collector's).
 pub fn agent(a: AgentArgs) -> Result<ExitCode> {
     let (mut c, trace_dir) = agent_config(&a)?;
-    let Some(dir) = trace_dir.filter(|_| c.collector.is_none()) else {
+    let Some(dir) = trace_dir.filter(|_| c.collectors.is_empty()) else {
         runtime()?.block_on(commscope_agent::run(c))?;
         return Ok(ExitCode::SUCCESS);
     };
@@ -193,7 +231,7 @@ pub fn agent(a: AgentArgs) -> Result<ExitCode> {
         cc.segment_age = std::time::Duration::from_secs(30);
         cc.auth_token.clone_from(&c.auth_token);
         let collector = commscope_collector::start(cc).await?;
-        c.collector = Some(format!("http://{}", collector.listen));
+        c.collectors = vec![format!("http://{}", collector.listen)];
         let agent = commscope_agent::start(c).await?;
         tracing::info!(
             "local mode: a collector in this process writes {}",
@@ -250,7 +288,7 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
     ac.auth_token.clone_from(&cc.auth_token);
     runtime()?.block_on(async move {
         let collector = commscope_collector::start(cc).await?;
-        ac.collector = Some(format!("http://{}", collector.listen));
+        ac.collectors = vec![format!("http://{}", collector.listen)];
         let agent = commscope_agent::start(ac).await?;
         tracing::info!(
             target: "commscope_up",

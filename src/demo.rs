@@ -196,7 +196,8 @@ fn capture(a: &DemoArgs) -> Result<ExitCode> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let detail = loop {
         let d = shared
-            .lock_state()
+            .state
+            .of(&spec.job_id)
             .jobs
             .get(&spec.job_id)
             .filter(|j| j.ended.is_some())
@@ -281,7 +282,7 @@ impl Local {
         cc.http = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let collector = rt.block_on(commscope_collector::start(cc))?;
         let mut ac = commscope_agent::Config::new(crate::config::default_node());
-        ac.collector = Some(format!("http://{}", collector.listen));
+        ac.collectors = vec![format!("http://{}", collector.listen)];
         ac.socket = work.join("agent.sock");
         ac.spool_dir = work.join("spool");
         ac.http = None;
@@ -385,7 +386,8 @@ fn diagnose_mpi(a: &DemoArgs, mpi: &Mpi) -> Result<ExitCode> {
                 .status();
         }
         let ended = shared
-            .lock_state()
+            .state
+            .of(&spec.job_id)
             .jobs
             .get(&spec.job_id)
             .is_some_and(|j| j.ended.is_some());

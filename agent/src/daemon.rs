@@ -44,9 +44,11 @@ use crate::spool::Spool;
 pub struct Config {
     /// The registration socket.
     pub socket: PathBuf,
-    /// The collector's gRPC address (`http://host:port`). Required to start. (The CLI's local
-    /// mode, `--trace-dir` without a collector, starts one in the same process first.)
-    pub collector: Option<String>,
+    /// The collectors' gRPC addresses (`http://host:port`): one, or the replicas a job is
+    /// routed over by rendezvous hashing of its id ([`commscope_wire::route`]). Required to
+    /// start. (The CLI's local mode, `--trace-dir` without a collector, starts one in the same
+    /// process first.)
+    pub collectors: Vec<String>,
     /// This node's name.
     pub node: String,
     /// `/metrics` address (None: not served).
@@ -89,7 +91,7 @@ impl Config {
     pub fn new(node: impl Into<String>) -> Config {
         Config {
             socket: PathBuf::from(commscope_wire::registration::DEFAULT_SOCKET),
-            collector: None,
+            collectors: Vec::new(),
             node: node.into(),
             http: None,
             shutdown_timeout: Duration::from_secs(10),
@@ -194,7 +196,7 @@ impl Running {
 
 /// Starts the agent; returns once the socket is listening.
 pub async fn start(cfg: Config) -> Result<Running> {
-    if cfg.collector.is_none() {
+    if cfg.collectors.is_empty() {
         anyhow::bail!("the agent needs a collector (--collector URL)");
     }
     if let Some(dir) = cfg.socket.parent() {
@@ -370,16 +372,18 @@ pub async fn start(cfg: Config) -> Result<Running> {
         )));
     }
 
-    // The collector link.
-    let collector = cfg.collector.clone().unwrap_or_default();
-    tasks.push(tokio::spawn(uplink(
-        collector,
-        cfg.node.clone(),
-        cfg.auth_token.clone(),
-        cfg.tls.clone(),
-        ev_tx.clone(),
-        stop_rx.clone(),
-    )));
+    // The collector links: one per replica.
+    for (replica, url) in cfg.collectors.iter().enumerate() {
+        tasks.push(tokio::spawn(uplink(
+            replica,
+            url.clone(),
+            cfg.node.clone(),
+            cfg.auth_token.clone(),
+            cfg.tls.clone(),
+            ev_tx.clone(),
+            stop_rx.clone(),
+        )));
+    }
 
     // `/metrics`.
     let mut http = None;
@@ -409,12 +413,22 @@ pub async fn start(cfg: Config) -> Result<Running> {
         pending: BTreeMap::new(),
         next_batch: 1,
         next_order: 1,
-        link: None,
-        disconnected_since: Some(Instant::now()),
+        links: cfg
+            .collectors
+            .iter()
+            .map(|url| Link {
+                url: url.clone(),
+                tx: None,
+                disconnected_since: Some(Instant::now()),
+                clock: ClockEstimate::default(),
+                unacked: 0,
+            })
+            .collect(),
+        routes: HashMap::new(),
+        spool_routes: HashMap::new(),
         spool,
         spool_loaded: Vec::new(),
         spool_blocked_until: None,
-        clock: ClockEstimate::default(),
         stats: stats.clone(),
         exits,
         events: ev_tx.clone(),
@@ -429,7 +443,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
         "node {}: registrations on {}, records to {}, metrics on {}",
         cfg.node,
         cfg.socket.display(),
-        cfg.collector.as_deref().unwrap_or("-"),
+        cfg.collectors.join(","),
         http.map_or_else(|| "-".to_owned(), |a| a.to_string()),
     );
     Ok(Running {
@@ -456,9 +470,10 @@ pub async fn run(cfg: Config) -> Result<()> {
 
 enum Event {
     Registered(Box<Registered>),
-    Connected(mpsc::Sender<IngestRequest>),
-    Ack(IngestAck, u64),
-    Disconnected(String),
+    /// Replica `.0`'s stream opened, closed, or answered.
+    Connected(usize, mpsc::Sender<IngestRequest>),
+    Ack(usize, IngestAck, u64),
+    Disconnected(usize, String),
     /// A registered process ended (and how, when the kernel said).
     /// A process ended: its source, how, and when it was seen (realtime, monotonic ns).
     Exited(u64, Option<Ending>, (u64, u64)),
@@ -505,6 +520,7 @@ const AUTH_REFUSED: &str = "the collector refused this agent's credentials";
 
 /// Keeps one stream to the collector open, reconnecting with backoff.
 async fn uplink(
+    replica: usize,
     url: String,
     node: String,
     token: Option<commscope_wire::auth::Token>,
@@ -596,7 +612,7 @@ async fn uplink(
                         tracing::warn!("{e}; retrying");
                     }
                 }
-                let _ = events.send(Event::Disconnected(e)).await;
+                let _ = events.send(Event::Disconnected(replica, e)).await;
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = stopped(&mut stop) => return,
@@ -607,14 +623,14 @@ async fn uplink(
         };
         backoff = Duration::from_millis(100);
         logged.clear();
-        if events.send(Event::Connected(tx)).await.is_err() {
+        if events.send(Event::Connected(replica, tx)).await.is_err() {
             return;
         }
         let reason = loop {
             tokio::select! {
                 m = acks.message() => match m {
                     Ok(Some(a)) => {
-                        if events.send(Event::Ack(a, now_real())).await.is_err() {
+                        if events.send(Event::Ack(replica, a, now_real())).await.is_err() {
                             return;
                         }
                     }
@@ -624,7 +640,7 @@ async fn uplink(
                 _ = stopped(&mut stop) => return,
             }
         };
-        let _ = events.send(Event::Disconnected(reason)).await;
+        let _ = events.send(Event::Disconnected(replica, reason)).await;
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = stopped(&mut stop) => return,
@@ -706,24 +722,39 @@ struct Outgoing {
     not_before: Option<Instant>,
 }
 
+/// The stream to one collector replica.
+struct Link {
+    url: String,
+    tx: Option<mpsc::Sender<IngestRequest>>,
+    disconnected_since: Option<Instant>,
+    /// This agent's clock against that collector's.
+    clock: ClockEstimate,
+    /// Batches sent to it and not yet answered.
+    unacked: usize,
+}
+
 struct Pump {
     cfg: Config,
     sources: BTreeMap<u64, Source>,
     next_source: u64,
     /// Batches waiting to be sent, in order.
     queue: VecDeque<Outgoing>,
-    /// Sent and not yet acknowledged, by batch id (with the send time).
-    pending: BTreeMap<u64, (Outgoing, u64)>,
+    /// Sent and not yet acknowledged, by batch id (with the send time and the replica).
+    pending: BTreeMap<u64, (Outgoing, u64, usize)>,
     next_batch: u64,
     next_order: u64,
-    link: Option<mpsc::Sender<IngestRequest>>,
-    disconnected_since: Option<Instant>,
+    /// One per collector replica.
+    links: Vec<Link>,
+    /// Per job: its replica (rendezvous hashing, cached).
+    routes: HashMap<String, usize>,
+    /// Per spooled batch read before: its replica (so that batches of a replica that is away
+    /// are not read again and again).
+    spool_routes: HashMap<u64, usize>,
     spool: Spool,
     /// Spool entries already loaded into the queue.
     spool_loaded: Vec<u64>,
     /// After a spool failure, reading rings pauses until then.
     spool_blocked_until: Option<Instant>,
-    clock: ClockEstimate,
     stats: Arc<Stats>,
     exits: ExitWatcher,
     events: mpsc::Sender<Event>,
@@ -761,7 +792,9 @@ impl Pump {
         }
         // Leaving: whatever is not acknowledged stays in the rings (cursor not moved) or the
         // spool, for the next agent.
-        self.link = None;
+        for l in &mut self.links {
+            l.tx = None;
+        }
         self.spool_everything();
     }
 
@@ -772,7 +805,7 @@ impl Pump {
         self.drain_rings();
         let mut all: Vec<Outgoing> = std::mem::take(&mut self.pending)
             .into_values()
-            .map(|(o, _)| o)
+            .map(|(o, _, _)| o)
             .collect();
         all.extend(self.queue.drain(..));
         all.sort_by_key(|o| o.order);
@@ -797,31 +830,45 @@ impl Pump {
     async fn event(&mut self, e: Event) {
         match e {
             Event::Registered(r) => self.register(*r),
-            Event::Connected(tx) => {
-                if let Some(since) = self.disconnected_since.take() {
+            Event::Connected(r, tx) => {
+                let l = &mut self.links[r];
+                if let Some(since) = l.disconnected_since.take() {
                     tracing::info!(
-                        "connected to the collector (after {:.1} s without)",
+                        "connected to the collector {} (after {:.1} s without)",
+                        l.url,
                         since.elapsed().as_secs_f64()
                     );
                 }
-                self.stats.connected.store(true, Ordering::Relaxed);
+                l.tx = Some(tx);
+                l.unacked = 0;
                 self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                self.link = Some(tx);
+                self.stats
+                    .connected
+                    .store(self.links.iter().all(|l| l.tx.is_some()), Ordering::Relaxed);
                 self.flush();
             }
-            Event::Disconnected(why) => {
-                if self.link.take().is_some() || self.disconnected_since.is_none() {
+            Event::Disconnected(r, why) => {
+                let l = &mut self.links[r];
+                if l.tx.take().is_some() || l.disconnected_since.is_none() {
                     tracing::warn!("{why}; retrying");
                 }
+                l.unacked = 0;
+                l.disconnected_since.get_or_insert_with(Instant::now);
                 self.stats.connected.store(false, Ordering::Relaxed);
-                self.disconnected_since.get_or_insert_with(Instant::now);
-                // Everything unacknowledged goes back into the queue, in order.
-                let pending = std::mem::take(&mut self.pending);
-                for (_, (o, _)) in pending {
-                    self.requeue(o);
+                // Everything unacknowledged by it goes back into the queue, in order.
+                let ids: Vec<u64> = self
+                    .pending
+                    .iter()
+                    .filter(|(_, (_, _, pr))| *pr == r)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in ids {
+                    if let Some((o, _, _)) = self.pending.remove(&id) {
+                        self.requeue(o);
+                    }
                 }
             }
-            Event::Ack(ack, t4) => self.ack(ack, t4),
+            Event::Ack(r, ack, t4) => self.ack(r, ack, t4),
             Event::Exited(id, ending, seen) => {
                 if let Some(s) = self.sources.get_mut(&id) {
                     self.stats.exits.fetch_add(1, Ordering::Relaxed);
@@ -1065,12 +1112,48 @@ impl Pump {
         s.process.attribution = Some(a);
     }
 
-    /// Whether batches should go to the spool instead of the collector now.
-    fn spooling(&self) -> bool {
-        self.link.is_none()
-            && self
-                .disconnected_since
+    /// Whether batches for replica `r` should go to the spool instead of the collector now.
+    fn spooling(&self, r: usize) -> bool {
+        let l = &self.links[r];
+        l.tx.is_none()
+            && l.disconnected_since
                 .is_some_and(|t| t.elapsed() >= self.cfg.spool_after)
+    }
+
+    /// The replica that owns `job`.
+    fn replica(&mut self, job: &str) -> usize {
+        if self.links.len() <= 1 {
+            return 0;
+        }
+        if let Some(r) = self.routes.get(job) {
+            return *r;
+        }
+        if self.routes.len() > 100_000 {
+            self.routes.clear();
+        }
+        let urls: Vec<&str> = self.links.iter().map(|l| l.url.as_str()).collect();
+        let r = commscope_wire::route::replica_of(job, &urls).unwrap_or(0);
+        self.routes.insert(job.to_owned(), r);
+        r
+    }
+
+    /// The replica the batch at `i` in the queue goes to.
+    fn replica_of_queued(&mut self, i: usize) -> usize {
+        if self.links.len() <= 1 {
+            return 0;
+        }
+        let job = self.queue[i]
+            .batch
+            .process
+            .as_ref()
+            .map_or_else(String::new, |p| p.job.clone());
+        self.replica(&job)
+    }
+
+    /// The replica a batch goes to.
+    fn replica_of(&mut self, b: &RecordBatch) -> usize {
+        let job = b.process.as_ref().map_or("", |p| p.job.as_str());
+        self.replica(job)
     }
 
     fn backlog(&self) -> usize {
@@ -1083,13 +1166,21 @@ impl Pump {
             return;
         }
         self.spool_blocked_until = None;
-        let spooling = self.spooling();
         let limit = self.cfg.max_unacked * 4;
         let ids: Vec<u64> = self.sources.keys().copied().collect();
         for id in ids {
+            // Straight to the spool while the job's replica has been away too long.
+            let spooling = match self.sources.get(&id) {
+                Some(s) => {
+                    let job = s.process.job.clone();
+                    let r = self.replica(&job);
+                    self.spooling(r)
+                }
+                None => continue,
+            };
             loop {
                 if !spooling && self.backlog() >= limit {
-                    return;
+                    break;
                 }
                 let Some(s) = self.sources.get_mut(&id) else {
                     break;
@@ -1303,27 +1394,37 @@ impl Pump {
         }
     }
 
-    /// Sends what the queue holds, as far as the window allows; spools it when the collector has
-    /// been away too long.
+    /// Sends what the queue holds, each batch to its job's replica as far as that replica's
+    /// window allows; spools the batches of a replica that has been away too long.
     fn flush(&mut self) {
-        if self.spooling() {
-            while let Some(o) = self.queue.pop_front() {
+        // Batches whose replica has been away too long go to the spool, in order.
+        if (0..self.links.len()).any(|r| self.spooling(r)) {
+            let mut i = 0;
+            while i < self.queue.len() {
+                let r = self.replica_of_queued(i);
+                if !self.spooling(r) {
+                    i += 1;
+                    continue;
+                }
+                let Some(o) = self.queue.remove(i) else {
+                    break;
+                };
                 match o.origin {
                     Origin::Ring { .. } | Origin::Exit { .. } | Origin::Transport => {
+                        // The spool is full: the batch went back (its source rewound).
                         if !self.spool_one(o) {
                             break;
                         }
                     }
-                    // Already on disk; it is read again when the collector is back.
+                    // Already on disk; it is read again when the replica is back.
                     Origin::Spool(seq) => self.spool_loaded.retain(|s| *s != seq),
                 }
             }
+        }
+        if self.links.iter().all(|l| l.tx.is_none()) {
             return;
         }
-        let Some(link) = self.link.clone() else {
-            return;
-        };
-        // Spooled batches first (older), a few at a time.
+        // Spooled batches first (older), a few at a time, those of replicas that are there.
         if self.queue.len() < self.cfg.max_unacked {
             for seq in self.spool.pending() {
                 if self.spool_loaded.contains(&seq) {
@@ -1332,8 +1433,21 @@ impl Pump {
                 if self.spool_loaded.len() >= self.cfg.max_unacked {
                     break;
                 }
+                if let Some(&r) = self.spool_routes.get(&seq)
+                    && self.links[r].tx.is_none()
+                {
+                    continue;
+                }
                 match self.spool.read(seq) {
                     Ok(batch) => {
+                        let r = self.replica_of(&batch);
+                        if self.spool_routes.len() > 100_000 {
+                            self.spool_routes.clear();
+                        }
+                        self.spool_routes.insert(seq, r);
+                        if self.links[r].tx.is_none() {
+                            continue;
+                        }
                         let records = (batch.records.len() / RECORD_SIZE) as u64;
                         self.spool_loaded.push(seq);
                         // Spooled batches are older than anything in memory.
@@ -1353,18 +1467,25 @@ impl Pump {
             }
         }
         let now = Instant::now();
-        while self.pending.len() < self.cfg.max_unacked {
-            let Some(mut o) = self.queue.pop_front() else {
-                break;
+        // Per replica, order is kept: nothing overtakes a batch its collector asked to wait,
+        // or one its window has no room for. Other replicas' batches go on.
+        let mut blocked = vec![false; self.links.len()];
+        let queue = std::mem::take(&mut self.queue);
+        let mut kept = VecDeque::with_capacity(queue.len());
+        for mut o in queue {
+            let r = self.replica_of(&o.batch);
+            let link = &mut self.links[r];
+            let Some(tx) = link.tx.as_ref().filter(|_| !blocked[r]) else {
+                kept.push_back(o);
+                continue;
             };
-            // Order is kept: nothing overtakes a batch the collector asked to wait.
-            if o.not_before.is_some_and(|t| now < t) {
-                self.queue.push_front(o);
-                break;
+            if link.unacked >= self.cfg.max_unacked || o.not_before.is_some_and(|t| now < t) {
+                blocked[r] = true;
+                kept.push_back(o);
+                continue;
             }
             let id = self.next_batch;
-            self.next_batch += 1;
-            if let Some((off, err)) = self.clock.get() {
+            if let Some((off, err)) = link.clock.get() {
                 o.batch.clock_offset_ns = Some(off);
                 o.batch.clock_error_ns = err;
             }
@@ -1374,20 +1495,23 @@ impl Pump {
                 agent_send_ns: t1,
                 payload: Some(Payload::Records(o.batch.clone())),
             };
-            match link.try_send(req) {
+            match tx.try_send(req) {
                 Ok(()) => {
+                    self.next_batch += 1;
+                    link.unacked += 1;
                     self.stats.batches_sent.fetch_add(1, Ordering::Relaxed);
-                    self.pending.insert(id, (o, t1));
+                    self.pending.insert(id, (o, t1, r));
                 }
                 Err(_) => {
-                    self.queue.push_front(o);
-                    break;
+                    blocked[r] = true;
+                    kept.push_back(o);
                 }
             }
         }
+        self.queue = kept;
     }
 
-    fn ack(&mut self, ack: IngestAck, t4: u64) {
+    fn ack(&mut self, r: usize, ack: IngestAck, t4: u64) {
         if !ack.probes.is_empty() {
             self.probe(&ack.probes);
         }
@@ -1396,10 +1520,17 @@ impl Pump {
             self.set_rates(&ack.rates);
             return;
         }
-        let Some((out, t1)) = self.pending.remove(&ack.batch_id) else {
+        let Some((out, t1, sent_to)) = self.pending.remove(&ack.batch_id) else {
             return;
         };
-        self.clock
+        if sent_to != r {
+            // Not this replica's to answer: back where it was.
+            self.pending.insert(ack.batch_id, (out, t1, sent_to));
+            return;
+        }
+        let link = &mut self.links[r];
+        link.unacked = link.unacked.saturating_sub(1);
+        link.clock
             .sample(t1, ack.collector_recv_ns, ack.collector_send_ns, t4);
         if ack.durable {
             self.stats
@@ -1599,10 +1730,11 @@ impl Pump {
     /// Takes the stacks of processes the collector asked about (a hang's culprits), on a blocking
     /// thread, and sends them back.
     fn probe(&mut self, probes: &[commscope_wire::grpc::ProbeRequest]) {
-        let Some(link) = self.link.clone() else {
-            return;
-        };
         for pr in probes {
+            let r = self.replica(&pr.job);
+            let Some(link) = self.links[r].tx.clone() else {
+                continue;
+            };
             let Some(s) = self.sources.values().find(|s| {
                 s.process.pid == pr.pid
                     && s.process.start_time == pr.start_time
@@ -1612,7 +1744,6 @@ impl Pump {
             };
             let process = s.process.clone();
             let enabled = self.cfg.stacks;
-            let link = link.clone();
             tracing::info!(
                 "the collector asks for the stacks of rank {} of job {} (pid {}){}",
                 process.rank,
@@ -1648,14 +1779,26 @@ impl Pump {
     /// Sends each live process's in-flight table when it changed, and at least once a second
     /// with the process's state.
     fn snapshots(&mut self) {
-        let Some(link) = self.link.clone() else {
-            return;
-        };
         let now = Instant::now();
+        let jobs: std::collections::BTreeSet<String> = self
+            .sources
+            .values()
+            .map(|s| s.process.job.clone())
+            .collect();
+        let links: HashMap<String, mpsc::Sender<IngestRequest>> = jobs
+            .into_iter()
+            .filter_map(|j| {
+                let r = self.replica(&j);
+                self.links[r].tx.clone().map(|tx| (j, tx))
+            })
+            .collect();
         for s in self.sources.values_mut() {
             if s.exited.is_some() {
                 continue;
             }
+            let Some(link) = links.get(&s.process.job) else {
+                continue;
+            };
             let shm = s.reg.region.shm();
             let entries: Vec<InFlight> = shm.in_flight().into_iter().map(|(_, e)| e).collect();
             // At least once a second: the process's state and CPU time go with it.
@@ -1736,7 +1879,9 @@ impl Pump {
         self.stats
             .unacked
             .store(self.pending.len() as u64, Ordering::Relaxed);
-        *self.stats.clock.lock().unwrap_or_else(|p| p.into_inner()) = self.clock.get();
+        // The first replica's estimate (replicas keep their clocks in step among themselves).
+        *self.stats.clock.lock().unwrap_or_else(|p| p.into_inner()) =
+            self.links.iter().find_map(|l| l.clock.get());
     }
 }
 

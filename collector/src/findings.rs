@@ -3,6 +3,7 @@
 //! opens, updates and resolves findings (one log line per open and resolve).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use commscope_analyzer::detectors::{Liveness, liveness};
@@ -13,6 +14,7 @@ use commscope_analyzer::view::{
 use commscope_wire::op::Op;
 use serde_json::json;
 
+use crate::shards::Shards;
 use crate::state::{JobState, RankInfo, RankStatus, State, now_ns};
 
 /// Findings kept after they resolved, at most.
@@ -26,9 +28,9 @@ pub struct Engine {
     pub tracker: Tracker,
     /// The liveness detectors' thresholds (the hang floor among them).
     pub liveness: Liveness,
-    /// Per job: the liveness findings of the last evaluation (kept while ranks are ending,
-    /// when a rank that only followed could look like the first to die).
-    last: HashMap<String, Vec<Finding>>,
+    /// Per shard, per job: the liveness findings of the last evaluation (kept while ranks are
+    /// ending, when a rank that only followed could look like the first to die).
+    last: Vec<Mutex<HashMap<String, Vec<Finding>>>>,
 }
 
 impl Engine {
@@ -42,38 +44,56 @@ impl Engine {
                 hang_floor_ns: floor.as_nanos() as u64,
                 ..Default::default()
             },
-            last: HashMap::new(),
+            last: Vec::new(),
         }
     }
 
-    /// Re-evaluates every job; returns what opened and what resolved.
+    /// Re-evaluates every job, the shards in parallel; returns what opened and what resolved.
     /// `lost`: nodes whose agent is out of contact now.
-    pub fn tick(&mut self, state: &mut State, lost: &BTreeMap<String, LostContact>) -> Vec<Change> {
-        let mut now = Vec::new();
+    pub fn tick(&mut self, shards: &Shards, lost: &BTreeMap<String, LostContact>) -> Vec<Change> {
         let t = now_ns();
-        self.last.retain(|j, _| state.jobs.contains_key(j));
-        for job in state.jobs.values_mut() {
-            let (mut mismatches, rest): (Vec<Finding>, Vec<Finding>) = job
-                .instance_findings(t)
-                .into_iter()
-                .partition(|f| f.kind == Kind::Mismatch);
-            let found = if job.in_flux() {
-                self.last.get(&job.job).cloned().unwrap_or_default()
-            } else {
-                let v = view(job, t, lost);
-                let f = liveness(&v, &self.liveness, &mut mismatches);
-                self.last.insert(job.job.clone(), f.clone());
-                f
-            };
-            let mut job_now = found;
-            job_now.extend(mismatches);
-            job_now.extend(rest);
-            commscope_analyzer::link_errors::fold_into_hangs(&mut job_now);
-            attach_attribution(job, &mut job_now);
-            now.extend(job_now);
-        }
-        self.tracker.update(now, t)
+        self.last.resize_with(shards.len(), Default::default);
+        let (liveness, last) = (&self.liveness, &self.last);
+        let found = shards.par_map(|i, state| {
+            let mut last = last[i].lock().unwrap_or_else(|p| p.into_inner());
+            evaluate(state, liveness, &mut last, t, lost)
+        });
+        self.tracker
+            .update(found.into_iter().flatten().collect(), t)
     }
+}
+
+/// Every job of one shard: what the detectors find now.
+fn evaluate(
+    state: &mut State,
+    liveness_cfg: &Liveness,
+    last: &mut HashMap<String, Vec<Finding>>,
+    t: u64,
+    lost: &BTreeMap<String, LostContact>,
+) -> Vec<Finding> {
+    let mut now = Vec::new();
+    last.retain(|j, _| state.jobs.contains_key(j));
+    for job in state.jobs.values_mut() {
+        let (mut mismatches, rest): (Vec<Finding>, Vec<Finding>) = job
+            .instance_findings(t)
+            .into_iter()
+            .partition(|f| f.kind == Kind::Mismatch);
+        let found = if job.in_flux() {
+            last.get(&job.job).cloned().unwrap_or_default()
+        } else {
+            let v = view(job, t, lost);
+            let f = liveness(&v, liveness_cfg, &mut mismatches);
+            last.insert(job.job.clone(), f.clone());
+            f
+        };
+        let mut job_now = found;
+        job_now.extend(mismatches);
+        job_now.extend(rest);
+        commscope_analyzer::link_errors::fold_into_hangs(&mut job_now);
+        attach_attribution(job, &mut job_now);
+        now.extend(job_now);
+    }
+    now
 }
 
 /// `evidence.attribution` on a job's findings, when its agents attributed it: the job's

@@ -1,5 +1,6 @@
 //! The collector's HTTP side: `/healthz`, `/readyz`, `/metrics`, `/api/v1/jobs`,
-//! `/api/v1/jobs/{job}`.
+//! `/api/v1/jobs/{job}`, `/api/v1/findings`. With `--peers`, the API answers for every
+//! replica's jobs ([`crate::peers`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use commscope_wire::hash::format_comm_id;
@@ -25,14 +26,84 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/api/v1/jobs", get(jobs))
-        .route("/api/v1/jobs/{job}", get(job))
-        .route("/api/v1/findings", get(findings))
+        .merge(api_routes())
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             crate::auth::http_check,
         ))
         .with_state(shared)
+}
+
+/// The JSON API's routes (also what another replica asks through the query service).
+fn api_routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/api/v1/jobs", get(jobs))
+        .route("/api/v1/jobs/{job}", get(job))
+        .route("/api/v1/findings", get(findings))
+}
+
+/// Answers a JSON API request another replica forwarded (`path` with its query), from this
+/// replica's jobs only: the status and the body.
+pub async fn answer_local(shared: Arc<Shared>, path: &str) -> (u16, Vec<u8>) {
+    if !path.starts_with("/api/v1/") {
+        return (404, b"{\"error\":\"only /api/v1/ is forwarded\"}".to_vec());
+    }
+    let Ok(req) = axum::http::Request::builder()
+        .uri(path)
+        .header(crate::peers::LOCAL, "1")
+        .body(axum::body::Body::empty())
+    else {
+        return (400, b"{\"error\":\"bad path\"}".to_vec());
+    };
+    let mut svc = api_routes().with_state(shared);
+    let resp = match tower_service::Service::call(&mut svc, req).await {
+        Ok(r) => r,
+        Err(e) => match e {},
+    };
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .map(|b| b.to_vec())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Whether to ask the other replicas too: there are some, and the request is not from one.
+fn fan_out(s: &Shared, headers: &HeaderMap) -> bool {
+    !s.peers.is_empty() && !headers.contains_key(crate::peers::LOCAL)
+}
+
+/// Adds the other replicas' answers to `path`: the items of their `key` array whose `id`
+/// field this replica's do not have. Returns the replicas that did not answer.
+async fn merge_peers(
+    s: &Shared,
+    path: &str,
+    key: &str,
+    id: &str,
+    into: &mut Vec<serde_json::Value>,
+) -> Vec<serde_json::Value> {
+    let mut seen: std::collections::HashSet<String> = into
+        .iter()
+        .filter_map(|v| v[id].as_str().map(str::to_owned))
+        .collect();
+    let mut unreachable = Vec::new();
+    for (url, answer) in s.peers.api(path).await {
+        match answer {
+            Ok(mut v) => {
+                if let serde_json::Value::Array(items) = v[key].take() {
+                    for item in items {
+                        if let Some(k) = item[id].as_str()
+                            && seen.insert(k.to_owned())
+                        {
+                            into.push(item);
+                        }
+                    }
+                }
+            }
+            Err(e) => unreachable.push(serde_json::json!({ "replica": url, "error": e })),
+        }
+    }
+    unreachable
 }
 
 async fn readyz(State(s): State<Arc<Shared>>) -> Response {
@@ -98,18 +169,38 @@ struct JobsQuery {
     state: Option<String>,
 }
 
-async fn jobs(State(s): State<Arc<Shared>>, Query(q): Query<JobsQuery>) -> Response {
+async fn jobs(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: Uri,
+    Query(q): Query<JobsQuery>,
+) -> Response {
     let mut v = all_jobs(&s);
     v.retain(|j| q.state.as_deref().is_none_or(|want| want == j.state));
-    axum::Json(serde_json::json!({ "jobs": v })).into_response()
+    if !fan_out(&s, &headers) {
+        return axum::Json(serde_json::json!({ "jobs": v })).into_response();
+    }
+    let mut items: Vec<serde_json::Value> = v
+        .iter()
+        .filter_map(|j| serde_json::to_value(j).ok())
+        .collect();
+    let unreachable = merge_peers(&s, &path_of(&uri), "jobs", "job", &mut items).await;
+    items.sort_by(|a, b| a["job"].as_str().cmp(&b["job"].as_str()));
+    axum::Json(serde_json::json!({ "jobs": items, "unreachable": unreachable })).into_response()
+}
+
+fn path_of(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned())
 }
 
 /// Every job: those in memory, and those on disk (ended, or from before a restart), by name.
 pub fn all_jobs(s: &Shared) -> Vec<JobLine> {
-    let mut v: Vec<JobLine> = {
-        let st = s.lock_state();
-        st.jobs.values().map(job_line).collect()
-    };
+    let mut v: Vec<JobLine> = s
+        .state
+        .iter()
+        .flat_map(|st| st.jobs.values().map(job_line).collect::<Vec<_>>())
+        .collect();
     let live: std::collections::HashSet<String> = v.iter().map(|j| j.job.clone()).collect();
     v.extend(s.history.jobs(&|j| live.contains(j)));
     v.sort_by(|a, b| a.job.cmp(&b.job));
@@ -119,7 +210,7 @@ pub fn all_jobs(s: &Shared) -> Vec<JobLine> {
 /// Every finding: the live engine's, and those stored for jobs no longer in memory.
 pub fn all_findings(s: &Shared, job: Option<&str>) -> Vec<Finding> {
     let (live_jobs, mut v): (std::collections::HashSet<String>, Vec<Finding>) = {
-        let st = s.lock_state();
+        let live = s.state.job_names().into_iter().collect();
         let e = s.findings.lock().unwrap_or_else(|p| p.into_inner());
         let v = e
             .tracker
@@ -127,7 +218,7 @@ pub fn all_findings(s: &Shared, job: Option<&str>) -> Vec<Finding> {
             .into_iter()
             .filter(|f| job.is_none_or(|j| j == f.job))
             .collect();
-        (st.jobs.keys().cloned().collect(), v)
+        (live, v)
     };
     let known: std::collections::HashSet<String> = v.iter().map(|f| f.id.clone()).collect();
     v.extend(
@@ -271,9 +362,23 @@ pub fn job_detail(j: &JobState) -> JobDetail {
     }
 }
 
-async fn job(State(s): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+async fn job(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(name): Path<String>,
+) -> Response {
+    let here = s.state.of(&name).jobs.contains_key(&name);
+    // Not in this replica's memory: the replica that holds it live answers first.
+    if !here && fan_out(&s, &headers) {
+        for (_, answer) in s.peers.api(&path_of(&uri)).await {
+            if let Ok(v) = answer {
+                return axum::Json(v).into_response();
+            }
+        }
+    }
     let live = {
-        let st = s.lock_state();
+        let st = s.state.of(&name);
         st.jobs.get(&name).map(job_detail)
     };
     let findings = all_findings(&s, Some(&name));
@@ -314,7 +419,12 @@ struct FindingsQuery {
 }
 
 /// `GET /api/v1/findings[?job=&state=open|resolved]`.
-async fn findings(State(s): State<Arc<Shared>>, Query(q): Query<FindingsQuery>) -> Response {
+async fn findings(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: Uri,
+    Query(q): Query<FindingsQuery>,
+) -> Response {
     let mut v = all_findings(&s, q.job.as_deref());
     v.retain(|f| {
         q.state.as_deref().is_none_or(|w| match f.state {
@@ -322,5 +432,13 @@ async fn findings(State(s): State<Arc<Shared>>, Query(q): Query<FindingsQuery>) 
             commscope_analyzer::finding::State::Resolved => w == "resolved",
         })
     });
-    axum::Json(serde_json::json!({ "findings": v })).into_response()
+    if !fan_out(&s, &headers) {
+        return axum::Json(serde_json::json!({ "findings": v })).into_response();
+    }
+    let mut items: Vec<serde_json::Value> = v
+        .iter()
+        .filter_map(|f| serde_json::to_value(f).ok())
+        .collect();
+    let unreachable = merge_peers(&s, &path_of(&uri), "findings", "id", &mut items).await;
+    axum::Json(serde_json::json!({ "findings": items, "unreachable": unreachable })).into_response()
 }

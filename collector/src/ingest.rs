@@ -80,8 +80,9 @@ fn admits(shared: &Shared, node: &str, p: &ProcessId) -> Result<(), (String, &'s
     }
     // At a bound: forget the jobs the collector released first.
     if jobs.len() >= max_jobs || ranks(jobs) >= max_ranks {
-        let st = shared.lock_state();
-        jobs.retain(|j, (at, _)| at.elapsed() < USAGE_GRACE || st.jobs.contains_key(j));
+        let live: std::collections::HashSet<String> =
+            shared.state.job_names().into_iter().collect();
+        jobs.retain(|j, (at, _)| at.elapsed() < USAGE_GRACE || live.contains(j));
     }
     if !jobs.contains_key(&p.job) && jobs.len() >= max_jobs {
         return Err((
@@ -479,7 +480,7 @@ fn handle(
                 match commit.await {
                     Ok(c) => {
                         let ended = {
-                            let mut st = shared.lock_state();
+                            let mut st = shared.state.of(&header.job);
                             if overrun > 0 {
                                 st.set_overrun(&header, overrun);
                             }
@@ -538,7 +539,8 @@ fn handle(
                 cpu_ns: s.cpu_ns,
             });
             shared
-                .lock_state()
+                .state
+                .of(&header.job)
                 .snapshot(&header, s.t_mono_ns, calls, proc);
             Ok(ready(ack(id, recv_ns)))
         }
@@ -547,7 +549,7 @@ fn handle(
             if let Some(process) = p.process.as_ref() {
                 let header = header_of(process);
                 let cap = |s: String| s.chars().take(32 << 10).collect::<String>();
-                shared.lock_state().set_stacks(
+                shared.state.of(&header.job).set_stacks(
                     &header,
                     crate::state::Stacks {
                         native: cap(p.native_stack),

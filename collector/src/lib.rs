@@ -3,7 +3,7 @@
 //! and serves it: the JSON API and `/metrics` over HTTP, the query service over gRPC.
 //!
 //! - [`store`]: durability, dedup, segments, retention.
-//! - [`state`]: live per-job state.
+//! - [`state`]: live per-job state; [`shards`]: the state split by job.
 //! - [`ingest`]: the agent stream.
 //! - [`query`]: the gRPC query service (the TUI's view).
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`, `/api/v1/...`.
@@ -16,8 +16,10 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod otlp;
+pub mod peers;
 pub mod query;
 pub mod sampling;
+pub mod shards;
 pub mod state;
 pub mod store;
 mod tls;
@@ -26,7 +28,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -69,6 +71,12 @@ pub struct Config {
     pub tls: commscope_wire::tls::TlsFiles,
     /// Live-state bounds.
     pub limits: Limits,
+    /// Jobs are split over this many shards of live state and store (each job in one): jobs
+    /// apply, store and evaluate on separate cores.
+    pub shards: usize,
+    /// The other replicas' HTTP base URLs: the API and the query service answer for their
+    /// jobs too.
+    pub peers: Vec<String>,
     /// A collective in flight this long while members have not entered it is a hang.
     pub hang_floor: Duration,
     /// Consistent sampling: calls per second (all jobs) the collector takes in full; above it,
@@ -100,6 +108,8 @@ impl Config {
             auth_token: None,
             tls: Default::default(),
             limits: Limits::default(),
+            shards: default_shards(),
+            peers: Vec::new(),
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
             sample_modulus: None,
@@ -107,6 +117,11 @@ impl Config {
             otlp_interval: Duration::from_secs(10),
         }
     }
+}
+
+/// One shard per CPU, at most 16.
+pub fn default_shards() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
 }
 
 /// Default gRPC port.
@@ -157,7 +172,7 @@ impl Metrics {
 pub struct Shared {
     pub config: Config,
     pub store: store::Store,
-    pub state: Mutex<state::State>,
+    pub state: shards::Shards,
     pub metrics: Metrics,
     /// Per node: the latest clock alignment its agent reported.
     pub clocks: Mutex<HashMap<String, ClockAlignment>>,
@@ -183,6 +198,8 @@ pub struct Shared {
     pub agents: Mutex<std::collections::BTreeMap<String, AgentLink>>,
     /// Per node: what its agent sent, for the per-agent bounds.
     pub agent_usage: Mutex<ingest::AgentUsage>,
+    /// The other replicas (`--peers`).
+    pub peers: peers::Peers,
 }
 
 /// A node's agent as its streams show it.
@@ -255,7 +272,7 @@ impl Shared {
     /// Asks the agents of these ranks of `job` for their processes' stacks (once per process).
     pub fn ask_for_stacks(&self, job: &str, ranks: &[i32]) {
         let wanted: Vec<(String, commscope_wire::grpc::ProbeRequest)> = {
-            let st = self.lock_state();
+            let st = self.state.of(job);
             let Some(j) = st.jobs.get(job) else { return };
             j.ranks
                 .values()
@@ -295,11 +312,6 @@ impl Shared {
         probes.remove(node).unwrap_or_default()
     }
 
-    /// The live state.
-    pub fn lock_state(&self) -> MutexGuard<'_, state::State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn set_node_clock(&self, node: &str, c: ClockAlignment) {
         self.clocks
             .lock()
@@ -310,7 +322,8 @@ impl Shared {
     /// A job ended: its log becomes a segment now.
     async fn job_ended(&self, job: &str) {
         let (ranks, records) = self
-            .lock_state()
+            .state
+            .of(job)
             .jobs
             .get(job)
             .map(|j| (j.rank_count(), j.records))
@@ -319,7 +332,7 @@ impl Shared {
             "job {job} ended: {ranks} ranks, {records} records; writing its trace segment"
         );
         self.store.roll(job).await;
-        let line = self.lock_state().jobs.get(job).map(http::job_line);
+        let line = self.state.of(job).jobs.get(job).map(http::job_line);
         if let Some(line) = line
             && let Err(e) = self.history.record_job(&line)
         {
@@ -331,22 +344,24 @@ impl Shared {
     /// after its last write, to its `job.json`.
     fn persist_jobs(&self, persisted: &mut HashMap<String, (&'static str, std::time::Instant)>) {
         let now = std::time::Instant::now();
-        let due: Vec<(http::JobLine, &'static str)> = {
-            let st = self.lock_state();
-            persisted.retain(|j, _| st.jobs.contains_key(j));
-            st.jobs
-                .values()
-                .filter(|j| match persisted.get(&j.job) {
-                    None => true,
-                    Some((state, at)) => {
-                        *state != j.state_name()
-                            || (j.last_touch > *at
-                                && now.duration_since(*at) >= Duration::from_secs(5))
-                    }
-                })
-                .map(|j| (http::job_line(j), j.state_name()))
-                .collect()
-        };
+        let live: std::collections::HashSet<String> = self.state.job_names().into_iter().collect();
+        persisted.retain(|j, _| live.contains(j));
+        let mut due: Vec<(http::JobLine, &'static str)> = Vec::new();
+        for st in self.state.iter() {
+            due.extend(
+                st.jobs
+                    .values()
+                    .filter(|j| match persisted.get(&j.job) {
+                        None => true,
+                        Some((state, at)) => {
+                            *state != j.state_name()
+                                || (j.last_touch > *at
+                                    && now.duration_since(*at) >= Duration::from_secs(5))
+                        }
+                    })
+                    .map(|j| (http::job_line(j), j.state_name())),
+            );
+        }
         for (line, state) in due {
             match self.history.record_job(&line) {
                 Ok(()) => {
@@ -409,20 +424,21 @@ pub async fn start(config: Config) -> Result<Running> {
     scfg.roll_age = config.segment_age;
     scfg.retention = config.retention;
     scfg.retention_bytes = config.retention_bytes;
+    scfg.segment_threads = config.shards;
     let (store, recovered) = store::Store::open(scfg).map_err(anyhow::Error::msg)?;
     let (history, history_warnings) = history::History::open(&config.trace_dir);
     let mut limits = config.limits.clone();
     if config.otlp.is_some() {
         limits.slow_calls = 256;
     }
-    let mut st = state::State::new(limits);
+    let st = shards::Shards::new(limits, config.shards);
     for (h, recs) in &recovered.pending {
-        st.apply(h, None, recs);
+        st.of(&h.job).apply(h, None, recs);
     }
     let shared = Arc::new(Shared {
         config: config.clone(),
         store,
-        state: Mutex::new(st),
+        state: st,
         metrics: Metrics::default(),
         clocks: Mutex::new(HashMap::new()),
         ready: AtomicBool::new(false),
@@ -437,6 +453,11 @@ pub async fn start(config: Config) -> Result<Running> {
         history,
         agents: Mutex::new(Default::default()),
         agent_usage: Mutex::new(Default::default()),
+        peers: peers::Peers::new(
+            config.peers.clone(),
+            config.auth_token.clone(),
+            config.tls.clone(),
+        ),
     });
     let registry = metrics::registry(Arc::downgrade(&shared))?;
     let _ = shared.registry.set(registry);
@@ -546,12 +567,20 @@ pub async fn start(config: Config) -> Result<Running> {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = r3.wait_for(|s| *s) => break,
             }
-            let quiet = sh.lock_state().end_quiet(Duration::from_secs(5));
+            let quiet: Vec<String> = sh
+                .state
+                .iter()
+                .flat_map(|mut s| s.end_quiet(Duration::from_secs(5)))
+                .collect();
             for j in quiet {
                 sh.job_ended(&j).await;
             }
             sh.persist_jobs(&mut persisted);
-            let gone = sh.lock_state().release_ended();
+            let gone: Vec<String> = sh
+                .state
+                .iter()
+                .flat_map(|mut s| s.release_ended())
+                .collect();
             for g in gone {
                 tracing::info!("job {g} released from memory");
             }
@@ -621,13 +650,11 @@ pub async fn start(config: Config) -> Result<Running> {
 /// Re-evaluates every job's findings; logs what opened and resolved.
 fn findings_tick(sh: &Shared) {
     let lost = sh.lost_nodes();
-    let changes = {
-        let mut st = sh.lock_state();
-        sh.findings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tick(&mut st, &lost)
-    };
+    let changes = sh
+        .findings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .tick(&sh.state, &lost);
     for c in &changes {
         match c {
             findings::Change::Opened(f) => {
@@ -663,14 +690,11 @@ fn findings_tick(sh: &Shared) {
 /// Re-decides consistent sampling from the calls offered since the last tick; pushes changed
 /// rates to the agents.
 fn sampling_tick(sh: &Shared) {
-    let changed = {
-        let mut st = sh.lock_state();
-        sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
-            &mut st,
-            sh.config.sample_budget as f64,
-            sh.config.sample_modulus,
-        )
-    };
+    let changed = sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
+        &mut sh.state.iter().collect::<Vec<_>>(),
+        sh.config.sample_budget as f64,
+        sh.config.sample_modulus,
+    );
     if let Some(rates) = changed {
         let (g, offered) = {
             let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());

@@ -397,12 +397,14 @@ fn fill(s: &Shared, o: &mut Sink) {
     ingest(s, o);
     clocks(s, o);
     findings(s, o);
-    let state = s.lock_state();
-    let running = state.jobs.values().filter(|j| j.ended.is_none()).count();
+    // Every shard at once: one consistent scrape, jobs in name order.
+    let shards: Vec<_> = s.state.iter().collect();
+    let mut jobs: Vec<_> = shards.iter().flat_map(|st| st.jobs.values()).collect();
+    let running = jobs.iter().filter(|j| j.ended.is_none()).count();
     o.value(&JOBS, &["running"], running as f64);
-    o.value(&JOBS, &["ended"], (state.jobs.len() - running) as f64);
-    o.value(&JOBS_RELEASED, &[], (state.released + state.evicted) as f64);
-    let mut jobs: Vec<_> = state.jobs.values().collect();
+    o.value(&JOBS, &["ended"], (jobs.len() - running) as f64);
+    let released: u64 = shards.iter().map(|st| st.released + st.evicted).sum();
+    o.value(&JOBS_RELEASED, &[], released as f64);
     jobs.sort_by(|a, b| a.job.cmp(&b.job));
     let now = now_ns();
     for j in jobs {
@@ -491,9 +493,13 @@ fn clocks(s: &Shared, o: &mut Sink) {
 /// rules see a series before the first finding.
 fn findings(s: &Shared, o: &mut Sink) {
     let mut n: BTreeMap<(String, &'static str), u64> = Default::default();
-    for j in s.lock_state().jobs.keys() {
-        for k in FindingKind::ALL {
-            n.insert((j.clone(), k.name()), 0);
+    let mut attribution: HashMap<String, JobAttribution> = HashMap::new();
+    for st in s.state.iter() {
+        for (name, j) in &st.jobs {
+            for k in FindingKind::ALL {
+                n.insert((name.clone(), k.name()), 0);
+            }
+            attribution.insert(name.clone(), j.attribution.clone());
         }
     }
     {
@@ -502,10 +508,9 @@ fn findings(s: &Shared, o: &mut Sink) {
             *n.entry((f.job.clone(), f.kind.name())).or_default() += 1;
         }
     }
-    let st = s.lock_state();
     let none = JobAttribution::default();
     for ((job, kind), c) in n {
-        let a = st.jobs.get(&job).map_or(&none, |j| &j.attribution);
+        let a = attribution.get(&job).unwrap_or(&none);
         JobSink::new(o, &job, a).value(&FINDINGS_OPEN, &[kind], c as f64);
     }
 }

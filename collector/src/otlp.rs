@@ -398,8 +398,7 @@ impl Exporter {
                 spans.entry(k).or_default().push(s);
             }
         }
-        {
-            let mut st = self.shared.lock_state();
+        for mut st in self.shared.state.iter() {
             for j in st.jobs.values_mut() {
                 for c in std::mem::take(&mut j.slow_calls) {
                     let (k, s) = slow_call_span(&j.job, &c);

@@ -6,8 +6,9 @@ use std::time::Duration;
 use commscope_analyzer::detectors::slow_rank::RankHealth;
 use commscope_wire::grpc::query_server::Query;
 use commscope_wire::grpc::{
-    self as pb, CommState, GetJobRequest, GetRankRequest, InFlightCall, JobDetail, JobList,
-    JobSummary, ListJobsRequest, RankDetail, RankState, RecentCall, WatchRequest,
+    self as pb, ApiRequest, ApiResponse, CommState, GetJobRequest, GetRankRequest, InFlightCall,
+    JobDetail, JobList, JobSummary, ListJobsRequest, RankDetail, RankState, RecentCall,
+    WatchRequest,
 };
 use commscope_wire::op::Op;
 use tokio::sync::mpsc;
@@ -191,11 +192,14 @@ impl Query for QueryService {
         &self,
         request: Request<ListJobsRequest>,
     ) -> Result<Response<JobList>, Status> {
+        let fan_out = !crate::peers::is_local(&request) && !self.shared.peers.is_empty();
         let all = request.into_inner().include_ended;
-        let mut jobs: Vec<JobSummary> = {
-            let st = self.shared.lock_state();
-            st.jobs.values().map(summary).collect()
-        };
+        let mut jobs: Vec<JobSummary> = self
+            .shared
+            .state
+            .iter()
+            .flat_map(|st| st.jobs.values().map(summary).collect::<Vec<_>>())
+            .collect();
         if all {
             let live: std::collections::HashSet<String> =
                 jobs.iter().map(|j| j.job.clone()).collect();
@@ -224,6 +228,15 @@ impl Query for QueryService {
         for j in &mut jobs {
             j.open_findings = open.get(&j.job).copied().unwrap_or(0);
         }
+        if fan_out {
+            let mut known: std::collections::HashSet<String> =
+                jobs.iter().map(|j| j.job.clone()).collect();
+            for j in self.shared.peers.list_jobs(all).await {
+                if known.insert(j.job.clone()) {
+                    jobs.push(j);
+                }
+            }
+        }
         jobs.sort_by(|a, b| a.job.cmp(&b.job));
         Ok(Response::new(JobList { jobs }))
     }
@@ -232,11 +245,23 @@ impl Query for QueryService {
         &self,
         request: Request<GetJobRequest>,
     ) -> Result<Response<JobDetail>, Status> {
+        let fan_out = !crate::peers::is_local(&request) && !self.shared.peers.is_empty();
         let name = request.into_inner().job;
         let live = {
-            let st = self.shared.lock_state();
+            let st = self.shared.state.of(&name);
             st.jobs.get(&name).map(detail)
         };
+        // Not in this replica's memory: the replica that holds it live answers; one that
+        // only knows it from disk answers when this one does not know it at all.
+        let mut elsewhere = None;
+        if live.is_none() && fan_out {
+            elsewhere = self.shared.peers.get_job(&name).await;
+            if let Some(d) =
+                elsewhere.take_if(|d| d.summary.as_ref().is_some_and(|s| s.state == "running"))
+            {
+                return Ok(Response::new(d));
+            }
+        }
         match live.or_else(|| {
             self.shared.history.job(&name).map(|l| JobDetail {
                 summary: Some(stored_summary(&l)),
@@ -254,9 +279,11 @@ impl Query for QueryService {
                 }
                 Ok(Response::new(d))
             }
-            None => Err(Status::not_found(format!(
-                "no job {name:?} is known to this collector, in memory or on disk"
-            ))),
+            None => elsewhere.map(Response::new).ok_or_else(|| {
+                Status::not_found(format!(
+                    "no job {name:?} is known to this collector, in memory or on disk"
+                ))
+            }),
         }
     }
 
@@ -264,8 +291,16 @@ impl Query for QueryService {
         &self,
         request: Request<GetRankRequest>,
     ) -> Result<Response<RankDetail>, Status> {
+        let fan_out = !crate::peers::is_local(&request) && !self.shared.peers.is_empty();
         let req = request.into_inner();
-        let st = self.shared.lock_state();
+        let here = self.shared.state.of(&req.job).jobs.contains_key(&req.job);
+        if !here
+            && fan_out
+            && let Some(d) = self.shared.peers.get_rank(&req).await
+        {
+            return Ok(Response::new(d));
+        }
+        let st = self.shared.state.of(&req.job);
         let Some(j) = st.jobs.get(&req.job) else {
             return Err(Status::not_found(format!(
                 "no job {:?} is in this collector's memory",
@@ -317,7 +352,36 @@ impl Query for QueryService {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let fan_out = !crate::peers::is_local(&request) && !self.shared.peers.is_empty();
         let req = request.into_inner();
+        // One job another replica holds: its own watch, passed through.
+        if fan_out
+            && !req.job.is_empty()
+            && !self.shared.state.of(&req.job).jobs.contains_key(&req.job)
+            && let Some(url) = self.shared.peers.holder(&req.job).await
+        {
+            let mut upstream = self
+                .shared
+                .peers
+                .watch(&url, req.clone())
+                .await
+                .map_err(Status::unavailable)?;
+            let (tx, rx) = mpsc::channel(16);
+            tokio::spawn(async move {
+                loop {
+                    let m = match upstream.message().await {
+                        Ok(Some(d)) => Ok(d),
+                        Ok(None) => return,
+                        Err(e) => Err(e),
+                    };
+                    let end = m.is_err();
+                    if tx.send(m).await.is_err() || end {
+                        return;
+                    }
+                }
+            });
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         let interval = Duration::from_millis(match req.interval_ms {
             0 => 1000,
             ms => u64::from(ms).max(100),
@@ -330,9 +394,10 @@ impl Query for QueryService {
                 Default::default();
             loop {
                 let updates: Vec<JobDetail> = {
-                    let st = shared.lock_state();
-                    st.jobs
-                        .values()
+                    let shards: Vec<_> = shared.state.iter().collect();
+                    shards
+                        .iter()
+                        .flat_map(|st| st.jobs.values())
                         .filter(|j| req.job.is_empty() || j.job == req.job)
                         .filter_map(|j| {
                             let key = (
@@ -362,6 +427,16 @@ impl Query for QueryService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn api(&self, request: Request<ApiRequest>) -> Result<Response<ApiResponse>, Status> {
+        // Answered from this replica's jobs only, whoever asks.
+        let path = request.into_inner().path;
+        let (status, body) = crate::http::answer_local(self.shared.clone(), &path).await;
+        Ok(Response::new(ApiResponse {
+            status: u32::from(status),
+            body,
+        }))
     }
 }
 

@@ -63,10 +63,11 @@ fn pow2_floor(x: f64) -> u32 {
 }
 
 impl Policy {
-    /// One tick: the rates per node when they changed.
-    pub fn tick(
+    /// One tick over every shard of the live state (locked together: the budget is the whole
+    /// collector's): the rates per node when they changed.
+    pub fn tick<S: std::ops::DerefMut<Target = State>>(
         &mut self,
-        st: &mut State,
+        states: &mut [S],
         budget: f64,
         forced: Option<u32>,
     ) -> Option<Arc<ByNode>> {
@@ -85,7 +86,7 @@ impl Policy {
         let mut comms = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut jobs_seen = std::collections::HashSet::new();
-        for (name, job) in &st.jobs {
+        for (name, job) in states.iter().flat_map(|s| s.jobs.iter()) {
             if job.ended.is_some() {
                 continue;
             }
@@ -214,7 +215,7 @@ impl Policy {
         }
         // Each node gets the rates of the communicators its ranks belong to.
         let mut out: ByNode = HashMap::new();
-        for (name, job) in &st.jobs {
+        for (name, job) in states.iter().flat_map(|s| s.jobs.iter()) {
             let node_of: BTreeMap<i32, &str> = job
                 .ranks
                 .values()
@@ -242,12 +243,12 @@ impl Policy {
                 }
             }
         }
-        for job in st.jobs.values_mut() {
+        for job in states.iter_mut().flat_map(|s| s.jobs.values_mut()) {
             job.sampled_comms = 0;
         }
         for ((name, _), (k, _)) in &self.set {
             if *k > 1
-                && let Some(j) = st.jobs.get_mut(name)
+                && let Some(j) = states.iter_mut().find_map(|s| s.jobs.get_mut(name))
             {
                 j.sampled_comms += 1;
             }
@@ -305,9 +306,12 @@ mod tests {
         let mut st = State::new(crate::state::Limits::default());
         let mut p = Policy::default();
         let seq = allreduces(&mut st, 0.0, 2.0, 1000.0, 0);
-        assert!(p.tick(&mut st, 1e9, None).is_none(), "a baseline only");
+        assert!(
+            p.tick(&mut [&mut st], 1e9, None).is_none(),
+            "a baseline only"
+        );
         let seq = allreduces(&mut st, 2.0, 6.0, 1000.0, seq);
-        p.tick(&mut st, 1e9, None);
+        p.tick(&mut [&mut st], 1e9, None);
         // 2 ranks × 1,000 calls per second.
         assert!(
             (p.offered - 2000.0).abs() < 200.0,
@@ -317,7 +321,7 @@ mod tests {
         // Under a budget of 500 calls/s the factor rises (at once: kept is 4× the budget), but
         // never past the cap that keeps 4 instances a second.
         allreduces(&mut st, 6.0, 9.0, 1000.0, seq);
-        let rates = p.tick(&mut st, 500.0, None).expect("rates change");
+        let rates = p.tick(&mut [&mut st], 500.0, None).expect("rates change");
         let r = &rates["n"][0];
         assert_eq!(r.comm_id, 7);
         assert_eq!(r.modulus, 4);

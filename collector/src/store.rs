@@ -5,7 +5,8 @@
 //! Batches from every stream are appended, then synced together (group commit), and only then
 //! answered, so an acknowledgement always means "on disk". When a job's log grows past
 //! [`Config::roll_bytes`], ages past [`Config::roll_age`], or the job ends, its generation is
-//! closed and a second thread turns it into `seg-<generation>.parquet` (synced, renamed, then the
+//! closed and a segment thread (the job's of `Config::segment_threads`) turns it into
+//! `seg-<generation>.parquet` (synced, renamed, then the
 //! log is deleted). On start the store reads every segment's recorded high-water marks and every
 //! log left behind, so a `kill -9` loses nothing that was acknowledged and accepts nothing twice.
 
@@ -35,6 +36,9 @@ pub struct Config {
     pub retention: Option<Duration>,
     /// Oldest segments are deleted while all segments together exceed this (None: no limit).
     pub retention_bytes: Option<u64>,
+    /// Segment threads: each job's logs become segments on the thread
+    /// [`commscope_wire::route::shard_of`] names, so jobs convert in parallel.
+    pub segment_threads: usize,
 }
 
 impl Config {
@@ -46,6 +50,7 @@ impl Config {
             roll_age: Duration::from_secs(60),
             retention: None,
             retention_bytes: None,
+            segment_threads: 1,
         }
     }
 }
@@ -233,7 +238,14 @@ impl Store {
         std::fs::create_dir_all(&cfg.dir)
             .map_err(|e| StoreError(format!("cannot create {}: {e}", cfg.dir.display())))?;
         let stats = Arc::new(Mutex::new(Stats::default()));
-        let (seg_tx, seg_rx) = mpsc::channel::<SegmentJob>();
+        let mut seg_txs = Vec::new();
+        let mut seg_rxs = Vec::new();
+        for _ in 0..cfg.segment_threads.max(1) {
+            let (tx, rx) = mpsc::channel::<SegmentJob>();
+            seg_txs.push(tx);
+            seg_rxs.push(rx);
+        }
+        let seg_tx = Segmenters(seg_txs);
         let mut recovered = Recovered::default();
         let mut next_gen: HashMap<String, u64> = HashMap::new();
         recover(&cfg, &mut recovered, &mut next_gen, &seg_tx, &stats)?;
@@ -251,12 +263,14 @@ impl Store {
             .name("store-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(|e| StoreError(format!("cannot start the store thread: {e}")))?;
-        let seg_stats = stats.clone();
-        let seg_cfg = cfg.clone();
-        std::thread::Builder::new()
-            .name("store-segments".into())
-            .spawn(move || segment_thread(seg_cfg, seg_rx, seg_stats))
-            .map_err(|e| StoreError(format!("cannot start the segment thread: {e}")))?;
+        for (i, seg_rx) in seg_rxs.into_iter().enumerate() {
+            let seg_stats = stats.clone();
+            let seg_cfg = cfg.clone();
+            std::thread::Builder::new()
+                .name(format!("store-segments-{i}"))
+                .spawn(move || segment_thread(seg_cfg, seg_rx, seg_stats))
+                .map_err(|e| StoreError(format!("cannot start a segment thread: {e}")))?;
+        }
         Ok((
             Store {
                 tx,
@@ -332,7 +346,70 @@ struct SegmentJob {
     generation: u64,
     /// None: a barrier (only `done` is answered).
     log: Option<PathBuf>,
-    done: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<Arc<Countdown>>,
+}
+
+/// Answers a waiter once every segment thread it was handed to got this far.
+struct Countdown {
+    left: std::sync::atomic::AtomicUsize,
+    tx: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Countdown {
+    fn new(n: usize, tx: tokio::sync::oneshot::Sender<()>) -> Arc<Countdown> {
+        Arc::new(Countdown {
+            left: n.into(),
+            tx: Mutex::new(Some(tx)),
+        })
+    }
+
+    fn hit(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1
+            && let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The segment threads' queues: a job's logs always go to the same one, in order.
+struct Segmenters(Vec<mpsc::Sender<SegmentJob>>);
+
+impl Segmenters {
+    /// Queues a closed log (or nothing, when `log` is None) of `job`.
+    fn send(
+        &self,
+        job: &str,
+        generation: u64,
+        log: Option<PathBuf>,
+        done: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
+        let i = commscope_wire::route::shard_of(job, self.0.len());
+        let _ = self.0[i].send(SegmentJob {
+            job: job.to_owned(),
+            generation,
+            log,
+            done: done.map(|d| Countdown::new(1, d)),
+        });
+    }
+
+    /// Answers `done` once every log queued before is a segment.
+    fn barrier(&self, done: tokio::sync::oneshot::Sender<()>) {
+        let c = Countdown::new(self.0.len(), done);
+        for tx in &self.0 {
+            if tx
+                .send(SegmentJob {
+                    job: String::new(),
+                    generation: 0,
+                    log: None,
+                    done: Some(c.clone()),
+                })
+                .is_err()
+            {
+                c.hit();
+            }
+        }
+    }
 }
 
 struct Writer {
@@ -340,7 +417,7 @@ struct Writer {
     high_water: HashMap<ProcessKey, Ranges>,
     logs: HashMap<String, Log>,
     next_gen: HashMap<String, u64>,
-    seg_tx: mpsc::Sender<SegmentJob>,
+    seg_tx: Segmenters,
     stats: Arc<Mutex<Stats>>,
     last_retention: Instant,
 }
@@ -426,12 +503,7 @@ impl Writer {
                         self.roll(&job, None);
                     }
                     // Answered by the segment thread once everything before it is written.
-                    let _ = self.seg_tx.send(SegmentJob {
-                        job: String::new(),
-                        generation: 0,
-                        log: None,
-                        done: Some(tx),
-                    });
+                    self.seg_tx.barrier(tx);
                 }
                 Request::Append(..) => {}
             }
@@ -571,12 +643,7 @@ impl Writer {
     fn roll(&mut self, job: &str, done: Option<tokio::sync::oneshot::Sender<()>>) {
         match self.logs.remove(job) {
             Some(log) => {
-                let _ = self.seg_tx.send(SegmentJob {
-                    job: job.to_owned(),
-                    generation: log.generation,
-                    log: Some(log.path),
-                    done,
-                });
+                self.seg_tx.send(job, log.generation, Some(log.path), done);
             }
             None => {
                 if let Some(d) = done {
@@ -669,7 +736,7 @@ fn segment_thread(cfg: Config, rx: mpsc::Receiver<SegmentJob>, stats: Arc<Mutex<
     for job in rx {
         let Some(log) = &job.log else {
             if let Some(d) = job.done {
-                let _ = d.send(());
+                d.hit();
             }
             continue;
         };
@@ -688,7 +755,7 @@ fn segment_thread(cfg: Config, rx: mpsc::Receiver<SegmentJob>, stats: Arc<Mutex<
             }
         }
         if let Some(d) = job.done {
-            let _ = d.send(());
+            d.hit();
         }
     }
 }
@@ -752,7 +819,7 @@ fn recover(
     cfg: &Config,
     out: &mut Recovered,
     next_gen: &mut HashMap<String, u64>,
-    seg_tx: &mpsc::Sender<SegmentJob>,
+    seg_tx: &Segmenters,
     stats: &Mutex<Stats>,
 ) -> Result<(), StoreError> {
     let jobs = std::fs::read_dir(&cfg.dir)
@@ -840,12 +907,7 @@ fn recover(
                 out.pending.push((e.header, recs));
             }
             let job = job_name.clone().unwrap_or_default();
-            let _ = seg_tx.send(SegmentJob {
-                job,
-                generation: g,
-                log: Some(f.clone()),
-                done: None,
-            });
+            seg_tx.send(&job, g, Some(f.clone()), None);
         }
         if let Some(job) = job_name {
             next_gen.insert(job, max_gen + 1);

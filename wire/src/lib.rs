@@ -3,7 +3,8 @@
 //! - [`op`]: operation names, datatype codes, flags and clocks.
 //! - [`record`]: the record kinds of the contract (`call`, `enter`, `comm`, `heartbeat`,
 //!   `process`, and the agent's `skip`) and their fixed 128-byte raw layout.
-//! - [`hash`]: the identity hash behind communicator ids; [`sampling`]: consistent sampling.
+//! - [`hash`]: the identity hash behind communicator ids; [`sampling`]: consistent sampling;
+//!   [`route`]: which collector replica and which shard a job goes to.
 //! - [`shm`]: the shared-memory region (ring + in-flight table) a traced process shares with
 //!   its node agent; [`registration`]: the handshake that hands it over.
 //! - [`cst`]: the shim's append-only trace files; [`wal`]: the collector's write-ahead log.
@@ -24,6 +25,7 @@ pub mod netinfo;
 pub mod op;
 pub mod record;
 pub mod registration;
+pub mod route;
 pub mod sampling;
 pub mod shm;
 pub mod wal;

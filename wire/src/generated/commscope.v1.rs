@@ -552,6 +552,24 @@ pub struct WatchRequest {
     #[prost(uint32, tag = "2")]
     pub interval_ms: u32,
 }
+/// One replica asks another (collector --peers) for its JSON API's answer from its own jobs
+/// only, e.g. path "/api/v1/jobs?state=running".
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ApiRequest {
+    #[prost(string, tag = "1")]
+    pub path: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ApiResponse {
+    /// The HTTP status.
+    #[prost(uint32, tag = "1")]
+    pub status: u32,
+    /// The JSON body.
+    #[prost(bytes = "vec", tag = "2")]
+    pub body: ::prost::alloc::vec::Vec<u8>,
+}
 /// Generated client implementations.
 pub mod ingest_client {
     #![allow(
@@ -868,6 +886,8 @@ pub mod query_client {
     )]
     use tonic::codegen::*;
     use tonic::codegen::http::Uri;
+    /// A request between replicas carries the metadata "x-commscope-local: 1": answer from this
+    /// replica's own jobs, ask no peer.
     #[derive(Debug, Clone)]
     pub struct QueryClient<T> {
         inner: tonic::client::Grpc<T>,
@@ -1032,6 +1052,24 @@ pub mod query_client {
             req.extensions_mut().insert(GrpcMethod::new("commscope.v1.Query", "Watch"));
             self.inner.server_streaming(req, path, codec).await
         }
+        pub async fn api(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ApiRequest>,
+        ) -> std::result::Result<tonic::Response<super::ApiResponse>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/commscope.v1.Query/Api");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("commscope.v1.Query", "Api"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1070,7 +1108,13 @@ pub mod query_server {
             &self,
             request: tonic::Request<super::WatchRequest>,
         ) -> std::result::Result<tonic::Response<Self::WatchStream>, tonic::Status>;
+        async fn api(
+            &self,
+            request: tonic::Request<super::ApiRequest>,
+        ) -> std::result::Result<tonic::Response<super::ApiResponse>, tonic::Status>;
     }
+    /// A request between replicas carries the metadata "x-commscope-local: 1": answer from this
+    /// replica's own jobs, ask no peer.
     #[derive(Debug)]
     pub struct QueryServer<T> {
         inner: Arc<T>,
@@ -1318,6 +1362,49 @@ pub mod query_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/commscope.v1.Query/Api" => {
+                    #[allow(non_camel_case_types)]
+                    struct ApiSvc<T: Query>(pub Arc<T>);
+                    impl<T: Query> tonic::server::UnaryService<super::ApiRequest>
+                    for ApiSvc<T> {
+                        type Response = super::ApiResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ApiRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Query>::api(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ApiSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
