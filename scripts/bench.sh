@@ -3,6 +3,8 @@
 #   scripts/bench.sh [shim options]         the shim: per-call cost, real all-reduce loops, ns added
 #                                           per iteration of our loop and of IMB-MPI1 Allreduce
 #   scripts/bench.sh collector [options]    collector ingest, collector memory, agent CPU
+#   scripts/bench.sh scale [options]        CPU-s per million records: 1 and 8 jobs, 1 and 2
+#                                           collectors, 1 shard and one per CPU
 #   scripts/bench.sh accuracy [options]     detectors on randomized simulated jobs (virtual time)
 #   scripts/bench.sh live [RANKS] [SECS]    every fault token in real time through a collector process
 #   scripts/bench.sh nccl [CALLS]           host-side cost the shim adds per NCCL call (test doubles)
@@ -14,6 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
+  scale)
+    shift
+    cargo build --release --quiet -p commscope -p commscope-tests --bin commscope --bin bench-scale
+    exec target/release/bench-scale "$@"
+    ;;
   probes)
     cargo build --release --quiet -p commscope-tests --bin bench-probes
     exec target/release/bench-probes

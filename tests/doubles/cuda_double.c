@@ -7,13 +7,19 @@
  * - streams as FIFO queues, each drained in order by its own worker thread (the "GPU");
  *   the legacy default stream (0, 1) and the per-thread one (2) share one queue;
  * - work items: event records (stamped with CLOCK_MONOTONIC when the queue reaches them, like
- *   a GPU timestamp), busy "kernels" (testdouble_cuda_launch_busy), and host functions
+ *   a GPU timestamp; at once on an idle stream), busy "kernels" (testdouble_cuda_launch_busy), and host functions
  *   (cuLaunchHostFunc) that the NCCL double uses to wait for its peers;
  * - stream capture: between cuStreamBeginCapture and cuStreamEndCapture work is collected into a
  *   graph instead of running (each capture with its own id: cuStreamGetCaptureInfo_v2);
  *   cuGraphLaunch replays it. An event recorded on a capturing stream
  *   is counted as a capture violation (testdouble_cuda_capture_violations) — the shim must never
  *   cause one.
+ *
+ * - a virtual GPU clock: a host function may say when the work it stands for ended on the GPU
+ *   (testdouble_cuda_work_ended); the next event its stream reaches is stamped with that time,
+ *   not with when the worker got to it. The NCCL double gives every rank of a collective the
+ *   same end, as a GPU's all-reduce ends together everywhere, so cross-rank comparisons in the
+ *   tests are exact instead of depending on how late two cores schedule each worker.
  *
  * TESTDOUBLE_CUDA_NOOP_EVENTS=1 (benchmarks) completes an event the moment it is recorded.
  *
@@ -93,11 +99,18 @@ static struct stream *stream_of(uintptr_t h) {
     return s->magic == STREAM_MAGIC ? s : NULL;
 }
 
+/* The virtual GPU clock of the stream whose worker runs on this thread: set by a host function
+ * (the end of the work it stood for), taken by the next event. */
+static __thread uint64_t work_ended;
+
+void testdouble_cuda_work_ended(uint64_t t) { work_ended = t; }
+
 static void run_item(struct item *it) {
     switch (it->kind) {
     case K_EVENT:
         if (it->ev->gen == it->gen) {
-            it->ev->t = now_ns();
+            it->ev->t = work_ended ? work_ended : now_ns();
+            work_ended = 0;
             __atomic_store_n(&it->ev->done, 1, __ATOMIC_RELEASE);
         }
         break;
@@ -289,6 +302,18 @@ CUresult cuEventRecord(uintptr_t ev, uintptr_t stream) {
     }
     if (s->capturing) __atomic_add_fetch(&capture_violations, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&events_recorded, 1, __ATOMIC_RELAXED);
+    /* On an idle stream the event completes at once, as a GPU stamps it (so an anchor taken on
+     * an idle stream is as tight as the host's two clock reads around it). */
+    pthread_mutex_lock(&s->mu);
+    if (!s->capturing && !s->head && !s->running) {
+        e->recorded = 1;
+        e->gen++;
+        e->t = now_ns();
+        __atomic_store_n(&e->done, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&s->mu);
+        return OK;
+    }
+    pthread_mutex_unlock(&s->mu);
     struct item *it = calloc(1, sizeof *it);
     it->kind = K_EVENT;
     it->ev = e;

@@ -58,6 +58,8 @@ typedef struct { char internal[128]; } ncclUniqueId;
 typedef int CUresult;
 typedef void (*CUhostFn)(void *);
 extern CUresult cuLaunchHostFunc(uintptr_t stream, CUhostFn fn, void *arg);
+/* The CUDA double's virtual GPU clock (absent from a real driver). */
+extern void testdouble_cuda_work_ended(uint64_t t) __attribute__((weak));
 extern CUresult cuStreamIsCapturing(uintptr_t stream, int *status);
 
 enum { ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,
@@ -68,6 +70,7 @@ enum { ncclSuccess = 0, ncclInternalError = 3, ncclInvalidArgument = 4, ncclInva
 
 struct shared {
     volatile uint64_t reached[MAXR];          /* collectives launched on the GPU, per rank */
+    volatile uint64_t posted_at[MAXR][16];    /* when each rank launched collective k (slot k % 16) */
     volatile uint64_t sent[MAXR][MAXR];       /* p2p sends from a to b reached */
     volatile uint64_t received[MAXR][MAXR];   /* p2p receives by b from a reached */
     volatile int split_color[MAX_SPLITS][MAXR];
@@ -277,9 +280,10 @@ static void prof_stop(void *h) {
     if (prof && h) prof->stopEvent(h);
 }
 
-static void prof_channel_stop(void *h) {
+/* `end`: the kernel's end on the GPU timer; 0: now. */
+static void prof_channel_stop(void *h, uint64_t end) {
     if (!prof || !h) return;
-    uint64_t args[2] = {gpu_timer(), 0};
+    uint64_t args[2] = {end ? end : gpu_timer(), 0};
     prof->recordEventState(h, 22, args);
     prof->stopEvent(h);
 }
@@ -320,7 +324,8 @@ static void slow_load(void) {
 }
 
 /* Transfers one collective's bytes over the ring, step by step, reporting the proxy's steps. */
-static void ring_transfer(struct ncclComm *c, uint64_t k, void *send_px, void *recv_px, uint64_t bytes) {
+/* Returns the modelled duration (ns): the same on every rank. */
+static uint64_t ring_transfer(struct ncclComm *c, uint64_t k, void *send_px, void *recv_px, uint64_t bytes) {
     enum { STEPS = 4 };
     pthread_once(&slow_once, slow_load);
     int n = c->nranks, me = c->rank;
@@ -347,6 +352,7 @@ static void ring_transfer(struct ncclComm *c, uint64_t k, void *send_px, void *r
         prof_state(rs, 12, chunk);
         prof_stop(rs);
     }
+    return (uint64_t)(gpu_wait + on_wire) * STEPS;
 }
 
 /* Every pnccl* twin below is an alias of the same code as its nccl* name, as in NCCL's
@@ -547,7 +553,11 @@ static void post(struct op *o) {
     struct shared *sh = o->comm->sh;
     int me = o->comm->rank;
     switch (o->kind) {
-    case COLL: raise_to(&sh->reached[me], o->k + 1); break;
+    case COLL:
+        /* A rank is at most one collective ahead of the slowest (it waits for all at each). */
+        sh->posted_at[me][o->k % 16] = mono_ns();
+        raise_to(&sh->reached[me], o->k + 1);
+        break;
     case SEND: raise_to(&sh->sent[me][o->peer], o->k + 1); break;
     case RECV: raise_to(&sh->received[o->peer][me], o->k + 1); break;
     }
@@ -590,20 +600,38 @@ static void run_batch(void *p) {
             b->ops[i].k = __atomic_fetch_add(&b->ops[i].comm->ops, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < b->n; i++) post(&b->ops[i]);
     for (int i = 0; i < b->n; i++) await(&b->ops[i]);
+    /* The virtual end of a batch of collectives: they start on the GPU when the last rank
+     * launched them and take their modelled time — the same moment on every rank. */
+    int all_coll = b->n <= 64;
+    uint64_t vend = 0, modelled = 0;
+    for (int i = 0; i < b->n; i++) {
+        struct op *o = &b->ops[i];
+        if (o->kind != COLL || o->comm->nranks < 2) {
+            all_coll = 0;
+            continue;
+        }
+        for (int r = 0; r < o->comm->nranks; r++) {
+            uint64_t t = o->comm->sh->posted_at[r][o->k % 16];
+            if (t > vend) vend = t;
+        }
+    }
     for (int i = 0; i < b->n; i++) {
         struct op *o = &b->ops[i];
         if (o->kind == COLL && o->comm->nranks > 1 && i < 64)
-            ring_transfer(o->comm, o->k, px[i][0], px[i][1], o->bytes);
+            modelled += ring_transfer(o->comm, o->k, px[i][0], px[i][1], o->bytes);
         else
             bytes += o->bytes;
     }
     sleep_ns((uint64_t)((double)bytes / gbps()));
+    /* On the GPU timer (CLOCK_MONOTONIC + 10^12 s, see gpu_timer). */
+    uint64_t gpu_end = all_coll && vend ? vend + modelled + 1000000000000ull : 0;
     for (int i = 0; i < b->n && i < 64; i++) {
         prof_stop(px[i][0]);
         prof_stop(px[i][1]);
-        prof_channel_stop(ch[i]);
+        prof_channel_stop(ch[i], gpu_end);
         b->ops[i].ph = NULL; /* a graph replay reports no profiler events */
     }
+    if (all_coll && vend && testdouble_cuda_work_ended) testdouble_cuda_work_ended(vend + modelled);
     /* Not freed: a batch captured into a CUDA graph runs again at every launch. */
 }
 

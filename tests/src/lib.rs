@@ -5,6 +5,7 @@
 //! `libcommscope.so`), which `cargo build` at the workspace root produces; each test fails with a
 //! clear message when they are missing.
 
+pub mod bench;
 pub mod coverage;
 pub mod nccl;
 pub mod prometheus;

@@ -75,7 +75,11 @@ fn strings(v: &Value) -> Vec<String> {
 #[test]
 fn the_manifests_build_and_validate_against_the_kubernetes_schemas() {
     let operator: BTreeSet<&str> = ["PodMonitor", "ServiceMonitor", "PrometheusRule"].into();
-    for dir in ["deploy/kubernetes", "deploy/kubernetes/examples"] {
+    for dir in [
+        "deploy/kubernetes",
+        "deploy/kubernetes/examples",
+        "deploy/replicas",
+    ] {
         let yaml = kustomize(dir);
         let tmp = tempfile::NamedTempFile::new().expect("temp file");
         std::fs::write(tmp.path(), &yaml).expect("write");
@@ -177,6 +181,39 @@ fn the_manifests_build_and_validate_against_the_kubernetes_schemas() {
         "Service",
         "commscope-collector-peers"
     )));
+}
+
+/// `deploy/replicas`: the agents route over exactly the replicas the StatefulSet runs, by their
+/// stable names, and every replica lists the same peers.
+#[test]
+fn the_replicas_overlay_lists_every_replica_to_agents_and_peers_alike() {
+    let objects = yaml_docs(&kustomize("deploy/replicas"));
+    let sts = find(&objects, "StatefulSet", "commscope-collector");
+    let n = sts["spec"]["replicas"].as_u64().expect("replicas");
+    assert!(n >= 2, "{n} replicas");
+    let list_of = |args: &Value, flag: &str| -> Vec<String> {
+        let all: Vec<String> = strings(args)
+            .iter()
+            .filter_map(|a| a.strip_prefix(flag).map(str::to_owned))
+            .collect();
+        assert_eq!(all.len(), 1, "{flag} given {} times", all.len());
+        all[0].split(',').map(str::to_owned).collect()
+    };
+    let peers = list_of(
+        &sts["spec"]["template"]["spec"]["containers"][0]["args"],
+        "--peers=",
+    );
+    let agent = find(&objects, "DaemonSet", "commscope-agent");
+    let routes = list_of(
+        &agent["spec"]["template"]["spec"]["containers"][0]["args"],
+        "--collector=",
+    );
+    let service = sts["spec"]["serviceName"].as_str().expect("serviceName");
+    let want: Vec<String> = (0..n)
+        .map(|i| format!("http://commscope-collector-{i}.{service}.commscope.svc:4650"))
+        .collect();
+    assert_eq!(peers, want);
+    assert_eq!(routes, want);
 }
 
 /// The capabilities docs/deploy.md grants the agent: the first column of the table in "The

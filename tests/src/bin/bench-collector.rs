@@ -11,228 +11,19 @@
 //!
 //! Run: `scripts/bench.sh collector [--records N] [--batch B] [--streams S] [--ranks R]`.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{free_port, http_get};
+use commscope_tests::bench::{
+    calls, cpu_seconds, process, release_bin, replay, rss_bytes, start_collector,
+};
+use commscope_tests::services::http_get;
 use commscope_tests::{Flavour, build};
-use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
-use commscope_wire::grpc::{AgentHello, IngestRequest, ProcessId, RecordBatch};
-use commscope_wire::op::{Op, dtype};
-use commscope_wire::record::{Call, Comm, CommEvent, Record};
+use commscope_wire::grpc::{IngestRequest, RecordBatch};
+use commscope_wire::record::{Comm, CommEvent, Record};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn release_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    let dir = exe.parent().expect("dir").to_path_buf();
-    let dir = if dir.ends_with("deps") {
-        dir.parent().expect("up").to_path_buf()
-    } else {
-        dir
-    };
-    dir.join("commscope")
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmRSS:")?
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
-struct Collector {
-    child: Child,
-    grpc: String,
-    http: std::net::SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_collector() -> Collector {
-    let dir =
-        tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()))
-            .expect("tempdir");
-    let (g, h) = (free_port(), free_port());
-    let child = Command::new(release_bin())
-        .arg("collector")
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{g}"))
-        .arg("--http")
-        .arg(format!("127.0.0.1:{h}"))
-        .arg("--trace-dir")
-        .arg(dir.path())
-        .arg("--max-agent-rate")
-        .arg("1000000000")
-        .arg("--max-message-bytes")
-        .arg("67108864")
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the collector (cargo build --release first)");
-    let http = std::net::SocketAddr::from(([127, 0, 0, 1], h));
-    let t = Instant::now();
-    while http_get(http, "/readyz").0 != 200 {
-        assert!(t.elapsed() < Duration::from_secs(20), "collector not ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Collector {
-        child,
-        grpc: format!("http://127.0.0.1:{g}"),
-        http,
-        _dir: dir,
-    }
-}
-
-fn process(job: &str, node: &str, pid: u32, rank: i32, world: i32) -> ProcessId {
-    ProcessId {
-        job: job.into(),
-        node: node.into(),
-        pid,
-        start_time: 1000 + u64::from(pid),
-        rank,
-        world_size: world,
-        flavour: "openmpi".into(),
-        mono_anchor_ns: 1,
-        real_anchor_ns: 1_700_000_000_000_000_000,
-        library: String::new(),
-        attribution: None,
-    }
-}
-
-/// `n` call records of a rank, from `first` on: all-reduces on one communicator with realistic
-/// timestamps.
-fn calls(rank: i32, first: u64, n: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n as usize * 128);
-    for i in 0..n {
-        let seq = first + i;
-        let t = 1_000_000_000 + seq * 25_000;
-        out.extend_from_slice(
-            &Record::Call(Call {
-                rec_seq: seq,
-                op: Op::Allreduce as u8,
-                comm_id: 0x3f1a_2b3c_4d5e_6f70,
-                seq,
-                op_seq: seq,
-                bytes: 1 << 20,
-                count: 1 << 18,
-                peer: -1,
-                tag: -1,
-                t_enter: t,
-                t_exit: t + 20_000 + (seq * 7919) % 3000,
-                rank,
-                comm_rank: rank,
-                comm_size: 8,
-                dtype: dtype::FLOAT,
-                clock: 1,
-                peer2: -1,
-                tag2: -1,
-                ..Default::default()
-            })
-            .encode(),
-        );
-    }
-    out
-}
-
-/// Replays pre-encoded batches over `streams` streams; returns (records, seconds).
-async fn replay(url: &str, streams: u64, batches: Vec<Vec<IngestRequest>>) -> (u64, f64) {
-    let mut handles = Vec::new();
-    let start = Instant::now();
-    for (s, reqs) in batches.into_iter().enumerate() {
-        let url = url.to_owned();
-        handles.push(tokio::spawn(async move {
-            let mut client = IngestClient::connect(url)
-                .await
-                .expect("connect")
-                .max_decoding_message_size(64 << 20)
-                .max_encoding_message_size(64 << 20);
-            let (tx, rx) = tokio::sync::mpsc::channel::<IngestRequest>(64);
-            tx.send(IngestRequest {
-                batch_id: 0,
-                agent_send_ns: 1,
-                payload: Some(Payload::Hello(AgentHello {
-                    node: format!("bench-{s}"),
-                    agent_version: "bench".into(),
-                    layout_version: 1,
-                })),
-            })
-            .await
-            .expect("hello");
-            let n = reqs.len();
-            let records: u64 = reqs
-                .iter()
-                .map(|r| match &r.payload {
-                    Some(Payload::Records(b)) => (b.records.len() / 128) as u64,
-                    _ => 0,
-                })
-                .sum();
-            let mut acks = client
-                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await
-                .expect("stream")
-                .into_inner();
-            // The sender is bounded by the channel (64 in flight), like an agent's window.
-            let sender = tokio::spawn(async move {
-                for r in reqs {
-                    if tx.send(r).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut got = 0;
-            while got <= n {
-                match acks.message().await {
-                    Ok(Some(a)) => {
-                        assert!(a.error.is_empty(), "refused: {}", a.error);
-                        got += 1;
-                    }
-                    _ => break,
-                }
-            }
-            let _ = sender.await;
-            records
-        }));
-    }
-    let mut total = 0;
-    for h in handles {
-        total += h.await.expect("stream task");
-    }
-    let _ = streams;
-    (total, start.elapsed().as_secs_f64())
-}
+use commscope_tests::bench::arg;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -253,7 +44,7 @@ fn main() {
 
     // 1. Ingest throughput.
     {
-        let c = start_collector();
+        let c = start_collector(&[]);
         let per_stream = records / streams;
         let procs_per_stream = 8u64;
         let mut all = Vec::new();
@@ -297,7 +88,9 @@ fn main() {
         }
         let pid = c.child.id();
         let cpu0 = cpu_seconds(pid);
-        let (n, secs) = rt.block_on(replay(&c.grpc, streams, all));
+        let (n, secs) = rt.block_on(replay(
+            all.into_iter().map(|r| (c.grpc.clone(), r)).collect(),
+        ));
         let cpu = cpu_seconds(pid) - cpu0;
         let (_, m) = http_get(c.http, "/metrics");
         let stored: f64 = m
@@ -333,7 +126,7 @@ fn main() {
 
     // 2. Memory per 1,000 ranks.
     {
-        let c = start_collector();
+        let c = start_collector(&[]);
         let pid = c.child.id();
         std::thread::sleep(Duration::from_millis(300));
         let base = rss_bytes(pid);
@@ -373,7 +166,7 @@ fn main() {
                 })),
             });
         }
-        let (n, _) = rt.block_on(replay(&c.grpc, 1, vec![reqs]));
+        let (n, _) = rt.block_on(replay(vec![(c.grpc.clone(), reqs)]));
         std::thread::sleep(Duration::from_millis(500));
         let grown = rss_bytes(pid).saturating_sub(base);
         println!(
@@ -385,7 +178,7 @@ fn main() {
 
     // 3. Agent CPU per 10,000 records/s.
     {
-        let c = start_collector();
+        let c = start_collector(&[]);
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("agent.sock");
         let mut agent = Command::new(release_bin())
