@@ -22,14 +22,14 @@ use commscope_tests::{
 };
 use commscope_wire::hash::format_comm_id;
 use commscope_wire::nccl_hash::{self, Version};
+use commscope_wire::op::{Op, flags, lib};
+use commscope_wire::record::{Call, Comm, CommEvent, Link, Record};
 
 /// How far apart four ranks' ends of one collective may map onto the host clock: two anchors'
 /// errors (a host-clock bracket of a few µs; the plugin: its smallest `now − globaltimer`,
 /// tens of µs under load; measured 58–69 ns and 2–40 µs), not the
 /// scheduling of the double's stream workers (the virtual GPU clock takes those out).
 const GPU_END_SPREAD_NS: u64 = 200_000;
-use commscope_wire::op::{Op, flags, lib};
-use commscope_wire::record::{Call, Comm, CommEvent, Link, Record};
 
 /// Runs `nccl_job RANKS MODE ARGS…` under `commscope run`; returns the unique id it printed.
 fn run_job(

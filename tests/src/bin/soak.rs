@@ -317,7 +317,7 @@ struct Account {
 
 /// Accounts for every process of `job` over every collector's trace directory.
 fn account(roots: &[PathBuf], job: &str) -> BTreeMap<(String, u32, u64), Account> {
-    let mut seqs: BTreeMap<(String, u32, u64), (BTreeMap<u64, u32>, Vec<Record>)> = BTreeMap::new();
+    let mut seqs: commscope_tests::services::RawRecords = BTreeMap::new();
     for r in roots {
         let dir = r.join(job);
         if !dir.is_dir() {
@@ -501,6 +501,7 @@ fn main() {
             if let Some(mut o) = c.stdout.take() {
                 let _ = std::io::Read::read_to_string(&mut o, &mut out);
             }
+            let _ = c.wait();
             sim_out = out;
             s.say(format!("the simulated job ended ({st})"));
         }
