@@ -428,6 +428,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
         spool_routes: HashMap::new(),
         spool,
         spool_loaded: Vec::new(),
+        copies: HashMap::new(),
         spool_blocked_until: None,
         stats: stats.clone(),
         exits,
@@ -751,8 +752,14 @@ struct Pump {
     /// are not read again and again).
     spool_routes: HashMap<u64, usize>,
     spool: Spool,
-    /// Spool entries already loaded into the queue.
+    /// Spool entries already loaded into the queue (or held: copies, below).
     spool_loaded: Vec<u64>,
+    /// Batches of processes that ended, copied into the spool while they are still on their
+    /// way (by creation order: the copy's spool entry). An ended process's ring goes with the
+    /// last mapping of it, this agent's: should the agent die before the collector has
+    /// acknowledged them, the next agent sends the copies. A copy is removed once its batch is
+    /// acknowledged.
+    copies: HashMap<u64, u64>,
     /// After a spool failure, reading rings pauses until then.
     spool_blocked_until: Option<Instant>,
     stats: Arc<Stats>,
@@ -811,8 +818,8 @@ impl Pump {
         all.sort_by_key(|o| o.order);
         let mut kept = 0;
         for out in all {
-            // Loaded from the spool: still there.
-            if matches!(out.origin, Origin::Spool(_)) {
+            // Loaded from the spool, or copied there: already there.
+            if matches!(out.origin, Origin::Spool(_)) || self.copies.contains_key(&out.order) {
                 continue;
             }
             if !self.spool_one(out) {
@@ -1170,16 +1177,19 @@ impl Pump {
         let ids: Vec<u64> = self.sources.keys().copied().collect();
         for id in ids {
             // Straight to the spool while the job's replica has been away too long.
-            let spooling = match self.sources.get(&id) {
+            let (spooling, ended) = match self.sources.get(&id) {
                 Some(s) => {
                     let job = s.process.job.clone();
+                    let ended = s.exited.is_some();
                     let r = self.replica(&job);
-                    self.spooling(r)
+                    (self.spooling(r), ended)
                 }
                 None => continue,
             };
             loop {
-                if !spooling && self.backlog() >= limit {
+                // A process that ended is read to its end whatever the backlog: its ring lasts
+                // only as long as this agent (its batches are then copied to the spool).
+                if !spooling && !ended && self.backlog() >= limit {
                     break;
                 }
                 let Some(s) = self.sources.get_mut(&id) else {
@@ -1286,6 +1296,7 @@ impl Pump {
         for id in ready {
             self.queue_exit(id);
         }
+        self.secure_ended();
         // A source is done once its exit batch and every ring batch are acknowledged.
         let done: Vec<u64> = self
             .sources
@@ -1308,9 +1319,53 @@ impl Pump {
         }
     }
 
+    /// Copies into the spool the batches of processes that ended and are not acknowledged yet
+    /// (see `copies`). Best effort: a full spool leaves them to the live path.
+    fn secure_ended(&mut self) {
+        let ended: std::collections::HashSet<u64> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| s.exited.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        let of_ended = |o: &Outgoing| match o.origin {
+            Origin::Ring { source, .. } | Origin::Exit { source } => ended.contains(&source),
+            Origin::Transport | Origin::Spool(_) => false,
+        };
+        let todo: Vec<(u64, RecordBatch)> = self
+            .queue
+            .iter()
+            .chain(self.pending.values().map(|(o, _, _)| o))
+            .filter(|o| of_ended(o) && !self.copies.contains_key(&o.order))
+            .map(|o| (o.order, o.batch.clone()))
+            .collect();
+        for (order, batch) in todo {
+            match self.spool.push(&batch) {
+                Ok(seq) => {
+                    self.copies.insert(order, seq);
+                    // Held: not sent from the spool while the batch itself is on its way.
+                    self.spool_loaded.push(seq);
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
     /// Writes a ring batch to the spool and releases its ring space. False when the spool
     /// cannot take it (the batch is put back: its records are read again later).
     fn spool_one(&mut self, out: Outgoing) -> bool {
+        // Already copied (its process ended): the copy is its spool entry now.
+        if let Some(seq) = self.copies.remove(&out.order) {
+            self.spool_loaded.retain(|s| *s != seq);
+            self.stats
+                .records_spooled
+                .fetch_add(out.records, Ordering::Relaxed);
+            self.complete_ring(&out.origin);
+            return true;
+        }
         match self.spool.push(&out.batch) {
             Ok(_) => {
                 self.stats
@@ -1600,6 +1655,10 @@ impl Pump {
     }
 
     fn done(&mut self, out: Outgoing) {
+        if let Some(seq) = self.copies.remove(&out.order) {
+            self.spool.remove(seq);
+            self.spool_loaded.retain(|s| *s != seq);
+        }
         match out.origin {
             Origin::Ring { .. } | Origin::Exit { .. } => self.complete_ring(&out.origin),
             Origin::Transport => {}

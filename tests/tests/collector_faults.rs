@@ -171,3 +171,81 @@ fn agent_killed_and_restarted_loses_nothing() {
         assert_eq!(p["state"], "exited", "{p}");
     }
 }
+
+#[test]
+fn agent_killed_right_after_the_job_ended_loses_nothing() {
+    // The collector is frozen while the job runs and ends: nothing of it is acknowledged when
+    // the agent is killed. The processes are gone, and their rings with the agent's mappings;
+    // what the agent copied into its spool as the processes ended is all that is left, and the
+    // next agent delivers it.
+    let mut svc = Services::start("node-k3", &[], &[]);
+    let job = "agent-killed-after-exit";
+    let collector = svc.collector().child.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(collector, libc::SIGSTOP) };
+    let handle = start_job(&svc, Flavour::Mpich, job, "1");
+    let out = handle.join().expect("job thread");
+    // The agent saw the exits (its tick is 100 ms), and the collector still sleeps: well within
+    // its keepalive timeout, so the agent has not begun spooling on its own.
+    std::thread::sleep(Duration::from_millis(700));
+    svc.agent().kill9();
+    // SAFETY: as above.
+    unsafe { libc::kill(collector, libc::SIGCONT) };
+    assert_ok(&out, "steady job");
+    let steps = steps_of(&out);
+    svc.start_agent();
+    let api = svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let stored = check_exactly_once(&svc, job, steps, &api);
+    assert_eq!(api["records"], stored);
+    // The final accounts came from the spool: every process's last heartbeat by the agent.
+    let raw = raw_records(&svc.trace_dir().join(job));
+    for ((_, pid, _), (seqs, recs)) in &raw {
+        let last = recs.iter().find_map(|r| match r {
+            Record::Heartbeat(h) if h.flags & flags::AGENT_BEAT != 0 => Some(h.produced),
+            _ => None,
+        });
+        let produced = last.unwrap_or_else(|| panic!("pid {pid}: no final account"));
+        let kept = seqs.keys().filter(|s| **s <= produced).count() as u64;
+        assert_eq!(kept, produced, "pid {pid}: every record it made");
+    }
+}
+
+#[test]
+fn a_job_that_ends_while_its_agent_restarts_loses_nothing() {
+    // The agent is killed while the job runs and is back only after the job's last records
+    // were written: each process waits at exit (COMMSCOPE_EXIT_WAIT_MS; 20 s here, so that a
+    // slow agent start on a loaded machine cannot outlast it) for an agent to take its ring,
+    // registers with the new one, and leaves at once; nothing is lost.
+    let mut svc = Services::start("node-k4", &[], &[]);
+    let job = "ended-while-agent-restarts";
+    let prog = build(Flavour::Mpich, "steady");
+    let cmd = launch(Flavour::Mpich, 8, &prog, &["2", "1000"]);
+    let socket = svc.socket.clone();
+    let handle = std::thread::spawn(move || {
+        run_with_agent(&socket, job, &cmd, &[("COMMSCOPE_EXIT_WAIT_MS", "20000")])
+    });
+    for rank in 0..8 {
+        svc.agent
+            .as_ref()
+            .expect("agent")
+            .wait_log(&format!("registered rank {rank} "), Duration::from_secs(30));
+    }
+    svc.agent().kill9();
+    // The job's two seconds run out meanwhile: its ranks finalize with no agent there.
+    std::thread::sleep(Duration::from_millis(2600));
+    let t = Instant::now();
+    svc.start_agent();
+    let out = handle.join().expect("job thread");
+    assert_ok(&out, "steady job");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the ranks left once the new agent had their rings ({:?})",
+        t.elapsed()
+    );
+    let steps = steps_of(&out);
+    let api = svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let stored = check_exactly_once(&svc, job, steps, &api);
+    assert_eq!(api["records"], stored);
+}

@@ -88,6 +88,60 @@ impl Link {
     pub fn close(&mut self) {
         self.stream = None;
     }
+
+    /// Whether an agent holds the registration now (and so a mapping of the ring).
+    fn connected(&mut self) -> bool {
+        match &self.stream {
+            Some(s) if !closed(s) => true,
+            Some(_) => {
+                self.stream = None;
+                self.next_try = 0;
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// At exit, after the last records: the ring lives on only in a mapping of it, and this
+/// process is about to drop its own. A live agent holds one (it reads the rest after the exit,
+/// and copies what is not yet acknowledged into its spool). An agent that served this process
+/// and is gone now (killed, restarting) holds none: wait for it, at most
+/// `COMMSCOPE_EXIT_WAIT_MS` (5 s), registering again as soon as it answers — or until its
+/// cursor has passed the last record. No agent expected (none ever registered, and none named
+/// with `COMMSCOPE_AGENT_SOCKET`), or none attached: no wait.
+pub fn hand_over(shim: &Shim) {
+    let Some(mut link) = shim
+        .exit_link
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return;
+    };
+    let deadline = now_mono() + shim.config.exit_wait_ms * 1_000_000;
+    // Expected: an agent served this process, or was named for it (`COMMSCOPE_AGENT_SOCKET`).
+    let expected = link.ever_registered || shim.config.agent_socket_explicit;
+    while expected && shim.shm.is_attached(Consumer::Agent) {
+        if shim.shm.cursor(Consumer::Agent) >= shim.shm.head() || link.connected() {
+            break;
+        }
+        if now_mono() >= deadline {
+            util::warn(format_args!(
+                "exiting with records the agent has not taken: no agent came back within {} ms (COMMSCOPE_EXIT_WAIT_MS)",
+                shim.config.exit_wait_ms
+            ));
+            break;
+        }
+        // Try the socket every 20 ms (a restarting agent binds it within a second).
+        link.next_try = 0;
+        link.poll(shim);
+        if link.connected() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    link.close();
 }
 
 fn closed(s: &UnixStream) -> bool {

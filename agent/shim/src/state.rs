@@ -184,6 +184,9 @@ pub struct Shim {
     pub local: Mutex<Option<crate::writer::LocalTrace>>,
     pub stop: AtomicBool,
     pub background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The registration, handed from the background thread to the exit path
+    /// ([`crate::agent::hand_over`]).
+    pub exit_link: Mutex<Option<crate::agent::Link>>,
 }
 
 /// Creates the shared-memory region (a memfd, mapped shared).
@@ -393,6 +396,7 @@ fn assemble(
         local: Mutex::new(None),
         stop: AtomicBool::new(false),
         background: Mutex::new(None),
+        exit_link: Mutex::new(None),
     })
 }
 
@@ -529,6 +533,7 @@ pub fn shutdown(clean: bool, exit_status: i32) {
     shim.push(&shim.process_record(ProcessEvent::Exit, now, exit_status, 0));
     crate::writer::drain_local(shim);
     shim.shm.set_state(shm_state::FINALIZED);
+    crate::agent::hand_over(shim);
 }
 
 impl Shim {

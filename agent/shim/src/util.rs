@@ -100,6 +100,9 @@ pub struct Config {
     pub in_flight_slots: u32,
     /// `COMMSCOPE_FLUSH_MS`: how often the background thread drains the ring.
     pub flush_ms: u64,
+    /// `COMMSCOPE_EXIT_WAIT_MS`: at exit, how long to wait for an agent that served this process
+    /// and went away (restarting) to come back for the last records.
+    pub exit_wait_ms: u64,
 }
 
 /// The default agent socket.
@@ -122,6 +125,7 @@ impl Config {
                 .next_power_of_two(),
             in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 1024, 1, 1 << 16) as u32,
             flush_ms: env_u64("COMMSCOPE_FLUSH_MS", 200, 10, 1000),
+            exit_wait_ms: env_u64("COMMSCOPE_EXIT_WAIT_MS", 5000, 0, 60_000),
         }
     }
 }

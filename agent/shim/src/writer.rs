@@ -142,7 +142,8 @@ fn run(shim: &'static Shim) {
     // Shutting down without ever having reached the agent (it was slow, or the job short): one
     // last attempt, so the agent still gets the ring and drains what is left in it.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.agent.last_chance(shim)));
-    l.agent.close();
+    // The exit path hands the ring over through it ([`crate::agent::hand_over`]).
+    *shim.exit_link.lock().unwrap_or_else(|p| p.into_inner()) = Some(l.agent);
 }
 
 /// One round of the background work; returns how many records it moved to the trace file.
