@@ -177,16 +177,30 @@ async fn jobs(
 ) -> Response {
     let mut v = all_jobs(&s);
     v.retain(|j| q.state.as_deref().is_none_or(|want| want == j.state));
-    if !fan_out(&s, &headers) {
-        return axum::Json(serde_json::json!({ "jobs": v })).into_response();
+    with_peers(&s, &headers, &uri, "jobs", "job", &v).await
+}
+
+/// `{key: items}` from this replica — and, unless the request came from another replica, the
+/// other replicas' items whose `id` field is new, sorted by it, with `unreachable` naming the
+/// replicas that did not answer.
+async fn with_peers<T: Serialize>(
+    s: &Shared,
+    headers: &HeaderMap,
+    uri: &Uri,
+    key: &str,
+    id: &str,
+    local: &[T],
+) -> Response {
+    if !fan_out(s, headers) {
+        return axum::Json(serde_json::json!({ key: local })).into_response();
     }
-    let mut items: Vec<serde_json::Value> = v
+    let mut items: Vec<serde_json::Value> = local
         .iter()
-        .filter_map(|j| serde_json::to_value(j).ok())
+        .filter_map(|x| serde_json::to_value(x).ok())
         .collect();
-    let unreachable = merge_peers(&s, &path_of(&uri), "jobs", "job", &mut items).await;
-    items.sort_by(|a, b| a["job"].as_str().cmp(&b["job"].as_str()));
-    axum::Json(serde_json::json!({ "jobs": items, "unreachable": unreachable })).into_response()
+    let unreachable = merge_peers(s, &path_of(uri), key, id, &mut items).await;
+    items.sort_by(|a, b| a[id].as_str().cmp(&b[id].as_str()));
+    axum::Json(serde_json::json!({ key: items, "unreachable": unreachable })).into_response()
 }
 
 fn path_of(uri: &Uri) -> String {
@@ -432,13 +446,5 @@ async fn findings(
             commscope_analyzer::finding::State::Resolved => w == "resolved",
         })
     });
-    if !fan_out(&s, &headers) {
-        return axum::Json(serde_json::json!({ "findings": v })).into_response();
-    }
-    let mut items: Vec<serde_json::Value> = v
-        .iter()
-        .filter_map(|f| serde_json::to_value(f).ok())
-        .collect();
-    let unreachable = merge_peers(&s, &path_of(&uri), "findings", "id", &mut items).await;
-    axum::Json(serde_json::json!({ "findings": items, "unreachable": unreachable })).into_response()
+    with_peers(&s, &headers, &uri, "findings", "id", &v).await
 }

@@ -10,6 +10,14 @@ use commscope_tests::{Flavour, assert_ok, build, launch};
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::Record;
 
+/// The tests here run one at a time: each freezes, kills or starves a component on purpose,
+/// and two at once on two cores turn one test's timing into the other's load.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Starts the steady job in the background; returns its handle.
 fn start_job(
     svc: &Services,
@@ -117,6 +125,7 @@ fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
 
 #[test]
 fn collector_killed_and_restarted_20s_later_loses_nothing() {
+    let _one = one_at_a_time();
     let mut svc = Services::start("node-k1", &[], &["--spool-after", "1s"]);
     let job = "collector-killed";
     let handle = start_job(&svc, Flavour::OpenMpi, job, "35");
@@ -148,6 +157,7 @@ fn collector_killed_and_restarted_20s_later_loses_nothing() {
 
 #[test]
 fn agent_killed_and_restarted_loses_nothing() {
+    let _one = one_at_a_time();
     let mut svc = Services::start("node-k2", &[], &[]);
     let job = "agent-killed";
     let handle = start_job(&svc, Flavour::Mpich, job, "20");
@@ -174,6 +184,7 @@ fn agent_killed_and_restarted_loses_nothing() {
 
 #[test]
 fn agent_killed_right_after_the_job_ended_loses_nothing() {
+    let _one = one_at_a_time();
     // The collector is frozen while the job runs and ends: nothing of it is acknowledged when
     // the agent is killed. The processes are gone, and their rings with the agent's mappings;
     // what the agent copied into its spool as the processes ended is all that is left, and the
@@ -185,9 +196,17 @@ fn agent_killed_right_after_the_job_ended_loses_nothing() {
     unsafe { libc::kill(collector, libc::SIGSTOP) };
     let handle = start_job(&svc, Flavour::Mpich, job, "1");
     let out = handle.join().expect("job thread");
-    // The agent saw the exits (its tick is 100 ms), and the collector still sleeps: well within
-    // its keepalive timeout, so the agent has not begun spooling on its own.
-    std::thread::sleep(Duration::from_millis(700));
+    // Once the agent has handled every exit (it logs each, then copies what the collector,
+    // still asleep, has not acknowledged): well within the collector's keepalive timeout, so
+    // the agent has not begun spooling on its own. (Before it handles an exit, a process that
+    // is gone is held by nothing but the agent's mapping: docs/reliability.md.)
+    for rank in 0..8 {
+        svc.agent.as_ref().expect("agent").wait_log(
+            &format!("rank {rank} of job {job} (pid"),
+            Duration::from_secs(30),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
     svc.agent().kill9();
     // SAFETY: as above.
     unsafe { libc::kill(collector, libc::SIGCONT) };
@@ -213,6 +232,7 @@ fn agent_killed_right_after_the_job_ended_loses_nothing() {
 
 #[test]
 fn a_job_that_ends_while_its_agent_restarts_loses_nothing() {
+    let _one = one_at_a_time();
     // The agent is killed while the job runs and is back only after the job's last records
     // were written: each process waits at exit (COMMSCOPE_EXIT_WAIT_MS; 20 s here, so that a
     // slow agent start on a loaded machine cannot outlast it) for an agent to take its ring,

@@ -268,12 +268,7 @@ fn t975(df: usize) -> f64 {
 }
 
 fn arg(name: &str, default: u32) -> u32 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    u32::try_from(commscope_tests::bench::arg(name, u64::from(default))).unwrap_or(default)
 }
 
 fn list_arg(name: &str, default: &str) -> Vec<String> {
