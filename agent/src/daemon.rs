@@ -1320,7 +1320,7 @@ impl Pump {
     }
 
     /// Copies into the spool the batches of processes that ended and are not acknowledged yet
-    /// (see `copies`). Best effort: a full spool leaves them to the live path.
+    /// (see `copies`), all with one sync. Best effort: a full spool leaves them to the live path.
     fn secure_ended(&mut self) {
         let ended: std::collections::HashSet<u64> = self
             .sources
@@ -1342,15 +1342,14 @@ impl Pump {
             .filter(|o| of_ended(o) && !self.copies.contains_key(&o.order))
             .map(|o| (o.order, o.batch.clone()))
             .collect();
-        for (order, batch) in todo {
-            match self.spool.push(&batch) {
-                Ok(seq) => {
-                    self.copies.insert(order, seq);
-                    // Held: not sent from the spool while the batch itself is on its way.
-                    self.spool_loaded.push(seq);
-                }
-                Err(_) => break,
-            }
+        // One sync for the lot: a tail of many small batches must be on disk in milliseconds,
+        // before this agent can be gone too.
+        let (orders, batches): (Vec<u64>, Vec<RecordBatch>) = todo.into_iter().unzip();
+        for (order, written) in orders.into_iter().zip(self.spool.push_all(&batches)) {
+            let Ok(seq) = written else { break };
+            self.copies.insert(order, seq);
+            // Held: not sent from the spool while the batch itself is on its way.
+            self.spool_loaded.push(seq);
         }
     }
 

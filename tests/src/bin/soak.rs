@@ -299,6 +299,22 @@ impl Soak {
     }
 }
 
+/// Everything `from` says, collected on a thread of its own.
+type Captured = std::sync::Arc<std::sync::Mutex<String>>;
+
+fn capture(from: Option<impl std::io::Read + Send + 'static>) -> Captured {
+    let text = Captured::default();
+    if let Some(mut from) = from {
+        let t = text.clone();
+        std::thread::spawn(move || {
+            let mut buf = String::new();
+            let _ = from.read_to_string(&mut buf);
+            t.lock().unwrap_or_else(|p| p.into_inner()).push_str(&buf);
+        });
+    }
+    text
+}
+
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -503,24 +519,8 @@ fn main() {
     let sim_started = Instant::now();
     let mut sim = Some(sim);
     // Read as it comes (a full pipe would stop the simulator).
-    let sim_text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    if let Some(mut o) = sim.as_mut().and_then(|c| c.stdout.take()) {
-        let t = sim_text.clone();
-        std::thread::spawn(move || {
-            let mut buf = String::new();
-            let _ = std::io::Read::read_to_string(&mut o, &mut buf);
-            t.lock().unwrap_or_else(|p| p.into_inner()).push_str(&buf);
-        });
-    }
-    let sim_err = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    if let Some(mut e) = sim.as_mut().and_then(|c| c.stderr.take()) {
-        let t = sim_err.clone();
-        std::thread::spawn(move || {
-            let mut buf = String::new();
-            let _ = std::io::Read::read_to_string(&mut e, &mut buf);
-            t.lock().unwrap_or_else(|p| p.into_inner()).push_str(&buf);
-        });
-    }
+    let sim_text = capture(sim.as_mut().and_then(|c| c.stdout.take()));
+    let sim_err = capture(sim.as_mut().and_then(|c| c.stderr.take()));
 
     let deadline = Instant::now() + Duration::from_secs(secs.saturating_sub(45));
     let mut tick = 0u64;
