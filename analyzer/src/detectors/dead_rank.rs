@@ -36,6 +36,9 @@ pub struct Deaths {
     pub roots: BTreeSet<i32>,
     /// How the roots were told from the ranks that ended after them.
     pub how_found: &'static str,
+    /// When the job is known to have hung already (a mismatch found), if it is: a trace's
+    /// silences after that are the hung job's teardown, not findings of their own.
+    pub hung_at: Option<u64>,
 }
 
 /// How a rank ended, for its finding's sentence.
@@ -88,6 +91,7 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
     let ended = ended(view);
     let mut d = Deaths {
         ended,
+        hung_at,
         ..Default::default()
     };
     let Some(first) = d.ended.values().map(|e| e.at_ns).min() else {

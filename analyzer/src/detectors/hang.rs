@@ -53,6 +53,8 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
                     && !r.data_lost
                     && r.last_heard_ns > 0
                     && !deaths.roots.contains(&r.rank)
+                    // Fell silent after its job had hung on a mismatch: taken down with it.
+                    && deaths.hung_at.is_none_or(|t| r.last_heard_ns < t)
             })
             .filter(|r| {
                 let others = view

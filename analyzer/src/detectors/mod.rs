@@ -56,9 +56,29 @@ impl Default for Liveness {
 /// detectors made of it: a hang a mismatch explains goes into that mismatch's evidence.
 pub fn liveness(view: &JobView, th: &Liveness, mismatches: &mut [Finding]) -> Vec<Finding> {
     // A mismatch found: the job hung then, and kills after it are its consequences.
-    let hung_at = mismatches.iter().map(|m| m.opened_at).min();
+    let hung_at = mismatches.iter().map(|m| hung_since(view, m)).min();
     let deaths = dead_rank::deaths(view, th, hung_at);
     hang::findings(view, th, &deaths, mismatches)
+}
+
+/// When a mismatch hung its job: when it was found, or earlier, when the members still inside
+/// its instance had all entered it. (A trace's mismatch is often found only from the calls in
+/// flight at its end; a member whose records stop while inside that instance was stuck there,
+/// not the first to die.)
+fn hung_since(view: &JobView, m: &Finding) -> u64 {
+    let key = m
+        .comm
+        .as_deref()
+        .and_then(commscope_wire::hash::parse_comm_id)
+        .zip(m.seq);
+    let entered = view
+        .ranks
+        .values()
+        .flat_map(|r| &r.in_flight)
+        .filter(|c| Some((c.comm, c.seq)) == key && !c.op.is_p2p() && c.entered_ns > 0)
+        .map(|c| c.entered_ns)
+        .max();
+    entered.map_or(m.opened_at, |t| t.min(m.opened_at))
 }
 
 #[cfg(test)]

@@ -685,6 +685,45 @@ fn a_mismatched_job_killed_afterwards_is_the_mismatch_alone() {
     assert!(f.is_empty(), "{f:#?}");
 }
 
+#[test]
+fn a_rank_silent_inside_a_mismatched_instance_is_not_a_death() {
+    // From the shim's own files: rank 6 called broadcast on its pair where rank 7 called
+    // all-reduce; 6 went on into the world all-reduce, 7 sat in the pair's. The whole job was
+    // killed at once seconds later, but rank 7's writer thread (starved of CPU by spinning
+    // ranks) had last written 3 s before the rest. The mismatch, found only from the calls
+    // in flight at the trace's end, is the one finding.
+    let pair = 0x200;
+    let mut v = job(8, 59, false);
+    comm(&mut v, pair, &[6, 7], 59);
+    for r in 0..7 {
+        inside(&mut v, r, WORLD, 60, 3 * S);
+        rank(&mut v, r).last_heard_ns = NOW - S / 10 * r as u64;
+    }
+    inside(&mut v, 7, pair, 60, 3 * S + S / 8);
+    let r7 = rank(&mut v, 7);
+    r7.last_heard_ns = NOW - 3 * S;
+    r7.in_flight[0].age_ns = S / 8;
+    let mut m = vec![crate::finding::Finding {
+        id: "m".into(),
+        kind: Kind::Mismatch,
+        class: Class::CommunicationHang,
+        state: crate::finding::State::Open,
+        job: "j".into(),
+        comm: Some(commscope_wire::hash::format_comm_id(pair)),
+        seq: Some(60),
+        ranks: vec![6],
+        nodes: vec![],
+        link: None,
+        opened_at: NOW,
+        resolved_at: None,
+        confidence: 0.99,
+        summary: String::new(),
+        evidence: serde_json::json!({}),
+    }];
+    let f = liveness(&v, &Liveness::default(), &mut m);
+    assert!(f.is_empty(), "{f:#?}");
+}
+
 /// Node n1 (ranks 4–7) out of contact since 15 s ago: its last known state is stale.
 fn lose_n1(v: &mut JobView) {
     v.lost.insert(
