@@ -354,6 +354,12 @@ pub struct UpArgs {
     /// A token (a file holding it) the collector requires and the agent sends.
     #[arg(long, value_name = "FILE", env = "COMMSCOPE_AUTH_TOKEN_FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// TLS on the collector's gRPC and HTTP listeners (docs/security.md): the agent connects
+    /// with the same certificate and key, and trusts --tls-ca (with it, the collector requires
+    /// certificates that CA signed) or, without one, the certificate itself (self-signed, not a
+    /// CA's). It must name 127.0.0.1 (or the --listen address).
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 #[derive(Debug, clap::Args)]

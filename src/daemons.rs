@@ -102,6 +102,30 @@ pub fn agent_config(a: &AgentArgs) -> Result<(commscope_agent::Config, Option<Pa
     Ok((c, trace_dir))
 }
 
+/// `up`'s agent as the collector's client: the same certificate and key (its identity for
+/// mutual TLS), trusting the CA, or without one the certificate itself (self-signed).
+fn up_agent_tls(collector: &commscope_wire::tls::TlsFiles) -> commscope_wire::tls::TlsFiles {
+    let mut t = collector.clone();
+    if t.ca.is_none() {
+        t.ca.clone_from(&t.cert);
+    }
+    t
+}
+
+/// Where a process on this machine reaches a listener: its address, or loopback when it listens
+/// on every interface.
+fn local_address(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, listen.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, listen.port()))
+        }
+        _ => listen,
+    }
+}
+
 /// The collector's settings from its flags, environment and file.
 pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config> {
     let f = config::load(a.config.as_deref())?.collector;
@@ -286,13 +310,19 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
     )?);
     cc.auth_token = token(a.auth_token_file.clone())?;
     ac.auth_token.clone_from(&cc.auth_token);
+    cc.tls = a.tls.files();
+    ac.tls = up_agent_tls(&cc.tls);
+    if !ac.tls.is_empty() {
+        ac.tls.client().map_err(anyhow::Error::msg)?;
+    }
+    let scheme = if cc.tls.is_empty() { "http" } else { "https" };
     runtime()?.block_on(async move {
         let collector = commscope_collector::start(cc).await?;
-        ac.collectors = vec![format!("http://{}", collector.listen)];
+        ac.collectors = vec![format!("{scheme}://{}", local_address(collector.listen))];
         let agent = commscope_agent::start(ac).await?;
         tracing::info!(
             target: "commscope_up",
-            "collector on {} (HTTP http://{}), agent on {} (metrics http://{}/metrics); traces in {}. Ctrl-C stops.",
+            "collector on {} (HTTP {scheme}://{}), agent on {} (metrics http://{}/metrics); traces in {}. Ctrl-C stops.",
             collector.listen,
             collector.http,
             agent.socket.display(),

@@ -2,13 +2,13 @@
 //! a collector whose listeners speak TLS and require agents' certificates from its CA records a
 //! job through an agent that has one; an agent whose certificate another CA signed, and one
 //! without a certificate, are refused, and both sides log it; the HTTP API answers over
-//! `https://` only.
+//! `https://` only. `up` does the same with one certificate.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use commscope_tests::services::{Service, Services, run_with_agent};
+use commscope_tests::services::{Service, Services, addr_after, run_with_agent};
 use commscope_tests::{Flavour, assert_ok, build, commscope, launch, wait};
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -248,4 +248,117 @@ fn agents_reach_a_tls_collector_only_with_a_certificate_its_ca_signed() {
             .any(|l| l.starts_with("commscope_collector_refused_total{reason=\"tls\"}")),
         "{m}"
     );
+}
+
+/// `commscope up` with `tls` flags on its own directory: (the process, its socket, its HTTP
+/// address). Its log must say the listeners speak TLS.
+fn up(dir: &Path, tls: &[String]) -> (Service, PathBuf, std::net::SocketAddr) {
+    let socket = dir.join("up.sock");
+    let mut cmd = commscope();
+    cmd.arg("up")
+        .arg("--dir")
+        .arg(dir.join("state"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--agent-http", "127.0.0.1:0"])
+        .args(tls);
+    let s = Service::spawn(cmd, "up");
+    s.wait_log("Ctrl-C stops", Duration::from_secs(30));
+    let log = s.log();
+    assert!(log.contains("TLS on both (https://)"), "{log}");
+    let http = addr_after(&log, "(HTTP https://").expect("the collector's HTTPS address");
+    (s, socket, http)
+}
+
+/// A job through `up`'s agent reaches its collector: the API says so over HTTPS (trusting
+/// `ca`), and not over plaintext.
+fn job_through_up(socket: &Path, http: std::net::SocketAddr, ca: &str, job: &str) {
+    let prog = build(Flavour::Mpich, "basic");
+    let out = run_with_agent(socket, job, &launch(Flavour::Mpich, 2, &prog, &["20"]), &[]);
+    assert_ok(&out, "job");
+    let api = format!("https://127.0.0.1:{}/api/v1/jobs/{job}", http.port());
+    let v = wait(
+        "the job through up over TLS",
+        Duration::from_secs(60),
+        || {
+            let (code, body) = curl(&["--cacert", ca, &api]);
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (code == 0 && v["state"] == "ended").then_some(v)
+        },
+    );
+    assert_eq!(v["ranks"], 2, "{v}");
+    let plain = format!("http://127.0.0.1:{}/api/v1/jobs", http.port());
+    assert_ne!(curl(&[&plain]).0, 0, "plaintext must get nothing");
+}
+
+#[test]
+fn up_speaks_tls_with_a_self_signed_certificate_or_a_ca() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    // Self-signed, naming 127.0.0.1: the agent trusts the certificate itself.
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=commscope-up",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            // Not a CA: rustls refuses a CA's certificate as a server's (CaUsedAsEndEntity).
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+            "up.key",
+            "-out",
+            "up.pem",
+        ],
+    );
+    let cert = path(d, "up.pem");
+    let flags = |cert: &str, key: &str| {
+        vec![
+            "--tls-cert".to_owned(),
+            cert.to_owned(),
+            "--tls-key".to_owned(),
+            key.to_owned(),
+        ]
+    };
+    let one = d.join("one");
+    std::fs::create_dir_all(&one).expect("mkdir");
+    let (mut s, socket, http) = up(&one, &flags(&cert, &path(d, "up.key")));
+    job_through_up(&socket, http, &cert, "up-self-signed");
+    s.stop();
+
+    // A CA: the collector then requires client certificates it signed, and the agent presents
+    // the same one (serverAuth and clientAuth).
+    pki(
+        d,
+        "node",
+        &[(
+            "up",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )],
+    );
+    let ca = path(d, "node-ca.pem");
+    let mut tls = flags(&path(d, "node-up.pem"), &path(d, "node-up.key"));
+    tls.extend(["--tls-ca".to_owned(), ca.clone()]);
+    let two = d.join("two");
+    std::fs::create_dir_all(&two).expect("mkdir");
+    let (mut s, socket, http) = up(&two, &tls);
+    assert!(
+        s.log()
+            .contains("agents' certificates checked against the CA"),
+        "{}",
+        s.log()
+    );
+    job_through_up(&socket, http, &ca, "up-mutual");
+    s.stop();
 }
