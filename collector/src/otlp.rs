@@ -4,7 +4,8 @@
 //!   — gauges as gauges, counters as cumulative monotonic sums, histograms as cumulative
 //!   explicit-bucket histograms. The labels `job_id`, `node` and `rank` become *resource*
 //!   attributes (`commscope.job.id`, `commscope.node`, `commscope.rank`), so each job, node and
-//!   rank is a resource of its own; the other labels stay on the data points;
+//!   rank is a resource of its own, and so do the attribution labels (below); the other labels
+//!   stay on the data points;
 //! - **spans**: one per finding, from when it opened to when it resolved (findings still open
 //!   when the collector stops end then, with `commscope.finding.state = open`), and one per
 //!   sampled slow collective call ([`crate::state::SlowCall`]: four times its communicator's
@@ -14,7 +15,10 @@
 //! Spans go through `opentelemetry-otlp`'s span exporter, its resource set per group. Metrics go
 //! through `opentelemetry-proto`'s metrics client: the SDK's metric pipeline aggregates its own
 //! instruments and cannot take families computed elsewhere, nor more than one resource.
-//! Kubernetes attributes (`k8s.*`) join the resources once the agent attributes pods.
+//!
+//! A job's attribution joins its resources: `k8s.namespace.name`, `k8s.pod.name` (a rank's pod),
+//! the workload owner as `commscope.owner` ("Kind/name") and, for the kinds OpenTelemetry names,
+//! `k8s.job.name`, `k8s.deployment.name`, …, and `commscope.slurm.job.id`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,20 +48,99 @@ use crate::state::{SlowCall, now_ns};
 /// Findings that resolved, kept for the next export, at most.
 const MAX_QUEUED: usize = 10_000;
 
-/// What a span's resource is: (job, node, rank), each when known.
-type ResourceKey = (Option<String>, Option<String>, Option<String>);
+/// A resource: its attributes after `service.name`, in [`RESOURCE_ORDER`] (so that equal sets
+/// group together).
+type ResourceKey = Vec<(&'static str, String)>;
+
+/// Resource attributes in the order they are listed.
+const RESOURCE_ORDER: &[&str] = &[
+    "commscope.job.id",
+    "commscope.node",
+    "commscope.rank",
+    "k8s.namespace.name",
+    "k8s.pod.name",
+    "commscope.owner",
+    "k8s.job.name",
+    "k8s.cronjob.name",
+    "k8s.deployment.name",
+    "k8s.statefulset.name",
+    "k8s.daemonset.name",
+    "k8s.replicaset.name",
+    "commscope.slurm.job.id",
+];
+
+/// The resource attribute a metric label becomes, when it names a resource: the job, node and
+/// rank (commscope's own), and the job's attribution, Kubernetes' in OpenTelemetry's `k8s.*`
+/// conventions.
+fn resource_label(label: &str) -> Option<&'static str> {
+    Some(match label {
+        "job_id" => "commscope.job.id",
+        "node" => "commscope.node",
+        "rank" => "commscope.rank",
+        "namespace" => "k8s.namespace.name",
+        "pod" => "k8s.pod.name",
+        "owner" => "commscope.owner",
+        "slurm_job_id" => "commscope.slurm.job.id",
+        _ => return None,
+    })
+}
+
+/// A resource from (attribute, value) pairs: empty values left out, a workload owner
+/// ("Kind/name") also under its kind's `k8s.<kind>.name` where OpenTelemetry names one, in
+/// [`RESOURCE_ORDER`].
+fn resource(pairs: impl IntoIterator<Item = (&'static str, String)>) -> ResourceKey {
+    let mut key: ResourceKey = Vec::new();
+    for (k, v) in pairs {
+        if v.is_empty() {
+            continue;
+        }
+        if k == "commscope.owner"
+            && let Some(kind_attr) = owner_kind_attr(&v)
+        {
+            let name = v.split_once('/').map_or("", |(_, n)| n).to_owned();
+            key.push((kind_attr, name));
+        }
+        key.push((k, v));
+    }
+    key.sort_by_key(|(k, _)| RESOURCE_ORDER.iter().position(|o| o == k));
+    key.dedup_by(|a, b| a.0 == b.0);
+    key
+}
+
+/// `k8s.<kind>.name` for the workload kinds OpenTelemetry's conventions name.
+fn owner_kind_attr(owner: &str) -> Option<&'static str> {
+    let (kind, name) = owner.split_once('/')?;
+    if name.is_empty() {
+        return None;
+    }
+    Some(match kind {
+        "Job" => "k8s.job.name",
+        "CronJob" => "k8s.cronjob.name",
+        "Deployment" => "k8s.deployment.name",
+        "StatefulSet" => "k8s.statefulset.name",
+        "DaemonSet" => "k8s.daemonset.name",
+        "ReplicaSet" => "k8s.replicaset.name",
+        _ => return None,
+    })
+}
+
+/// A job's attribution as resource attributes: its namespace, owner and Slurm job, and the pod
+/// of the rank the resource is about.
+fn attribution_attrs(
+    attribution: &crate::state::JobAttribution,
+    pod: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("k8s.namespace.name", attribution.namespace.clone()),
+        ("k8s.pod.name", pod.unwrap_or_default().to_owned()),
+        ("commscope.owner", attribution.owner.clone()),
+        ("commscope.slurm.job.id", attribution.slurm_job_id.clone()),
+    ]
+}
 
 fn resource_attrs(key: &ResourceKey) -> Vec<(&'static str, String)> {
     let mut v = vec![("service.name", "commscope-collector".to_owned())];
-    if let Some(j) = &key.0 {
-        v.push(("commscope.job.id", j.clone()));
-    }
-    if let Some(n) = &key.1 {
-        v.push(("commscope.node", n.clone()));
-    }
-    if let Some(r) = &key.2 {
-        v.push(("commscope.rank", r.clone()));
-    }
+    v.extend(key.iter().cloned());
     v
 }
 
@@ -84,18 +167,16 @@ pub fn metrics_request(
     let mut by_resource: BTreeMap<ResourceKey, BTreeMap<String, pm::Metric>> = BTreeMap::new();
     for f in families {
         for m in f.get_metric() {
-            let mut key: ResourceKey = (None, None, None);
+            let mut pairs = Vec::new();
             let mut attributes = Vec::new();
             for l in m.get_label() {
-                match l.name() {
-                    "job_id" => key.0 = Some(l.value().to_owned()),
-                    "node" => key.1 = Some(l.value().to_owned()),
-                    "rank" => key.2 = Some(l.value().to_owned()),
-                    n => attributes.push(pkv(n, l.value())),
+                match resource_label(l.name()) {
+                    Some(k) => pairs.push((k, l.value().to_owned())),
+                    None => attributes.push(pkv(l.name(), l.value())),
                 }
             }
             let metric = by_resource
-                .entry(key)
+                .entry(resource(pairs))
                 .or_default()
                 .entry(f.name().to_owned())
                 .or_insert_with(|| empty_metric(f));
@@ -287,11 +368,28 @@ pub fn finding_span(f: &Finding, end_ns: u64) -> (ResourceKey, SpanData) {
     } else {
         Status::Unset
     };
-    let key = (
-        Some(f.job.clone()),
-        f.nodes.first().cloned(),
-        f.ranks.first().map(|r| r.to_string()),
-    );
+    // The job's attribution as the collector attached it ([`crate::findings`]), with the pod
+    // of the rank the span is about.
+    let a = &f.evidence["attribution"];
+    let field = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+    let rank = f.ranks.first().map(|r| r.to_string());
+    let pod = rank
+        .as_ref()
+        .and_then(|r| a["pods"][r.as_str()].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let key = resource([
+        ("commscope.job.id", f.job.clone()),
+        (
+            "commscope.node",
+            f.nodes.first().cloned().unwrap_or_default(),
+        ),
+        ("commscope.rank", rank.unwrap_or_default()),
+        ("k8s.namespace.name", field("namespace")),
+        ("k8s.pod.name", pod),
+        ("commscope.owner", field("owner")),
+        ("commscope.slurm.job.id", field("slurm_job_id")),
+    ]);
     let end = f.resolved_at.unwrap_or(end_ns);
     (
         key,
@@ -307,7 +405,12 @@ pub fn finding_span(f: &Finding, end_ns: u64) -> (ResourceKey, SpanData) {
 }
 
 /// A slow collective call's span; the calls of one instance share a trace.
-pub fn slow_call_span(job: &str, c: &SlowCall) -> (ResourceKey, SpanData) {
+/// `attribution`: the job's, as resource attributes ([`attribution_attrs`]).
+pub fn slow_call_span(
+    job: &str,
+    c: &SlowCall,
+    attribution: Vec<(&'static str, String)>,
+) -> (ResourceKey, SpanData) {
     let trace = hash16(|h| h.str(job).word(c.comm_id).word(c.seq));
     let mut span_id = [0u8; 8];
     span_id.copy_from_slice(
@@ -321,10 +424,14 @@ pub fn slow_call_span(job: &str, c: &SlowCall) -> (ResourceKey, SpanData) {
         KeyValue::new("commscope.bytes", c.bytes as i64),
         KeyValue::new("commscope.usual_seconds", c.usual_s),
     ];
-    let key = (
-        Some(job.to_owned()),
-        Some(c.node.clone()),
-        Some(c.rank.to_string()),
+    let key = resource(
+        [
+            ("commscope.job.id", job.to_owned()),
+            ("commscope.node", c.node.clone()),
+            ("commscope.rank", c.rank.to_string()),
+        ]
+        .into_iter()
+        .chain(attribution),
     );
     (
         key,
@@ -401,7 +508,13 @@ impl Exporter {
         for mut st in self.shared.state.iter() {
             for j in st.jobs.values_mut() {
                 for c in std::mem::take(&mut j.slow_calls) {
-                    let (k, s) = slow_call_span(&j.job, &c);
+                    let pod = j
+                        .ranks
+                        .values()
+                        .filter(|r| r.rank == c.rank && !r.pod.is_empty())
+                        .max_by_key(|r| r.last_heard_ns)
+                        .map(|r| r.pod.as_str());
+                    let (k, s) = slow_call_span(&j.job, &c, attribution_attrs(&j.attribution, pod));
                     spans.entry(k).or_default().push(s);
                 }
                 if j.slow_calls_dropped > 0 {
@@ -580,5 +693,170 @@ mod tests {
             }
             d => panic!("{d:?}"),
         }
+    }
+
+    static R: Def = Def::gauge(
+        "t_rank_seconds",
+        "Per rank.",
+        &[
+            "job_id",
+            "namespace",
+            "owner",
+            "slurm_job_id",
+            "rank",
+            "node",
+            "pod",
+        ],
+    );
+
+    fn pairs(key: &ResourceKey) -> Vec<(&str, &str)> {
+        key.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
+
+    #[test]
+    fn attribution_labels_become_kubernetes_resource_attributes() {
+        let r = registry(&[&R], |s| {
+            s.value(
+                &R,
+                &[
+                    "j1",
+                    "team-a",
+                    "Job/train-7",
+                    "",
+                    "3",
+                    "n1",
+                    "train-7-worker-1",
+                ],
+                1.0,
+            );
+            // Outside Kubernetes: a Slurm job, no pod.
+            s.value(&R, &["j2", "", "", "4242", "0", "n2", ""], 1.0);
+        })
+        .expect("valid");
+        let fams: Vec<MetricFamily> = r
+            .gather()
+            .into_iter()
+            .filter(|f| f.name().starts_with("t_"))
+            .collect();
+        let req = metrics_request(&fams, 1, 2);
+        let mut resources: Vec<Vec<(String, String)>> = req
+            .resource_metrics
+            .iter()
+            .map(|rm| {
+                rm.resource
+                    .as_ref()
+                    .expect("resource")
+                    .attributes
+                    .iter()
+                    .map(|kv| {
+                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(pc::any_value::Value::StringValue(s)) => s.clone(),
+                            _ => String::new(),
+                        };
+                        (kv.key.clone(), v)
+                    })
+                    .collect()
+            })
+            .collect();
+        resources.sort();
+        let s = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            resources,
+            [
+                s(&[
+                    ("service.name", "commscope-collector"),
+                    ("commscope.job.id", "j1"),
+                    ("commscope.node", "n1"),
+                    ("commscope.rank", "3"),
+                    ("k8s.namespace.name", "team-a"),
+                    ("k8s.pod.name", "train-7-worker-1"),
+                    ("commscope.owner", "Job/train-7"),
+                    ("k8s.job.name", "train-7"),
+                ]),
+                s(&[
+                    ("service.name", "commscope-collector"),
+                    ("commscope.job.id", "j2"),
+                    ("commscope.node", "n2"),
+                    ("commscope.rank", "0"),
+                    ("commscope.slurm.job.id", "4242"),
+                ]),
+            ]
+        );
+        // Every label was a resource's: nothing is left on the point.
+        for rm in &req.resource_metrics {
+            match &rm.scope_metrics[0].metrics[0].data {
+                Some(pm::metric::Data::Gauge(g)) => assert!(g.data_points[0].attributes.is_empty()),
+                d => panic!("{d:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_finding_span_carries_its_rank_s_pod_and_its_job_s_owner() {
+        let f = Finding {
+            id: "f1".into(),
+            kind: commscope_analyzer::Kind::DeadRank,
+            class: commscope_analyzer::finding::Class::CommunicationHang,
+            state: commscope_analyzer::finding::State::Open,
+            job: "j1".into(),
+            comm: None,
+            seq: None,
+            ranks: vec![5],
+            nodes: vec!["n2".into()],
+            link: None,
+            opened_at: 10,
+            resolved_at: None,
+            confidence: 0.9,
+            summary: "rank 5 died".into(),
+            evidence: serde_json::json!({"attribution": {
+                "namespace": "team-a",
+                "owner": "PyTorchJob/llm",
+                "pods": {"5": "llm-worker-2"},
+            }}),
+        };
+        let (key, _) = finding_span(&f, 20);
+        assert_eq!(
+            pairs(&key),
+            [
+                ("commscope.job.id", "j1"),
+                ("commscope.node", "n2"),
+                ("commscope.rank", "5"),
+                ("k8s.namespace.name", "team-a"),
+                ("k8s.pod.name", "llm-worker-2"),
+                ("commscope.owner", "PyTorchJob/llm"),
+            ]
+        );
+        let c = SlowCall {
+            rank: 1,
+            node: "n1".into(),
+            comm_id: 7,
+            seq: 3,
+            op: 0,
+            bytes: 8,
+            start_ns: 1,
+            end_ns: 2,
+            usual_s: 0.1,
+        };
+        let a = crate::state::JobAttribution {
+            namespace: "team-a".into(),
+            owner: "Deployment/x".into(),
+            ..Default::default()
+        };
+        let (key, _) = slow_call_span("j1", &c, attribution_attrs(&a, None));
+        assert_eq!(
+            pairs(&key),
+            [
+                ("commscope.job.id", "j1"),
+                ("commscope.node", "n1"),
+                ("commscope.rank", "1"),
+                ("k8s.namespace.name", "team-a"),
+                ("commscope.owner", "Deployment/x"),
+                ("k8s.deployment.name", "x"),
+            ]
+        );
     }
 }
