@@ -91,7 +91,8 @@ impl Peers {
         r
     }
 
-    fn failed(&self, url: &str, why: &str) {
+    /// Logs that the replica at `url` did not answer (once a minute per replica).
+    pub fn failed(&self, url: &str, why: &str) {
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
         let due = logged
             .get(url)
@@ -219,7 +220,7 @@ impl Peers {
         .map(|(url, _)| url)
     }
 
-    /// Watches `job` on the replica at `url`.
+    /// Watches `job` (every job: empty) on the replica at `url`, from its own jobs.
     pub async fn watch(
         &self,
         url: &str,

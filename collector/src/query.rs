@@ -387,6 +387,17 @@ impl Query for QueryService {
             ms => u64::from(ms).max(100),
         });
         let (tx, rx) = mpsc::channel(16);
+        // Every job: the other replicas' jobs too, from their own watches.
+        if fan_out && req.job.is_empty() {
+            for url in self.shared.peers.urls() {
+                tokio::spawn(relay_peer(
+                    self.shared.clone(),
+                    url.clone(),
+                    req.clone(),
+                    tx.clone(),
+                ));
+            }
+        }
         let shared = self.shared.clone();
         tokio::spawn(async move {
             // Last sent (records, in-flight count, state) per job: send on change only.
@@ -437,6 +448,46 @@ impl Query for QueryService {
             status: u32::from(status),
             body,
         }))
+    }
+}
+
+/// Another replica's watch of every job, relayed into `tx` until the client goes: its updates
+/// of jobs this replica does not hold (a replica listed among its own peers relays nothing
+/// twice). A replica that is away, or whose stream ends, is asked again every few seconds; the
+/// client's watch goes on meanwhile with the others.
+async fn relay_peer(
+    shared: Arc<Shared>,
+    url: String,
+    req: WatchRequest,
+    tx: mpsc::Sender<Result<JobDetail, Status>>,
+) {
+    const RETRY: Duration = Duration::from_secs(3);
+    while !tx.is_closed() {
+        match shared.peers.watch(&url, req.clone()).await {
+            Ok(mut upstream) => loop {
+                let m = tokio::select! {
+                    m = upstream.message() => m,
+                    () = tx.closed() => return,
+                };
+                let Ok(Some(d)) = m else { break };
+                let job = d
+                    .summary
+                    .as_ref()
+                    .map(|s| s.job.as_str())
+                    .unwrap_or_default();
+                if shared.state.of(job).jobs.contains_key(job) {
+                    continue;
+                }
+                if tx.send(Ok(d)).await.is_err() {
+                    return;
+                }
+            },
+            Err(why) => shared.peers.failed(&url, &why),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(RETRY) => {}
+            () = tx.closed() => return,
+        }
     }
 }
 

@@ -14,8 +14,8 @@ use commscope_tests::services::{
     Service, addr_after, free_port, http_get, job_at, raw_records, run_with_agent,
 };
 use commscope_tests::{Flavour, assert_ok, build, commscope, launch, wait};
-use commscope_wire::grpc::ListJobsRequest;
 use commscope_wire::grpc::query_client::QueryClient;
+use commscope_wire::grpc::{ListJobsRequest, WatchRequest};
 
 struct Replica {
     url: String,
@@ -108,6 +108,34 @@ fn list_jobs_grpc(addr: SocketAddr) -> Vec<String> {
             .collect();
         v.sort();
         v
+    })
+}
+
+/// A watch of every job on the replica at `addr` for `secs`: how many updates came per job.
+fn watch_all(addr: SocketAddr, secs: u64) -> std::collections::BTreeMap<String, usize> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut c = QueryClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect");
+        let mut s = c
+            .watch(WatchRequest {
+                job: String::new(),
+                interval_ms: 100,
+            })
+            .await
+            .expect("Watch")
+            .into_inner();
+        let mut seen = std::collections::BTreeMap::new();
+        let until = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while let Ok(Ok(Some(d))) = tokio::time::timeout_at(until, s.message()).await {
+            let job = d.summary.map(|j| j.job).unwrap_or_default();
+            *seen.entry(job).or_insert(0) += 1;
+        }
+        seen
     })
 }
 
@@ -213,6 +241,14 @@ fn jobs_are_spread_over_two_replicas_and_either_answers_for_both() {
     );
     assert_eq!(from_a["ranks"], from_b["ranks"]);
     assert_eq!(http_get(a.http, "/api/v1/jobs/no-such-job").0, 404);
+    // A watch of every job, on either replica, follows both, each once (nothing changes now:
+    // one update per job, none relayed twice through a replica's own entry in its peers).
+    for r in [&a, &b] {
+        let seen = watch_all(r.grpc, 3);
+        let expect: std::collections::BTreeMap<String, usize> =
+            both.iter().map(|j| (j.clone(), 1)).collect();
+        assert_eq!(seen, expect, "{} watch of every job", r.url);
+    }
 
     // Replica b goes away: a still answers, for its own jobs, and says whom it could not ask.
     if let Some(s) = b.svc.as_mut() {
