@@ -33,6 +33,8 @@ pub struct Service {
     pub child: Child,
     pub log: Arc<Mutex<String>>,
     pub what: &'static str,
+    /// Set when its stderr reached its end: everything it wrote is in `log`.
+    log_done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Service {
@@ -45,14 +47,33 @@ impl Service {
         let log = Arc::new(Mutex::new(String::new()));
         let err = child.stderr.take().expect("stderr");
         let l = log.clone();
+        let log_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = log_done.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 let mut g = l.lock().unwrap_or_else(|p| p.into_inner());
                 g.push_str(&line);
                 g.push('\n');
             }
+            done.store(true, std::sync::atomic::Ordering::Release);
         });
-        Service { child, log, what }
+        Service {
+            child,
+            log,
+            what,
+            log_done,
+        }
+    }
+
+    /// After it ended: waits (2 s at most: a child it left behind may hold its stderr open)
+    /// until its last lines are in the log, so that what it said on its way out is read.
+    fn drain_log(&self) {
+        let t = Instant::now();
+        while !self.log_done.load(std::sync::atomic::Ordering::Acquire)
+            && t.elapsed() < Duration::from_secs(2)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// What it printed on stderr so far.
@@ -92,6 +113,7 @@ impl Service {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.drain_log();
     }
 
     /// SIGTERM and wait (graceful stop).
@@ -102,6 +124,7 @@ impl Service {
         let t = Instant::now();
         loop {
             if let Ok(Some(_)) = self.child.try_wait() {
+                self.drain_log();
                 return;
             }
             if t.elapsed() > Duration::from_secs(20) {
