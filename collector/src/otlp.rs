@@ -618,6 +618,25 @@ mod tests {
     static C: Def = Def::counter("t_calls_total", "Calls.", &["job_id", "rank", "node", "op"]);
     static H: Def = Def::histogram("t_dur_seconds", "Duration.", &["job_id", "op"]);
 
+    /// A resource's attributes as (key, text value).
+    fn resource_pairs(rm: &pm::ResourceMetrics) -> Vec<(String, String)> {
+        rm.resource
+            .as_ref()
+            .map(|r| {
+                r.attributes
+                    .iter()
+                    .map(|kv| {
+                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(pc::any_value::Value::StringValue(s)) => s.clone(),
+                            _ => String::new(),
+                        };
+                        (kv.key.clone(), v)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     #[test]
     fn labels_job_node_rank_become_resources_and_histograms_are_per_bucket() {
         let r = registry(&[&G, &C, &H], |s| {
@@ -633,23 +652,7 @@ mod tests {
             .collect();
         let req = metrics_request(&fams, 1, 2);
         assert_eq!(req.resource_metrics.len(), 2, "{req:#?}");
-        let attrs = |rm: &pm::ResourceMetrics| -> Vec<(String, String)> {
-            rm.resource
-                .as_ref()
-                .map(|r| {
-                    r.attributes
-                        .iter()
-                        .map(|kv| {
-                            let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                                Some(pc::any_value::Value::StringValue(s)) => s.clone(),
-                                _ => String::new(),
-                            };
-                            (kv.key.clone(), v)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let attrs = resource_pairs;
         let job = req
             .resource_metrics
             .iter()
@@ -739,25 +742,8 @@ mod tests {
             .filter(|f| f.name().starts_with("t_"))
             .collect();
         let req = metrics_request(&fams, 1, 2);
-        let mut resources: Vec<Vec<(String, String)>> = req
-            .resource_metrics
-            .iter()
-            .map(|rm| {
-                rm.resource
-                    .as_ref()
-                    .expect("resource")
-                    .attributes
-                    .iter()
-                    .map(|kv| {
-                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                            Some(pc::any_value::Value::StringValue(s)) => s.clone(),
-                            _ => String::new(),
-                        };
-                        (kv.key.clone(), v)
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut resources: Vec<Vec<(String, String)>> =
+            req.resource_metrics.iter().map(resource_pairs).collect();
         resources.sort();
         let s = |v: &[(&str, &str)]| -> Vec<(String, String)> {
             v.iter()

@@ -86,15 +86,26 @@ fn job_for(urls: &[&str], want: usize, skip: &[String]) -> String {
         .expect("a job id for each replica")
 }
 
-fn list_jobs_grpc(addr: SocketAddr) -> Vec<String> {
+/// Runs `f` with a query client of the replica at `addr`, on a runtime of its own.
+fn with_query<T, F, Fut>(addr: SocketAddr, f: F) -> T
+where
+    F: FnOnce(QueryClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut c = QueryClient::connect(format!("http://{addr}"))
+        let c = QueryClient::connect(format!("http://{addr}"))
             .await
             .expect("connect");
+        f(c).await
+    })
+}
+
+fn list_jobs_grpc(addr: SocketAddr) -> Vec<String> {
+    with_query(addr, |mut c| async move {
         let mut v: Vec<String> = c
             .list_jobs(ListJobsRequest {
                 include_ended: true,
@@ -113,14 +124,7 @@ fn list_jobs_grpc(addr: SocketAddr) -> Vec<String> {
 
 /// A watch of every job on the replica at `addr` for `secs`: how many updates came per job.
 fn watch_all(addr: SocketAddr, secs: u64) -> std::collections::BTreeMap<String, usize> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let mut c = QueryClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+    with_query(addr, |mut c| async move {
         let mut s = c
             .watch(WatchRequest {
                 job: String::new(),

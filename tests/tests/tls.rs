@@ -24,30 +24,39 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// A self-signed certificate `NAME.pem` with its key `NAME.key`, `extra` added to the request.
+fn self_signed(dir: &Path, name: &str, extra: &[&str]) {
+    let (subj, key, pem) = (
+        format!("/CN={name}"),
+        format!("{name}.key"),
+        format!("{name}.pem"),
+    );
+    let mut args = vec![
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        &subj,
+        "-keyout",
+        &key,
+        "-out",
+        &pem,
+    ];
+    args.extend_from_slice(extra);
+    openssl(dir, &args);
+}
+
 /// A CA (`NAME-ca.pem`) and, signed by it, `NAME-LEAF.pem` with its key for each leaf:
 /// (leaf, extensions).
 fn pki(dir: &Path, name: &str, leaves: &[(&str, &str)]) {
     let ca = format!("{name}-ca");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.pem"),
-        ],
-    );
+    self_signed(dir, &ca, &[]);
     for (leaf, ext) in leaves {
         let base = format!("{name}-{leaf}");
         std::fs::write(dir.join(format!("{base}.ext")), ext).expect("ext");
@@ -296,30 +305,16 @@ fn job_through_up(socket: &Path, http: std::net::SocketAddr, ca: &str, job: &str
 fn up_speaks_tls_with_a_self_signed_certificate_or_a_ca() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    // Self-signed, naming 127.0.0.1: the agent trusts the certificate itself.
-    openssl(
+    // Self-signed, naming 127.0.0.1: the agent trusts the certificate itself. Not a CA's:
+    // rustls refuses a CA's certificate as a server's (CaUsedAsEndEntity).
+    self_signed(
         d,
+        "up",
         &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=commscope-up",
             "-addext",
             "subjectAltName=IP:127.0.0.1",
-            // Not a CA: rustls refuses a CA's certificate as a server's (CaUsedAsEndEntity).
             "-addext",
             "basicConstraints=critical,CA:FALSE",
-            "-keyout",
-            "up.key",
-            "-out",
-            "up.pem",
         ],
     );
     let cert = path(d, "up.pem");

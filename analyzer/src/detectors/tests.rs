@@ -651,6 +651,27 @@ fn a_rank_the_others_waited_for_is_first_even_when_the_kernel_orders_it_a_hair_l
     assert!(f.is_empty(), "{f:#?}");
 }
 
+/// A mismatch finding naming `rank` at instance `seq` of `comm`, found at `found`.
+fn mismatch(comm: u64, seq: u64, rank: i32, found: u64) -> Finding {
+    Finding {
+        id: "m".into(),
+        kind: Kind::Mismatch,
+        class: Class::CommunicationHang,
+        state: crate::finding::State::Open,
+        job: "j".into(),
+        comm: Some(commscope_wire::hash::format_comm_id(comm)),
+        seq: Some(seq),
+        ranks: vec![rank],
+        nodes: vec![],
+        link: None,
+        opened_at: found,
+        resolved_at: None,
+        confidence: 0.99,
+        summary: String::new(),
+        evidence: serde_json::json!({}),
+    }
+}
+
 #[test]
 fn a_mismatched_job_killed_afterwards_is_the_mismatch_alone() {
     // Rank 4 called another collective; a second later the operator killed the job process
@@ -664,23 +685,7 @@ fn a_mismatched_job_killed_afterwards_is_the_mismatch_alone() {
     for r in 0..8 {
         inside(&mut v, r, WORLD, 10, S);
     }
-    let mut m = vec![crate::finding::Finding {
-        id: "m".into(),
-        kind: Kind::Mismatch,
-        class: Class::CommunicationHang,
-        state: crate::finding::State::Open,
-        job: "j".into(),
-        comm: Some("0x100".into()),
-        seq: Some(10),
-        ranks: vec![4],
-        nodes: vec![],
-        link: None,
-        opened_at: NOW - 2 * S,
-        resolved_at: None,
-        confidence: 0.99,
-        summary: String::new(),
-        evidence: serde_json::json!({}),
-    }];
+    let mut m = vec![mismatch(WORLD, 10, 4, NOW - 2 * S)];
     let f = liveness(&v, &Liveness::default(), &mut m);
     assert!(f.is_empty(), "{f:#?}");
 }
@@ -703,23 +708,7 @@ fn a_rank_silent_inside_a_mismatched_instance_is_not_a_death() {
     let r7 = rank(&mut v, 7);
     r7.last_heard_ns = NOW - 3 * S;
     r7.in_flight[0].age_ns = S / 8;
-    let mut m = vec![crate::finding::Finding {
-        id: "m".into(),
-        kind: Kind::Mismatch,
-        class: Class::CommunicationHang,
-        state: crate::finding::State::Open,
-        job: "j".into(),
-        comm: Some(commscope_wire::hash::format_comm_id(pair)),
-        seq: Some(60),
-        ranks: vec![6],
-        nodes: vec![],
-        link: None,
-        opened_at: NOW,
-        resolved_at: None,
-        confidence: 0.99,
-        summary: String::new(),
-        evidence: serde_json::json!({}),
-    }];
+    let mut m = vec![mismatch(pair, 60, 6, NOW)];
     let f = liveness(&v, &Liveness::default(), &mut m);
     assert!(f.is_empty(), "{f:#?}");
 }
