@@ -816,20 +816,21 @@ impl Pump {
             .collect();
         all.extend(self.queue.drain(..));
         all.sort_by_key(|o| o.order);
-        let mut kept = 0;
+        // Loaded from the spool, or copied there when their process ended: already there.
+        let (there, all): (Vec<Outgoing>, Vec<Outgoing>) = all.into_iter().partition(|o| {
+            matches!(o.origin, Origin::Spool(_)) || self.copies.contains_key(&o.order)
+        });
+        let mut written = 0;
         for out in all {
-            // Loaded from the spool, or copied there: already there.
-            if matches!(out.origin, Origin::Spool(_)) || self.copies.contains_key(&out.order) {
-                continue;
-            }
             if !self.spool_one(out) {
                 break;
             }
-            kept += 1;
+            written += 1;
         }
+        let kept = there.len() + written;
         if kept > 0 {
             tracing::info!(
-                "stopping: {kept} unacknowledged batches kept in the spool for the next agent"
+                "stopping: {kept} unacknowledged batches kept in the spool for the next agent ({written} written now, the rest there already)"
             );
         }
     }

@@ -88,11 +88,20 @@ fn an_agent_stops_promptly_with_its_collector_frozen_and_loses_nothing() {
         &[],
     );
     commscope_tests::assert_ok(&out, "job");
-    // Both ranks' exits seen, so their rings are read to the end.
-    svc.agent
-        .as_ref()
-        .expect("agent")
-        .wait_log("rank 1 of job frozen", Duration::from_secs(10));
+    // Both ranks' exits seen, so their rings are read to the end, and their unacknowledged
+    // batches copied into the spool (their rings leave with this agent).
+    wait("both ranks' exits", Duration::from_secs(10), || {
+        let log = svc.agent.as_ref().expect("agent").log();
+        (log.matches(") exited with status").count() >= 2).then_some(())
+    });
+    wait(
+        "the ended ranks' copies in the spool",
+        Duration::from_secs(10),
+        || {
+            let n = std::fs::read_dir(svc.spool_dir()).map_or(0, Iterator::count);
+            (n > 0).then_some(())
+        },
+    );
     let t = Instant::now();
     svc.agent().stop();
     let took = t.elapsed();
