@@ -371,25 +371,22 @@ pub fn finding_span(f: &Finding, end_ns: u64) -> (ResourceKey, SpanData) {
     // The job's attribution as the collector attached it ([`crate::findings`]), with the pod
     // of the rank the span is about.
     let a = &f.evidence["attribution"];
-    let field = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+    let attribution: crate::state::JobAttribution =
+        serde_json::from_value(a.clone()).unwrap_or_default();
     let rank = f.ranks.first().map(|r| r.to_string());
-    let pod = rank
-        .as_ref()
-        .and_then(|r| a["pods"][r.as_str()].as_str())
-        .unwrap_or_default()
-        .to_owned();
-    let key = resource([
-        ("commscope.job.id", f.job.clone()),
-        (
-            "commscope.node",
-            f.nodes.first().cloned().unwrap_or_default(),
-        ),
-        ("commscope.rank", rank.unwrap_or_default()),
-        ("k8s.namespace.name", field("namespace")),
-        ("k8s.pod.name", pod),
-        ("commscope.owner", field("owner")),
-        ("commscope.slurm.job.id", field("slurm_job_id")),
-    ]);
+    let pod = rank.as_ref().and_then(|r| a["pods"][r.as_str()].as_str());
+    let key = resource(
+        [
+            ("commscope.job.id", f.job.clone()),
+            (
+                "commscope.node",
+                f.nodes.first().cloned().unwrap_or_default(),
+            ),
+            ("commscope.rank", rank.clone().unwrap_or_default()),
+        ]
+        .into_iter()
+        .chain(attribution_attrs(&attribution, pod)),
+    );
     let end = f.resolved_at.unwrap_or(end_ns);
     (
         key,
@@ -618,6 +615,16 @@ mod tests {
     static C: Def = Def::counter("t_calls_total", "Calls.", &["job_id", "rank", "node", "op"]);
     static H: Def = Def::histogram("t_dur_seconds", "Duration.", &["job_id", "op"]);
 
+    /// The test families (`t_…`) of a registry as one OTLP request.
+    fn request_of(r: &prometheus::Registry) -> ExportMetricsServiceRequest {
+        let fams: Vec<MetricFamily> = r
+            .gather()
+            .into_iter()
+            .filter(|f| f.name().starts_with("t_"))
+            .collect();
+        metrics_request(&fams, 1, 2)
+    }
+
     /// A resource's attributes as (key, text value).
     fn resource_pairs(rm: &pm::ResourceMetrics) -> Vec<(String, String)> {
         rm.resource
@@ -645,12 +652,7 @@ mod tests {
             s.histogram(&H, &["j1", "allreduce"], &[0.1, 1.0], &[2, 5], 6, 3.5);
         })
         .expect("valid");
-        let fams: Vec<MetricFamily> = r
-            .gather()
-            .into_iter()
-            .filter(|f| f.name().starts_with("t_"))
-            .collect();
-        let req = metrics_request(&fams, 1, 2);
+        let req = request_of(&r);
         assert_eq!(req.resource_metrics.len(), 2, "{req:#?}");
         let attrs = resource_pairs;
         let job = req
@@ -736,12 +738,7 @@ mod tests {
             s.value(&R, &["j2", "", "", "4242", "0", "n2", ""], 1.0);
         })
         .expect("valid");
-        let fams: Vec<MetricFamily> = r
-            .gather()
-            .into_iter()
-            .filter(|f| f.name().starts_with("t_"))
-            .collect();
-        let req = metrics_request(&fams, 1, 2);
+        let req = request_of(&r);
         let mut resources: Vec<Vec<(String, String)>> =
             req.resource_metrics.iter().map(resource_pairs).collect();
         resources.sort();
