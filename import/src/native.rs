@@ -17,6 +17,9 @@ pub(crate) fn read(
     match format {
         Format::Cst => {
             let t = cst::read_file(path).map_err(|e| strip_path(&e.to_string(), path))?;
+            // Records lost to damage (a truncated or corrupt block): where the file ends says
+            // nothing about when the process did.
+            let cut_short = !t.warnings.is_empty();
             for w in t.warnings {
                 warn(w);
             }
@@ -24,7 +27,7 @@ pub(crate) fn read(
                 header: t.header,
                 records: t.records,
                 clock: None,
-                cut_short: false,
+                cut_short,
             }])
         }
         Format::Parquet => {
@@ -83,4 +86,61 @@ fn strip_path(msg: &str, path: &Path) -> String {
     msg.strip_prefix(&p)
         .map(|m| m.trim_start_matches([':', ' ']).to_owned())
         .unwrap_or_else(|| msg.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use commscope_wire::record::Heartbeat;
+
+    /// A `.cst` file of 2 blocks of heartbeats, its last `cut` bytes cut off.
+    fn cst_file(dir: &Path, cut: usize) -> std::path::PathBuf {
+        let header = cst::Header {
+            version: cst::FORMAT_VERSION,
+            job: "j".into(),
+            node: "n".into(),
+            pid: 7,
+            rank: 1,
+            world_size: 2,
+            start_time: 1,
+            mono_anchor: 1,
+            real_anchor: 1,
+            library: "MPICH".into(),
+            flavour: "mpich".into(),
+            writer_version: "0".into(),
+        };
+        let beats = |from: u64| -> Vec<_> {
+            (from..from + 20)
+                .map(|i| {
+                    Record::Heartbeat(Heartbeat {
+                        rec_seq: i + 1,
+                        t_mono: i * 1_000_000_000,
+                        ..Default::default()
+                    })
+                    .encode()
+                })
+                .collect()
+        };
+        let mut w = cst::Writer::new(Vec::new(), &header).expect("header");
+        w.append(&beats(0)).expect("block");
+        w.append(&beats(20)).expect("block");
+        let bytes = std::mem::take(w.get_mut());
+        let path = dir.join(format!("n-7-1-{cut}.cst"));
+        std::fs::write(&path, &bytes[..bytes.len() - cut]).expect("write");
+        path
+    }
+
+    #[test]
+    fn a_damaged_cst_file_is_cut_short_and_an_intact_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (cut, damaged) in [(0, false), (40, true)] {
+            let mut warnings = Vec::new();
+            let p = read(&cst_file(dir.path(), cut), Format::Cst, &mut |w| {
+                warnings.push(w)
+            })
+            .expect("read");
+            assert_eq!(p[0].cut_short, damaged, "cut {cut}: {warnings:?}");
+            assert_eq!(warnings.is_empty(), !damaged, "{warnings:?}");
+        }
+    }
 }
