@@ -42,6 +42,14 @@ use crate::registration::Registered;
 /// dropped, and those communicators' calls are still recorded).
 const IN_FLIGHT_SLOTS: u32 = 256;
 
+/// An adopted process's heartbeat period, as the preload's.
+const BEAT_NS: u64 = 1_000_000_000;
+
+/// How early a heartbeat may go: the recorder ticks about once a second, late by a varying
+/// delay, and a tick that comes a little early must not push the beat to the next one (two
+/// seconds of silence).
+const BEAT_SLACK_NS: u64 = 250_000_000;
+
 /// Records an adopted process's ring holds (2 MiB): a second of calls at 16,000 calls/s.
 const RING_RECORDS: u64 = 1 << 14;
 
@@ -106,6 +114,9 @@ pub struct Recorder {
     /// Processes never adopted, with their start times: those that carry the preload, and those
     /// whose agent is another one.
     ignored: HashMap<u32, u64>,
+    /// Processes this agent serves whose communicator inits the probes missed (they started
+    /// first), with their start times: their calls count as `unknown_comm`.
+    late: HashMap<u32, u64>,
     versions: HashMap<PathBuf, Version>,
     pub counts: Counts,
 }
@@ -120,6 +131,7 @@ impl Recorder {
             procs: HashMap::new(),
             socket: file_id(socket),
             ignored: HashMap::new(),
+            late: HashMap::new(),
             versions: HashMap::new(),
             counts: Counts::default(),
         }
@@ -145,14 +157,8 @@ impl Recorder {
         }
         let mut adopted = None;
         if !self.procs.contains_key(&pid) {
-            let dir = self.proc_root.join(pid.to_string());
-            let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
-            let env = launcher::parse_environ(&environ);
-            if self.carries_preload(pid) || !self.serves(pid, &env) {
-                let start = start_time(&self.proc_root, pid);
-                self.ignored.insert(pid, start);
-                return None;
-            }
+            let env = self.ours(pid)?;
+            self.late.remove(&pid);
             let (p, reg) = self.adopt(pid, e, &env)?;
             self.procs.insert(pid, p);
             adopted = Some(reg);
@@ -195,10 +201,25 @@ impl Recorder {
 
     /// A collective or point-to-point call returned, or a communicator ended.
     pub fn call(&mut self, e: &NcclCallEvent) {
-        let Some(p) = self.procs.get_mut(&e.head.pid) else {
-            if !self.ignored.contains_key(&e.head.pid) {
-                self.counts.unknown_comm += 1;
+        let pid = e.head.pid;
+        if !self.procs.contains_key(&pid) {
+            // A process whose init the probes never saw (it started before them): one this
+            // agent serves calls on a communicator never seen created; another agent's, or one
+            // carrying the preload, is none of this recorder's business.
+            if self.ignored.contains_key(&pid) {
+                return;
             }
+            if !self.late.contains_key(&pid) {
+                if self.ours(pid).is_none() {
+                    return;
+                }
+                let start = start_time(&self.proc_root, pid);
+                self.late.insert(pid, start);
+            }
+            self.counts.unknown_comm += 1;
+            return;
+        }
+        let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
         if matches!(
@@ -297,7 +318,7 @@ impl Recorder {
     /// gone, for the probes' skip list.
     pub fn tick(&mut self, now: u64) -> Vec<u32> {
         let root = self.proc_root.clone();
-        let alive = |pid: u32, start: u64| start_time(&root, pid) == start;
+        let alive = |pid: u32, start: u64| running_since(&root, pid) == Some(start);
         self.procs.retain(|pid, p| {
             let live = alive(*pid, p.start_time);
             if !live {
@@ -306,7 +327,7 @@ impl Recorder {
             live
         });
         for p in self.procs.values_mut() {
-            if now.saturating_sub(p.last_beat) < 1_000_000_000 {
+            if now.saturating_sub(p.last_beat) < BEAT_NS - BEAT_SLACK_NS {
                 continue;
             }
             p.last_beat = now;
@@ -326,6 +347,7 @@ impl Recorder {
             push(p, &mut self.counts, &beat);
             p.ring.shm().beat(now);
         }
+        self.late.retain(|pid, start| alive(*pid, *start));
         let gone: Vec<u32> = self
             .ignored
             .iter()
@@ -336,6 +358,23 @@ impl Recorder {
             self.ignored.remove(pid);
         }
         gone
+    }
+
+    /// The environment of a process this recorder may adopt: one that does not carry the
+    /// preload and that this agent serves. Any other goes on the skip list (None), unless it
+    /// is gone already.
+    fn ours(&mut self, pid: u32) -> Option<HashMap<String, String>> {
+        let dir = self.proc_root.join(pid.to_string());
+        let environ = std::fs::read(dir.join("environ")).unwrap_or_default();
+        let env = launcher::parse_environ(&environ);
+        if !self.carries_preload(pid) && self.serves(pid, &env) {
+            return Some(env);
+        }
+        let start = start_time(&self.proc_root, pid);
+        if start != 0 {
+            self.ignored.insert(pid, start);
+        }
+        None
     }
 
     /// Whether this agent serves the process: the socket it would register at with the preload
@@ -482,6 +521,18 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
 /// A process's start time, 0 when it is gone.
 fn start_time(proc_root: &Path, pid: u32) -> u64 {
     commscope_wire::registration::start_time_of(proc_root, pid)
+}
+
+/// A process's start time while it runs: None once it has exited, a zombie included (its
+/// records are done, though its parent has not reaped it yet).
+fn running_since(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces; the state follows.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(rest.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    rest.nth(18)?.parse().ok()
 }
 
 fn push(p: &mut Proc, counts: &mut Counts, r: &Record) {

@@ -407,6 +407,54 @@ mod tests {
         assert!(f.is_empty(), "{f:#?}");
     }
 
+    fn killed(at: u64) -> Record {
+        Record::Process(commscope_wire::record::Process {
+            event: ProcessEvent::Exit,
+            flags: commscope_wire::op::flags::OBSERVED,
+            t_mono: at,
+            t_real: at,
+            signal: 9,
+            exit_status: commscope_wire::record::EXIT_STATUS_UNKNOWN,
+            rec_seq: 0,
+            pid: 0,
+            start_time: 0,
+            rank: 0,
+            world_size: 4,
+            step: 0,
+        })
+    }
+
+    #[test]
+    fn records_written_for_a_rank_after_its_exit_do_not_make_an_earlier_one_look_frozen() {
+        // Rank 1 never entered all-reduce #5; the job was killed as a whole at 10 s. Rank 0's
+        // last heartbeat was at 8 s; ranks 1–3 got two more after their exits, written on their
+        // behalf by an agent that had not yet seen them go. Rank 1 is the one finding.
+        let procs: Vec<ProcessTrace> = (0..4)
+            .map(|r| {
+                let mut recs: Vec<Record> = (0..5).map(|s| call(r, s, Op::Allreduce)).collect();
+                if r != 1 {
+                    recs.push(enter(r, 5, 5 * S));
+                }
+                recs.extend([beat(6 * S), beat(8 * S)]);
+                if r != 0 {
+                    recs.push(beat(9 * S + S / 2));
+                }
+                recs.push(killed(10 * S));
+                if r != 0 {
+                    recs.extend([beat(11 * S), beat(12 * S)]);
+                }
+                proc(r, recs)
+            })
+            .collect();
+        let f = analyze("j", &procs, &Thresholds::default());
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(
+            (f[0].kind, f[0].ranks.as_slice()),
+            (Kind::Hang, &[1][..]),
+            "{f:#?}"
+        );
+    }
+
     #[test]
     fn peers_waiting_for_a_silent_rank_give_one_dead_rank_finding() {
         let procs: Vec<ProcessTrace> = (0..4)

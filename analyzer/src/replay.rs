@@ -262,6 +262,11 @@ impl ProcessReplay {
         let mut enters = self.enters;
         let heard = |t: u64, clock: Clock| real_time(p, t, clock);
         r.ended = self.exit.filter(|_| !r.finalized);
+        // Nothing of the process is heard after its exit was seen: a later record was written
+        // on its behalf (an agent that had not yet seen it go).
+        if let Some(e) = r.ended.filter(|e| e.observed) {
+            r.last_heard_ns = r.last_heard_ns.min(e.at_ns);
+        }
         // Still in flight: entered, never completed, and the process did not finalize.
         r.busy_unseen =
             enters.is_empty() && self.last_beat.1 > 0 && self.last_beat.0 > self.last_exit;

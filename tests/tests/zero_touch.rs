@@ -295,8 +295,8 @@ fn a_rank_that_stops_issuing_collectives_is_named_from_the_host_view_alone() {
     let v = analyze_json(&svc.trace_dir().join(job));
     let post = v["findings"].as_array().expect("findings");
     assert_eq!(post.len(), 1, "{v:#}");
+    assert_eq!(post[0]["ranks"], serde_json::json!([1]), "{v:#}");
     assert_eq!(post[0]["kind"], "hang");
-    assert_eq!(post[0]["ranks"], serde_json::json!([1]));
     assert_eq!(post[0]["seq"], 10);
     assert_eq!(post[0]["evidence"]["victims"], serde_json::json!([0, 2, 3]));
 }

@@ -219,6 +219,47 @@ fn a_process_another_agent_serves_is_left_to_it() {
 }
 
 #[test]
+fn calls_of_a_process_whose_init_was_missed_count_only_when_this_agent_serves_it() {
+    // Both processes started before the probes: their first events are calls.
+    let pid = 4360;
+    let root = fake_proc(pid, &[("COMMSCOPE_AGENT_SOCKET", "/tmp/other.sock")], "");
+    let other = root.path().join(format!("{pid}/root/tmp"));
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("other.sock"), "").expect("another agent's socket");
+    let mine = 4361;
+    let d = root.path().join(mine.to_string());
+    std::fs::create_dir_all(d.join("root/run/commscope")).expect("mkdir");
+    std::fs::copy(root.path().join(format!("{pid}/stat")), d.join("stat")).expect("stat");
+    std::fs::write(d.join("maps"), "").expect("maps");
+    std::fs::write(d.join("environ"), b"RANK=0\0").expect("environ");
+    std::fs::hard_link(
+        root.path().join("agent.sock"),
+        d.join("root/run/commscope/agent.sock"),
+    )
+    .expect("link");
+    let mut r = recorder(&root, "n");
+    for t in 1..=3 {
+        r.call(&call(pid, 0xc0, nccl_api::ALL_REDUCE, 1, -1, t));
+        r.call(&call(mine, 0xc0, nccl_api::ALL_REDUCE, 1, -1, t));
+    }
+    assert_eq!(
+        r.counts,
+        Counts {
+            unknown_comm: 3,
+            ..Counts::default()
+        }
+    );
+    assert_eq!(r.ignored().collect::<Vec<_>>(), [pid]);
+    // A communicator it creates later adopts it after all.
+    assert!(r.init(&init(mine, 0xd0, 0, 2, 1)).is_some());
+    r.call(&call(mine, 0xd0, nccl_api::ALL_REDUCE, 1, -1, 9));
+    assert_eq!(r.counts.calls, 1);
+    // Once gone, the other agent's process leaves the skip list.
+    std::fs::remove_dir_all(root.path().join(pid.to_string())).expect("rm");
+    assert_eq!(r.tick(10_000_000_000), [pid]);
+}
+
+#[test]
 fn a_failed_init_is_a_failed_communicator_and_later_calls_on_it_are_unknown() {
     let pid = 4400;
     let root = fake_proc(pid, &[("RANK", "1")], "");
@@ -257,6 +298,36 @@ fn heartbeats_go_once_a_second_and_a_process_that_is_gone_is_forgotten() {
     std::fs::remove_dir_all(root.path().join(pid.to_string())).expect("rm");
     r.tick(t0 + 3_000_000_000);
     assert!(!r.adopted(pid));
+}
+
+#[test]
+fn a_tick_a_little_early_still_beats_and_a_zombie_is_gone() {
+    let pid = 4510;
+    let root = fake_proc(pid, &[], "");
+    let mut r = recorder(&root, "n");
+    let reg = r.init(&init(pid, 0xc0, 0, 2, 3)).expect("adopted");
+    // Ticks of a one-second interval, each late by a different delay.
+    let t0 = now_mono() + 2_000_000_000;
+    for late_ms in [40, 5, 30, 2] {
+        r.tick(t0 + late_ms * 1_000_000);
+    }
+    for (i, late_ms) in [40u64, 5, 30, 2].iter().enumerate() {
+        r.tick(t0 + (i as u64 + 1) * 1_000_000_000 + late_ms * 1_000_000);
+    }
+    let beats = || {
+        records(&reg)
+            .iter()
+            .filter(|r| matches!(r, Record::Heartbeat(_)))
+            .count()
+    };
+    assert_eq!(beats(), 5);
+    // Killed, not yet reaped: it writes nothing more.
+    let stat = root.path().join(format!("{pid}/stat"));
+    let s = std::fs::read_to_string(&stat).expect("stat");
+    std::fs::write(&stat, s.replace(") S ", ") Z ")).expect("zombie");
+    r.tick(t0 + 6_000_000_000);
+    assert!(!r.adopted(pid));
+    assert_eq!(beats(), 5);
 }
 
 #[test]
