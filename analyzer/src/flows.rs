@@ -102,6 +102,10 @@ struct LinkSt {
     /// The sending node's interface, as its latest record named it.
     iface: Option<String>,
     slow_since: Option<f64>,
+    /// Slow for `sustain_s`: reported, and held to the `recover` ratio from then on. Until
+    /// then the candidate must stay below `ratio` (a dip below it followed by seconds between
+    /// the two ratios is contention, not a slow link).
+    reported: bool,
     /// At the last evaluation: its rate, the others' median, their RTTs.
     rate: f64,
     others: f64,
@@ -230,11 +234,13 @@ impl FlowLinks {
                 judged.push((k.clone(), s.rate, s.srtt_us));
             } else {
                 s.slow_since = None;
+                s.reported = false;
             }
         }
         if judged.len() < t.min_links.max(2) {
             for s in self.links.values_mut() {
                 s.slow_since = None;
+                s.reported = false;
             }
             return Vec::new();
         }
@@ -254,16 +260,14 @@ impl FlowLinks {
             } else {
                 median(&mut others_rtt)
             };
-            let limit = if s.slow_since.is_some() {
-                t.recover
-            } else {
-                t.ratio
-            };
+            let limit = if s.reported { t.recover } else { t.ratio };
             if *rate < limit * m {
-                s.slow_since.get_or_insert(now_s);
+                let since = *s.slow_since.get_or_insert(now_s);
+                s.reported |= now_s - since >= t.sustain_s;
                 slow.push(k.clone());
             } else {
                 s.slow_since = None;
+                s.reported = false;
             }
         }
         slow.sort();
@@ -272,15 +276,10 @@ impl FlowLinks {
 
     /// The slow-link findings open now.
     pub fn findings(&mut self, job: &str, now_s: f64, out: &mut Vec<Finding>) {
-        let sustain = self.tuning.sustain_s;
         let slow: Vec<(String, IpAddr)> = self
             .evaluate(now_s)
             .into_iter()
-            .filter(|k| {
-                self.links[k]
-                    .slow_since
-                    .is_some_and(|t| now_s - t >= sustain)
-            })
+            .filter(|k| self.links[k].reported)
             .collect();
         let judged_links = self
             .links
@@ -695,6 +694,43 @@ mod tests {
         assert!(early.any_slow());
         f.findings("j", 10.0, &mut out);
         assert_eq!(out.len(), 1, "{out:#?}");
+    }
+
+    /// A ring whose n1 → n2 link is busy `busy_ms` a second over `secs`, the others 20 ms,
+    /// judged on each second alone.
+    fn ring_busy(f: &mut FlowLinks, secs: std::ops::Range<u32>, busy_ms: u64) {
+        f.tuning.window_s = 0.5;
+        each_second(
+            f,
+            secs,
+            &[
+                ("n0", "10.0.0.1", "10.0.0.2", 20, 100, 0),
+                ("n1", "10.0.0.2", "10.0.0.3", busy_ms, 100, 1),
+                ("n2", "10.0.0.3", "10.0.0.1", 20, 100, 2),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_dip_below_the_ratio_then_seconds_between_the_ratios_is_not_a_slow_link() {
+        // 0.4 of the others for 2 s (contention), then 0.6 for 8 s: never below half for the
+        // 5 s a report needs.
+        let mut f = FlowLinks::default();
+        ring_busy(&mut f, 0..2, 50);
+        ring_busy(&mut f, 2..10, 33);
+        let mut out = Vec::new();
+        f.findings("j", 9.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
+        // Below half for 6 s: reported, and then held while under 0.7 of the others.
+        let mut f = FlowLinks::default();
+        ring_busy(&mut f, 0..6, 50);
+        ring_busy(&mut f, 6..12, 33);
+        f.findings("j", 11.0, &mut out);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        ring_busy(&mut f, 12..14, 20);
+        out.clear();
+        f.findings("j", 13.0, &mut out);
+        assert!(out.is_empty(), "{out:#?}");
     }
 
     #[test]
