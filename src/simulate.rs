@@ -11,7 +11,6 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -20,16 +19,18 @@ use commscope_sim::{
     Expected, Fault, MIN_SLOW_STEPS, Sim, Spec, Topology, expected_all, judge, simulate,
 };
 use commscope_wire::cst::Header;
-use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{
-    AgentHello, InFlightEntry, InFlightSnapshot, IngestRequest, ProcessId, RecordBatch,
+    InFlightEntry, InFlightSnapshot, IngestRequest, ProcessId, RecordBatch,
 };
 use commscope_wire::record::RECORD_SIZE;
-use commscope_wire::shm::LAYOUT_VERSION;
 use tokio::sync::mpsc;
 
 use crate::cli::{Format, SimulateArgs};
+
+mod links;
+
+use links::{Links, RatesMsg};
 
 fn now_real() -> u64 {
     std::time::SystemTime::now()
@@ -219,96 +220,6 @@ fn run_in_virtual_time(a: &SimulateArgs, mut spec: Spec) -> Result<ExitCode> {
     })
 }
 
-/// Counters of one run.
-#[derive(Debug, Default)]
-struct Counts {
-    sent: AtomicU64,
-    acked: AtomicU64,
-    refused: AtomicU64,
-}
-
-/// One simulated node's stream to the collector.
-struct Link {
-    tx: mpsc::Sender<IngestRequest>,
-}
-
-/// Sampling rates a node's stream received: (node index, (comm, modulus, from_seq) list).
-type RatesMsg = (usize, Vec<(u64, u32, u64)>);
-
-async fn connect(
-    url: &str,
-    token: Option<commscope_wire::auth::Token>,
-    tls: &commscope_wire::tls::TlsFiles,
-    node: &str,
-    index: usize,
-    counts: Arc<Counts>,
-    rates: mpsc::UnboundedSender<RatesMsg>,
-) -> Result<Link> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("bad collector address {url}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
-    let endpoint = tls.endpoint(endpoint, url).map_err(anyhow::Error::msg)?;
-    let channel = endpoint
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the collector at {url}"))?;
-    let mut client =
-        IngestClient::with_interceptor(channel, commscope_wire::auth::Token::interceptor(token))
-            .max_decoding_message_size(16 << 20)
-            .max_encoding_message_size(64 << 20);
-    let (tx, rx) = mpsc::channel::<IngestRequest>(4096);
-    tx.send(IngestRequest {
-        batch_id: 0,
-        agent_send_ns: now_real(),
-        payload: Some(Payload::Hello(AgentHello {
-            node: node.to_owned(),
-            agent_version: env!("CARGO_PKG_VERSION").into(),
-            layout_version: LAYOUT_VERSION,
-        })),
-    })
-    .await
-    .ok()
-    .context("stream closed")?;
-    let mut acks = client
-        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(|e| anyhow::anyhow!("the collector refused the stream: {}", e.message()))?
-        .into_inner();
-    let node = node.to_owned();
-    tokio::spawn(async move {
-        loop {
-            match acks.message().await {
-                Ok(Some(a)) if a.batch_id == 0 => {
-                    // The collector's sampling rates for this node (or the hello's answer).
-                    if a.rates_update {
-                        let list = a
-                            .rates
-                            .iter()
-                            .map(|r| (r.comm_id, r.modulus, r.from_seq))
-                            .collect();
-                        let _ = rates.send((index, list));
-                    }
-                }
-                Ok(Some(a)) if a.error.is_empty() => {
-                    counts.acked.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(Some(a)) => {
-                    if counts.refused.fetch_add(1, Ordering::Relaxed) < 5 {
-                        tracing::warn!(target: "commscope_simulate", "{node}: batch refused: {}", a.error);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(target: "commscope_simulate", "{node}: stream ended: {}", e.message());
-                    break;
-                }
-            }
-        }
-    });
-    Ok(Link { tx })
-}
-
 fn process_id(h: &Header) -> ProcessId {
     ProcessId {
         job: h.job.clone(),
@@ -439,23 +350,18 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             )
         }
     );
-    let counts = Arc::new(Counts::default());
-    let mut links = Vec::with_capacity(topo.nodes);
     let (rates_tx, mut rates_rx) = mpsc::unbounded_channel::<RatesMsg>();
-    for n in 0..topo.nodes {
-        links.push(
-            connect(
-                &url,
-                token.clone(),
-                &a.tls.files(),
-                &topo.node_name(n),
-                n,
-                counts.clone(),
-                rates_tx.clone(),
-            )
-            .await?,
-        );
-    }
+    let links = Links::start(
+        &url,
+        token.clone(),
+        &a.tls.files(),
+        (0..topo.nodes).map(|n| topo.node_name(n)).collect(),
+        rates_tx,
+    );
+    links
+        .wait_connected(Duration::from_secs(10))
+        .await
+        .context("the simulated nodes' streams to the collector did not open within 10 s")?;
     // The job starts once every node's agent is connected (2,048 streams take a while): its
     // clock, and the latencies measured against it, begin now.
     let start = Instant::now();
@@ -524,7 +430,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         if ship {
             last_ship = Instant::now();
         }
-        for (n, link) in links.iter().enumerate() {
+        for n in 0..topo.nodes {
             if !ship {
                 break;
             }
@@ -540,7 +446,6 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                     for rec in chunk {
                         bytes.extend_from_slice(&rec.encode());
                     }
-                    counts.sent.fetch_add(1, Ordering::Relaxed);
                     let req = IngestRequest {
                         batch_id,
                         agent_send_ns: now_real(),
@@ -554,9 +459,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                             dropped_overrun: 0,
                         })),
                     };
-                    if link.tx.send(req).await.is_err() {
-                        bail!("the collector closed the stream of {}", topo.node_name(n));
-                    }
+                    links.send_batch(n, req);
                 }
             }
         }
@@ -592,11 +495,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                         ..Default::default()
                     })),
                 };
-                let n = topo.node_of(r);
-                counts.sent.fetch_add(1, Ordering::Relaxed);
-                if links[n].tx.send(req).await.is_err() {
-                    bail!("the collector closed the stream of {}", topo.node_name(n));
-                }
+                links.send_snapshot(topo.node_of(r), req);
             }
         }
         // Findings as they open and resolve.
@@ -632,30 +531,29 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         if finished {
             break;
         }
+        links.flush();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Let the last batches be acknowledged.
-    let wait = Instant::now();
-    while counts.acked.load(Ordering::Relaxed) + counts.refused.load(Ordering::Relaxed)
-        < counts.sent.load(Ordering::Relaxed)
-        && wait.elapsed() < Duration::from_secs(10)
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(links);
+    // Let the last batches be acknowledged (a collector restarting meanwhile gets them again).
+    let totals = links.finish(Duration::from_secs(30)).await;
     println!(
         "{} finding{} opened for this job",
         seen.len(),
         if seen.len() == 1 { "" } else { "s" }
     );
     println!(
-        "sent {} messages (record batches and in-flight snapshots; {} acknowledged, {} refused) for {} steps",
-        counts.sent.load(Ordering::Relaxed),
-        counts.acked.load(Ordering::Relaxed),
-        counts.refused.load(Ordering::Relaxed),
-        sim.step
+        "sent {} messages (record batches and in-flight snapshots; {} acknowledged, {} refused) for {} steps; {} record batches, {} never acknowledged, {} dropped unsent; {} streams reopened, {} batches sent again",
+        totals.sent,
+        totals.acked,
+        totals.refused,
+        sim.step,
+        totals.batches,
+        totals.unacked,
+        totals.dropped,
+        totals.reconnects,
+        totals.resent,
     );
-    let mut ok = true;
+    let mut ok = totals.unacked == 0 && totals.dropped == 0;
     for (i, (f, e, _)) in want.iter().enumerate() {
         match (named[i], onset[i]) {
             (Some(t), Some(o)) => println!(

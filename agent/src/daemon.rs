@@ -20,18 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{
-    AgentHello, InFlightEntry, InFlightSnapshot, IngestAck, IngestRequest, ProcessId, RecordBatch,
-    SampleRate,
+    InFlightEntry, InFlightSnapshot, IngestAck, IngestRequest, ProcessId, RecordBatch, SampleRate,
 };
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::{
     EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record,
 };
 use commscope_wire::sampling::{Rates, Sampler};
-use commscope_wire::shm::{Consumer, Counter, InFlight, LAYOUT_VERSION};
+use commscope_wire::shm::{Consumer, Counter, InFlight};
 use tokio::sync::{mpsc, watch};
 
 use crate::clock::ClockEstimate;
@@ -374,12 +372,16 @@ pub async fn start(cfg: Config) -> Result<Running> {
 
     // The collector links: one per replica.
     for (replica, url) in cfg.collectors.iter().enumerate() {
-        tasks.push(tokio::spawn(uplink(
+        let target = crate::uplink::Target {
             replica,
-            url.clone(),
-            cfg.node.clone(),
-            cfg.auth_token.clone(),
-            cfg.tls.clone(),
+            url: url.clone(),
+            node: cfg.node.clone(),
+            token: cfg.auth_token.clone(),
+            tls: cfg.tls.clone(),
+            log_failures: true,
+        };
+        tasks.push(tokio::spawn(crate::uplink::run(
+            target,
             ev_tx.clone(),
             stop_rx.clone(),
         )));
@@ -486,175 +488,23 @@ enum Event {
     Attributed(u64, commscope_wire::grpc::Attribution),
 }
 
-/// An error with its causes, as one line (tonic's transport errors say little by themselves).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
-
-/// Whether an error is TLS refusing a certificate (either side's), not the network failing.
-fn is_tls_refusal(why: &str) -> bool {
-    let w = why.to_ascii_lowercase();
-    [
-        "certificate",
-        "tls",
-        "handshake",
-        "alert",
-        "unknownca",
-        "unknown ca",
-    ]
-    .iter()
-    .any(|k| w.contains(k))
-}
-
-/// How a refusal of the agent's credentials (its token, its TLS certificate) begins.
-const AUTH_REFUSED: &str = "the collector refused this agent's credentials";
-
-/// Keeps one stream to the collector open, reconnecting with backoff.
-async fn uplink(
-    replica: usize,
-    url: String,
-    node: String,
-    token: Option<commscope_wire::auth::Token>,
-    tls: commscope_wire::tls::TlsFiles,
-    events: mpsc::Sender<Event>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut backoff = Duration::from_millis(100);
-    // Failures to connect since the last success, each logged once (it retries every few
-    // seconds).
-    let mut logged: std::collections::HashSet<String> = Default::default();
-    loop {
-        if stop_requested(&stop) {
-            return;
-        }
-        let attempt = async {
-            let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-                .map_err(|e| format!("bad collector address {url}: {e}"))?
-                .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true)
-                // Pings on the connection: a collector cut off is noticed within seconds (the
-                // batches then go to the spool).
-                .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(Duration::from_secs(4))
-                .keep_alive_while_idle(true);
-            let endpoint = tls
-                .endpoint(endpoint, &url)
-                .map_err(|e| format!("{AUTH_REFUSED}: {e}"))?;
-            let channel = endpoint.connect().await.map_err(|e| {
-                let why = error_chain(&e);
-                // A TLS refusal (a certificate either side does not trust) is a
-                // credentials problem, not the network's.
-                if is_tls_refusal(&why) {
-                    format!("{AUTH_REFUSED}: TLS to {url}: {why}")
-                } else {
-                    format!("cannot reach the collector at {url}: {why}")
-                }
-            })?;
-            let mut client = IngestClient::with_interceptor(
-                channel,
-                commscope_wire::auth::Token::interceptor(token.clone()),
-            )
-            .max_decoding_message_size(16 << 20)
-            .max_encoding_message_size(64 << 20);
-            let (tx, rx) = mpsc::channel::<IngestRequest>(1024);
-            tx.send(IngestRequest {
-                batch_id: 0,
-                agent_send_ns: now_real(),
-                payload: Some(Payload::Hello(AgentHello {
-                    node: node.clone(),
-                    agent_version: env!("CARGO_PKG_VERSION").into(),
-                    layout_version: LAYOUT_VERSION,
-                })),
-            })
-            .await
-            .map_err(|_| "stream closed".to_string())?;
-            let resp = client
-                .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await
-                .map_err(|e| {
-                    let mut why = e.message().to_owned();
-                    if let Some(src) = std::error::Error::source(&e) {
-                        let rest = error_chain(src);
-                        why = if rest.starts_with(&why) {
-                            rest
-                        } else {
-                            format!("{why}: {rest}")
-                        };
-                    }
-                    if e.code() == tonic::Code::Unauthenticated || is_tls_refusal(&why) {
-                        format!("{AUTH_REFUSED}: {why}")
-                    } else {
-                        format!("the collector refused the stream: {why}")
-                    }
-                })?;
-            Ok::<_, String>((tx, resp.into_inner()))
-        };
-        let (tx, mut acks) = match attempt.await {
-            Ok(x) => x,
-            Err(e) => {
-                // Each distinct failure once (it retries every few seconds): a refusal of the
-                // agent's credentials as an error, anything else as a warning.
-                if logged.len() < 16 && logged.insert(e.clone()) {
-                    if e.starts_with(AUTH_REFUSED) {
-                        tracing::error!(
-                            "{e}; records wait in the rings and the spool until the credentials are right (--auth-token-file, --tls-cert)"
-                        );
-                    } else {
-                        tracing::warn!("{e}; retrying");
-                    }
-                }
-                let _ = events.send(Event::Disconnected(replica, e)).await;
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = stopped(&mut stop) => return,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(100);
-        logged.clear();
-        if events.send(Event::Connected(replica, tx)).await.is_err() {
-            return;
-        }
-        let reason = loop {
-            tokio::select! {
-                m = acks.message() => match m {
-                    Ok(Some(a)) => {
-                        if events.send(Event::Ack(replica, a, now_real())).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => break "the collector closed the stream".to_string(),
-                    Err(e) => break format!("the collector stream failed: {}", e.message()),
-                },
-                _ = stopped(&mut stop) => return,
-            }
-        };
-        let _ = events.send(Event::Disconnected(replica, reason)).await;
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stopped(&mut stop) => return,
+impl From<crate::uplink::Link> for Event {
+    fn from(l: crate::uplink::Link) -> Event {
+        use crate::uplink::Link;
+        match l {
+            Link::Connected(r, tx) => Event::Connected(r, tx),
+            Link::Ack(r, a, t) => Event::Ack(r, a, t),
+            Link::Disconnected(r, why) => Event::Disconnected(r, why),
         }
     }
 }
 
 /// Resolves once a stop is requested (the watch guard is never held across an await).
-async fn stopped(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await.map(|_| ());
 }
 
-fn stop_requested(rx: &watch::Receiver<bool>) -> bool {
+pub(crate) fn stop_requested(rx: &watch::Receiver<bool>) -> bool {
     *rx.borrow()
 }
 

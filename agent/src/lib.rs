@@ -20,6 +20,7 @@ pub mod region;
 pub mod registration;
 pub mod spool;
 pub mod transport;
+pub mod uplink;
 pub mod zerotouch;
 
 pub use daemon::{Config, Running, run, start};

@@ -269,3 +269,78 @@ fn a_job_that_ends_while_its_agent_restarts_loses_nothing() {
     let stored = check_exactly_once(&svc, job, steps, &api);
     assert_eq!(api["records"], stored);
 }
+
+#[test]
+fn a_simulated_job_streams_through_a_collector_restart_and_loses_nothing() {
+    // The simulator's nodes stream as agents do: a collector killed under them is reconnected
+    // to once it is back, and what it had not acknowledged is sent again.
+    let _one = one_at_a_time();
+    let mut svc = Services::start("node-simr", &[], &[]);
+    let job = "sim-restart";
+    let mut sim = commscope_tests::commscope()
+        .args(["simulate", "--collector"])
+        .arg(format!("http://{}", svc.grpc))
+        .args(["--ranks", "32", "--duration", "14", "--job-id", job])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("simulate");
+    let (stdout, stderr) = (sim.stdout.take(), sim.stderr.take());
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout.expect("stdout"), &mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr.expect("stderr"), &mut s);
+        s
+    });
+    wait_records(&svc, job, 500);
+    svc.collector().kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    svc.start_collector();
+    let status = sim.wait().expect("simulate");
+    let (out, err) = (
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
+    );
+    assert!(status.success(), "{out}\n{err}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("sent "))
+        .unwrap_or_else(|| panic!("no summary:\n{out}\n{err}"));
+    assert!(
+        summary.contains(", 0 refused)")
+            && summary.contains(", 0 never acknowledged, 0 dropped unsent;")
+            && !summary.contains("; 0 streams reopened"),
+        "{summary}\n{err}"
+    );
+    eprintln!("{summary}");
+
+    // Every record of every simulated rank is stored exactly once: its final heartbeat says how
+    // many it made.
+    svc.wait_job_ended(job, Duration::from_secs(60));
+    svc.wait_segments(job, Duration::from_secs(30));
+    let raw = raw_records(&svc.trace_dir().join(job));
+    assert_eq!(raw.len(), 32, "one process per rank: {:?}", raw.keys());
+    for ((node, pid, _), (seqs, recs)) in &raw {
+        let produced = recs
+            .iter()
+            .find_map(|r| match r {
+                Record::Heartbeat(h) if h.flags & flags::FINAL != 0 => Some(h.produced),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{node} pid {pid}: no final heartbeat"));
+        let missing: Vec<u64> = (1..=produced).filter(|s| !seqs.contains_key(s)).collect();
+        let twice: Vec<u64> = seqs
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(s, _)| *s)
+            .collect();
+        assert!(
+            missing.is_empty() && twice.is_empty() && seqs.len() as u64 == produced,
+            "{node} pid {pid}: of 1..={produced}, missing {missing:?}, stored twice {twice:?}"
+        );
+    }
+}
