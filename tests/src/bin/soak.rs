@@ -498,8 +498,9 @@ fn main() {
         s.start_agent(i);
     }
 
-    // The simulated 4,096-rank job, through collector 1, in the first phase (the simulator
-    // streams like agents but does not spool: its collector is not killed while it runs).
+    // The simulated 4,096-rank job, through collector 1, in the first phase. Its nodes stream
+    // as agents do, reconnecting and sending again what was not acknowledged: collector 1 is
+    // killed under it.
     let sim_secs = (secs / 4).clamp(20, 60);
     let sim = Command::new(release_bin())
         .args(["simulate", "--collector"])
@@ -541,9 +542,8 @@ fn main() {
             s.say(format!("the simulated job ended ({st})"));
         }
         // MPI jobs once the simulated job is done: MPICH's ranks poll inside their
-        // collectives, and on two cores they starve the simulator, whose streams the collector
-        // then closes for unanswered keepalives (the simulator, unlike an agent, does not
-        // reconnect).
+        // collectives, and on two cores they would starve the simulator (its latencies, not
+        // its records, would suffer).
         if sim.is_none() && s.jobs.len() < 3 && tick.is_multiple_of(3) {
             let n = 2 + (tick % 2) as u32;
             s.start_job(&prog, n);
@@ -559,15 +559,17 @@ fn main() {
                 s.agents[0].restarts += 1;
                 s.start_agent(0);
             }
-            12 if !sim_running => {
-                s.collectors[0].kill();
-                s.say("killed collector 0".into());
+            12 => {
+                // The simulated job's replica while it runs.
+                let i = usize::from(sim_running);
+                s.collectors[i].kill();
+                s.say(format!("killed collector {i}"));
                 std::thread::sleep(Duration::from_secs(2));
-                s.collectors[0].restarts += 1;
-                s.start_collector(0);
+                s.collectors[i].restarts += 1;
+                s.start_collector(i);
             }
             16 => s.garbage(),
-            20 if !sim_running && spool_fill_until.is_none() => {
+            20 if spool_fill_until.is_none() => {
                 // Both replicas away long enough for node 1's spool to fill its disk.
                 for i in 0..2 {
                     s.collectors[i].kill();
@@ -682,7 +684,9 @@ fn main() {
             }
         }
     }
-    let sim_ok = sim_out.contains(" refused)") && sim_out.contains(", 0 refused)");
+    // Every record batch acknowledged, through the collector kills.
+    let sim_ok = sim_out.contains(", 0 refused)")
+        && sim_out.contains(", 0 never acknowledged, 0 dropped unsent;");
     let sim_line = sim_out
         .lines()
         .find(|l| l.starts_with("sent "))
@@ -696,6 +700,27 @@ fn main() {
     let sim_stored = roots.iter().any(|r| r.join("soak-sim-4096").is_dir());
     if !sim_stored {
         s.failures.push("the simulated job left no trace".into());
+    }
+    // Its records as the MPI jobs': every simulated rank's, through its final heartbeat.
+    let sim_acc = account(&roots, "soak-sim-4096");
+    let mut sim_rec = [0u64; 4];
+    for (k, a) in &sim_acc {
+        sim_rec[0] += a.produced;
+        sim_rec[1] += a.stored;
+        sim_rec[2] += a.missing;
+        sim_rec[3] += a.duplicates;
+        if !a.final_seen {
+            s.failures
+                .push(format!("the simulated job {k:?}: no final heartbeat"));
+        }
+    }
+    if sim_stored && (sim_acc.len() != 4096 || sim_rec[2] > 0 || sim_rec[3] > 0) {
+        s.failures.push(format!(
+            "the simulated job: {} processes stored, {} records missing, {} stored twice",
+            sim_acc.len(),
+            sim_rec[2],
+            sim_rec[3]
+        ));
     }
     for p in s.collectors.iter().chain(&s.agents) {
         if p.log().contains("panicked") {
@@ -744,6 +769,14 @@ fn main() {
         "accounts: {by_shim} processes by the shim's last heartbeat (their agent was killed after they ended, before its own final account)"
     );
     println!("simulated job: {sim_line}");
+    println!(
+        "simulated job records: {} processes, made {}, stored once {}, missing {}, stored twice {}",
+        sim_acc.len(),
+        sim_rec[0],
+        sim_rec[1],
+        sim_rec[2],
+        sim_rec[3]
+    );
     println!(
         "throughput: {:.0} records/s stored on average over {secs} s",
         stored as f64 / secs as f64
