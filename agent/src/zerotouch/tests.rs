@@ -5,7 +5,15 @@ use commscope_wire::record::RECORD_SIZE;
 /// A `/proc` with one process: its environment, start time and maps.
 fn fake_proc(pid: u32, env: &[(&str, &str)], maps: &str) -> tempfile::TempDir {
     let root = tempfile::tempdir().expect("tempdir");
-    let d = root.path().join(pid.to_string());
+    std::fs::write(root.path().join("agent.sock"), "").expect("socket stand-in");
+    add_proc(root.path(), pid, env, maps);
+    root
+}
+
+/// Another process in a fake `/proc` (start time 4242), the agent's socket at the default path
+/// from its own root.
+fn add_proc(root: &Path, pid: u32, env: &[(&str, &str)], maps: &str) {
+    let d = root.join(pid.to_string());
     std::fs::create_dir_all(&d).expect("mkdir");
     let environ: Vec<u8> = env
         .iter()
@@ -16,14 +24,17 @@ fn fake_proc(pid: u32, env: &[(&str, &str)], maps: &str) -> tempfile::TempDir {
     let stat = format!("{pid} (python3 x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0");
     std::fs::write(d.join("stat"), stat).expect("stat");
     std::fs::write(d.join("maps"), maps).expect("maps");
-    // The agent's socket, as the process sees it at the default path from its own root.
-    let sock = root.path().join("agent.sock");
-    if !sock.exists() {
-        std::fs::write(&sock, "").expect("socket stand-in");
-    }
     let theirs = d.join("root/run/commscope");
     std::fs::create_dir_all(&theirs).expect("mkdir");
-    std::fs::hard_link(&sock, theirs.join("agent.sock")).expect("link");
+    std::fs::hard_link(root.join("agent.sock"), theirs.join("agent.sock")).expect("link");
+}
+
+/// A fake `/proc` whose process `pid` registers with another agent (its own socket).
+fn served_elsewhere(pid: u32) -> tempfile::TempDir {
+    let root = fake_proc(pid, &[("COMMSCOPE_AGENT_SOCKET", "/tmp/other.sock")], "");
+    let other = root.path().join(format!("{pid}/root/tmp"));
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("other.sock"), "").expect("another agent's socket");
     root
 }
 
@@ -198,10 +209,7 @@ fn a_process_carrying_the_preload_is_never_adopted_and_its_calls_are_not_counted
 #[test]
 fn a_process_another_agent_serves_is_left_to_it() {
     let pid = 4350;
-    let root = fake_proc(pid, &[("COMMSCOPE_AGENT_SOCKET", "/tmp/other.sock")], "");
-    let other = root.path().join(format!("{pid}/root/tmp"));
-    std::fs::create_dir_all(&other).expect("mkdir");
-    std::fs::write(other.join("other.sock"), "").expect("another agent's socket");
+    let root = served_elsewhere(pid);
     let mut r = recorder(&root, "n");
     assert!(r.init(&init(pid, 0xc0, 0, 2, 1)).is_none());
     r.call(&call(pid, 0xc0, nccl_api::ALL_REDUCE, 1, -1, 1));
@@ -209,11 +217,14 @@ fn a_process_another_agent_serves_is_left_to_it() {
     assert_eq!(r.ignored().collect::<Vec<_>>(), [pid]);
     // Pointed at this agent's socket, the same process would be adopted.
     let pid2 = 4351;
+    add_proc(
+        root.path(),
+        pid2,
+        &[("COMMSCOPE_AGENT_SOCKET", "/x/a.sock")],
+        "",
+    );
     let d = root.path().join(pid2.to_string());
     std::fs::create_dir_all(d.join("root/x")).expect("mkdir");
-    std::fs::copy(root.path().join(format!("{pid}/stat")), d.join("stat")).expect("stat");
-    std::fs::write(d.join("maps"), "").expect("maps");
-    std::fs::write(d.join("environ"), b"COMMSCOPE_AGENT_SOCKET=/x/a.sock\0").expect("environ");
     std::fs::hard_link(root.path().join("agent.sock"), d.join("root/x/a.sock")).expect("link");
     assert!(r.init(&init(pid2, 0xc0, 1, 2, 1)).is_some());
 }
@@ -222,21 +233,9 @@ fn a_process_another_agent_serves_is_left_to_it() {
 fn calls_of_a_process_whose_init_was_missed_count_only_when_this_agent_serves_it() {
     // Both processes started before the probes: their first events are calls.
     let pid = 4360;
-    let root = fake_proc(pid, &[("COMMSCOPE_AGENT_SOCKET", "/tmp/other.sock")], "");
-    let other = root.path().join(format!("{pid}/root/tmp"));
-    std::fs::create_dir_all(&other).expect("mkdir");
-    std::fs::write(other.join("other.sock"), "").expect("another agent's socket");
+    let root = served_elsewhere(pid);
     let mine = 4361;
-    let d = root.path().join(mine.to_string());
-    std::fs::create_dir_all(d.join("root/run/commscope")).expect("mkdir");
-    std::fs::copy(root.path().join(format!("{pid}/stat")), d.join("stat")).expect("stat");
-    std::fs::write(d.join("maps"), "").expect("maps");
-    std::fs::write(d.join("environ"), b"RANK=0\0").expect("environ");
-    std::fs::hard_link(
-        root.path().join("agent.sock"),
-        d.join("root/run/commscope/agent.sock"),
-    )
-    .expect("link");
+    add_proc(root.path(), mine, &[("RANK", "0")], "");
     let mut r = recorder(&root, "n");
     for t in 1..=3 {
         r.call(&call(pid, 0xc0, nccl_api::ALL_REDUCE, 1, -1, t));
