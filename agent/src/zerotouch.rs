@@ -524,15 +524,20 @@ fn start_time(proc_root: &Path, pid: u32) -> u64 {
 }
 
 /// A process's start time while it runs: None once it has exited, a zombie included (its
-/// records are done, though its parent has not reaped it yet).
+/// records are done, though its parent has not reaped it yet). A zombie leader whose other
+/// threads run on (its main thread called `pthread_exit`) still runs.
 fn running_since(proc_root: &Path, pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces; the state follows.
-    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
-    if matches!(rest.next(), Some("Z" | "X" | "x")) {
-        return None;
+    // The command name (field 2) is in parentheses and may contain spaces; the state (field
+    // 3) follows, then the rest: `num_threads` is field 20, the start time field 22.
+    let rest: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let threads: u64 = rest.get(17)?.parse().ok()?;
+    match *rest.first()? {
+        "X" | "x" => return None,
+        "Z" if threads <= 1 => return None,
+        _ => {}
     }
-    rest.nth(18)?.parse().ok()
+    rest.get(19)?.parse().ok()
 }
 
 fn push(p: &mut Proc, counts: &mut Counts, r: &Record) {

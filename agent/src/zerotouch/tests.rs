@@ -320,13 +320,21 @@ fn a_tick_a_little_early_still_beats_and_a_zombie_is_gone() {
             .count()
     };
     assert_eq!(beats(), 5);
-    // Killed, not yet reaped: it writes nothing more.
+    // Its main thread gone (`pthread_exit`), another running on: it runs.
     let stat = root.path().join(format!("{pid}/stat"));
     let s = std::fs::read_to_string(&stat).expect("stat");
+    let zombie_leader = s
+        .replace(") S ", ") Z ")
+        .replace(" 20 0 1 0 4242 ", " 20 0 2 0 4242 ");
+    std::fs::write(&stat, zombie_leader).expect("zombie leader");
+    r.tick(t0 + 5_000_000_000);
+    assert!(r.adopted(pid));
+    assert_eq!(beats(), 6);
+    // Killed, not yet reaped: it writes nothing more.
     std::fs::write(&stat, s.replace(") S ", ") Z ")).expect("zombie");
     r.tick(t0 + 6_000_000_000);
     assert!(!r.adopted(pid));
-    assert_eq!(beats(), 5);
+    assert_eq!(beats(), 6);
 }
 
 #[test]
