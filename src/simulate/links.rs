@@ -188,17 +188,25 @@ impl Links {
         Links { state, stop }
     }
 
-    /// Waits until every node's stream is open; fails after `timeout` with why one is not.
+    /// Waits until every node's stream is open; fails after `timeout` with why one is not, and
+    /// at once when the collector refuses the credentials.
     pub async fn wait_connected(&self, timeout: Duration) -> Result<()> {
         let t = Instant::now();
         loop {
             {
                 let s = lock(&self.state);
+                if let Some(why) = s.nodes.iter().find_map(|n| {
+                    n.why
+                        .as_deref()
+                        .filter(|w| w.starts_with(uplink::AUTH_REFUSED))
+                }) {
+                    bail!("{why} (--auth-token-file, --tls-ca)");
+                }
                 let down = s.nodes.iter().position(|n| n.tx.is_none());
                 let Some(i) = down else { return Ok(()) };
                 if t.elapsed() >= timeout {
                     let why = s.nodes[i].why.as_deref().unwrap_or("no answer");
-                    bail!("{}: {why}", s.names[i]);
+                    bail!("{} after {} s: {why}", s.names[i], timeout.as_secs());
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -244,6 +252,11 @@ impl Links {
         }
     }
 
+    /// Record batches not yet acknowledged.
+    pub fn held(&self) -> usize {
+        lock(&self.state).nodes.iter().map(|n| n.held.len()).sum()
+    }
+
     /// Sends what every node holds beyond what its stream took (a stream that was full).
     pub fn flush(&self) {
         let mut s = lock(&self.state);
@@ -252,13 +265,23 @@ impl Links {
         }
     }
 
-    /// Waits, at most `timeout`, until every record batch is acknowledged; then closes the
-    /// streams. Returns the totals (`unacked`: batches never acknowledged).
-    pub async fn finish(self, timeout: Duration) -> Totals {
-        let t = Instant::now();
+    /// Waits until every record batch is acknowledged — through collector restarts, giving up
+    /// only once `stall` passes without an acknowledgement; then closes the streams. Returns
+    /// the totals (`unacked`: batches never acknowledged).
+    pub async fn finish(self, stall: Duration) -> Totals {
+        let mut last = (Instant::now(), 0u64);
         loop {
-            let done = lock(&self.state).nodes.iter().all(|n| n.held.is_empty());
-            if done || t.elapsed() >= timeout {
+            let (done, answered) = {
+                let s = lock(&self.state);
+                (
+                    s.nodes.iter().all(|n| n.held.is_empty()),
+                    s.totals.acked + s.totals.refused,
+                )
+            };
+            if answered != last.1 {
+                last = (Instant::now(), answered);
+            }
+            if done || last.0.elapsed() >= stall {
                 break;
             }
             self.flush();
