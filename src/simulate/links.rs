@@ -200,7 +200,7 @@ impl Links {
                         .as_deref()
                         .filter(|w| w.starts_with(uplink::AUTH_REFUSED))
                 }) {
-                    bail!("{why} (--auth-token-file, --tls-ca)");
+                    bail!("{why}");
                 }
                 let down = s.nodes.iter().position(|n| n.tx.is_none());
                 let Some(i) = down else { return Ok(()) };
