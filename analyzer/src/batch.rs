@@ -390,6 +390,46 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_in_flight_is_in_flight_though_its_enter_record_has_no_sequence() {
+        // A blocked receive's `enter` record carries no message sequence (which message it
+        // gets is known only when it completes): earlier receives that completed, numbered
+        // from 0, must not be taken for it.
+        let p2p = |op: Op, op_seq: u64, tag: i32, at: u64| Call {
+            op: op as u8,
+            comm_id: WORLD,
+            op_seq,
+            bytes: 64,
+            peer: 1,
+            tag,
+            rank: 0,
+            comm_rank: 0,
+            comm_size: 4,
+            t_enter: at,
+            t_exit: at + 1000,
+            ..Default::default()
+        };
+        let mut recs: Vec<Record> = (0..3)
+            .flat_map(|k| {
+                [
+                    Record::Call(p2p(Op::Send, k, 7, k * S)),
+                    Record::Call(p2p(Op::Recv, k, 7, k * S + 10)),
+                ]
+            })
+            .collect();
+        recs.push(Record::Enter(p2p(Op::Send, 3, 7, 10 * S)));
+        recs.push(Record::Enter(p2p(Op::Recv, 0, 8, 10 * S + 10)));
+        recs.push(beat(20 * S));
+        let v = crate::replay::view("j", &[proc(0, recs)]);
+        let mut inside: Vec<(i32, Op)> = v.ranks[&0]
+            .in_flight
+            .iter()
+            .map(|c| (c.tag, c.op))
+            .collect();
+        inside.sort_by_key(|x| x.0);
+        assert_eq!(inside, [(7, Op::Send), (8, Op::Recv)]);
+    }
+
+    #[test]
     fn an_enter_record_written_after_its_call_returned_is_not_in_flight() {
         // The shim's heartbeat thread saw rank 1 in all-reduce #2 but, descheduled (a CPU
         // quota), wrote that `enter` only after the call's own record.

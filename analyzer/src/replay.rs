@@ -128,11 +128,13 @@ pub fn time_span(processes: &[ProcessTrace]) -> Option<(u64, u64)> {
 /// thousands.
 const RECENT_COMPLETED: usize = 4096;
 
-type CallKey = (u64, u64, bool);
+/// A call's identity within its process, shared by its `enter` record and its own:
+/// (communicator, op, entry time). Not its sequence: a receive's is known only once it
+/// completes (which message it got), so its `enter` record has none.
+type CallKey = (u64, u8, u64);
 
 fn call_key(c: &Call) -> CallKey {
-    let p2p = c.op().is_p2p();
-    (c.comm_id, if p2p { c.op_seq } else { c.seq }, p2p)
+    (c.comm_id, c.op, c.t_enter)
 }
 
 /// One process's records replayed one at a time, in the order it wrote them: its rank's view,
@@ -237,7 +239,7 @@ impl ProcessReplay {
                 if c.flags & (flags::NONBLOCKING | flags::PERSISTENT) == 0 {
                     cv.longest_ns = cv.longest_ns.max(c.duration_ns());
                 }
-                if !key.2 {
+                if !c.op().is_p2p() {
                     let e = cv.progress.entry(rank).or_insert(0);
                     *e = (*e).max(c.seq + 1);
                 }
@@ -282,7 +284,10 @@ impl ProcessReplay {
         let until = r
             .ended
             .map_or(r.last_heard_ns, |e| e.at_ns.max(r.last_heard_ns));
-        for ((comm, seq, _), c) in enters {
+        let mut enters: Vec<Call> = enters.into_values().collect();
+        enters.sort_by_key(|c| (c.comm_id, c.op().is_p2p(), c.seq, c.op_seq, c.t_enter));
+        for c in enters {
+            let (comm, seq) = (c.comm_id, if c.op().is_p2p() { c.op_seq } else { c.seq });
             let entered = heard(c.t_enter, c.clock());
             // The peer's rank in the communicator, made global once every process is read.
             let peer = (c.peer >= 0).then_some(c.peer);
