@@ -168,6 +168,9 @@ pub struct HangCause<'a> {
     /// The culprits' GPUs hold work their peers completed (a stuck or failed GPU): what to
     /// say instead of where the host was; empty otherwise.
     pub gpu_note: String,
+    /// Where a culprit inside the library is blocked ("it is blocked inside recv from rank 1
+    /// (tag 8) on MPI_COMM_WORLD …"); empty when unknown.
+    pub inside_note: String,
     /// The waiting ranks are seen from the host only (recorded without the preload): they
     /// issued the call and nothing after it on that communicator.
     pub host_view: bool,
@@ -236,6 +239,7 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             "{who} {entered} {what}; {behind} — {}",
             match (c.in_library, c.live, c.state_note.is_empty()) {
                 _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
+                (true, _, _) if !c.inside_note.is_empty() => c.inside_note.clone(),
                 (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),
                 (false, false, _) => "it was outside the communication library: look at what that rank was doing then (its logs, the code after the previous collective)".to_owned(),
                 (false, true, true) => "it is outside the communication library: its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)".to_owned(),

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use commscope_wire::hash::format_comm_id;
+use commscope_wire::op::Op;
 use serde_json::{Value, json};
 
 use super::Liveness;
@@ -325,23 +326,28 @@ fn stuck_evidence(victims: &[Victim]) -> Value {
     )
 }
 
-/// "allreduce #12 on communicator 0x… (1.0 MiB)".
+/// "allreduce #12 (1.0 MiB) on communicator 0x…", "recv from rank 1 (tag 8) on communicator
+/// 0x…".
 fn call_phrase(view: &JobView, c: &InFlight) -> String {
     if c.op.is_p2p() {
-        if c.tag >= 0 {
-            format!(
-                "{} (tag {}) on communicator {}",
-                c.op.name(),
-                c.tag,
-                view.comm_label(c.comm)
-            )
+        let dir = match c.op {
+            Op::Recv => "from",
+            Op::Sendrecv => "with",
+            _ => "to",
+        };
+        let peer = c
+            .peer
+            .map_or_else(|| "any rank".to_owned(), |p| format!("rank {p}"));
+        let tag = if c.tag >= 0 {
+            format!(" (tag {})", c.tag)
         } else {
-            format!(
-                "{} on communicator {}",
-                c.op.name(),
-                view.comm_label(c.comm)
-            )
-        }
+            String::new()
+        };
+        format!(
+            "{} {dir} {peer}{tag} on communicator {}",
+            c.op.name(),
+            view.comm_label(c.comm)
+        )
     } else {
         format!(
             "{} #{} ({}) on communicator {}",
@@ -834,6 +840,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         .join("; ");
     let waiting = victim_ranks(victims, culprits);
     let gpu_note = gpu_note(view, culprits);
+    let inside_note = inside_note(view, culprits, &waiting);
     hang_finding(HangCause {
         job: &view.job,
         culprits: culprits.iter().copied().collect(),
@@ -856,6 +863,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         live: view.live,
         state_note,
         gpu_note,
+        inside_note,
         host_view: !victims.is_empty() && victims.iter().all(|v| v.call.issued_only),
         opened_at: call.entered_ns.max(1),
         confidence: if culprits.iter().all(|r| view.ranks.contains_key(r)) {
@@ -870,11 +878,85 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
             "culprits": culprits.iter().map(|r| match view.ranks.get(r) {
                 Some(p) => with_evidence(json!({"rank": r, "node": p.node, "pid": p.pid,
                                   "in_library": !p.in_flight.is_empty(),
+                                  "inside": inside_calls(p),
                                   "progress_on_comm": view.comms.get(&call.comm).and_then(|c| c.progress.get(r))}), &p.evidence),
                 None => json!({"rank": r, "traced": false}),
             }).collect::<Vec<_>>(),
         }),
     })
+}
+
+/// A culprit's own calls in flight, oldest first (what it is blocked inside): the calls it
+/// only issued (seen from the host) are not.
+fn inside_of(p: &RankView) -> Vec<&InFlight> {
+    let mut calls: Vec<&InFlight> = p.in_flight.iter().filter(|c| !c.issued_only).collect();
+    calls.sort_by_key(|c| (c.entered_ns, c.comm, c.seq));
+    calls
+}
+
+fn inside_calls(p: &RankView) -> Value {
+    Value::Array(
+        inside_of(p)
+            .iter()
+            .map(|c| {
+                json!({"op": c.op.name(), "comm": format_comm_id(c.comm), "seq": c.seq,
+                       "peer": c.peer, "tag": c.tag, "bytes": c.bytes,
+                       "in_flight_s": c.age_ns as f64 / 1e9})
+            })
+            .collect(),
+    )
+}
+
+/// Where a culprit inside the library is blocked, and whether a peer of its point-to-point
+/// calls waits for it in turn (the two wait on each other): "" when no culprit is inside.
+fn inside_note(view: &JobView, culprits: &BTreeSet<i32>, waiting: &[i32]) -> String {
+    let Some((rank, calls)) = culprits
+        .iter()
+        .filter_map(|r| view.ranks.get(r))
+        .map(|p| (p.rank, inside_of(p)))
+        .find(|(_, calls)| !calls.is_empty())
+    else {
+        return String::new();
+    };
+    let shown: Vec<String> = calls.iter().take(3).map(|c| call_phrase(view, c)).collect();
+    let age = calls.iter().map(|c| c.age_ns).max().unwrap_or(0) as f64 / 1e9;
+    let who = if culprits.len() == 1 {
+        "it".to_owned()
+    } else {
+        format!("rank {rank}")
+    };
+    let mut note = format!(
+        "{who} is blocked inside {}{} for up to {age:.1} s",
+        shown.join(" and "),
+        if calls.len() > 3 {
+            format!(" and {} more calls", calls.len() - 3)
+        } else {
+            String::new()
+        }
+    );
+    // A peer it waits on that waits for it: a cycle, usually a source or tag that does not
+    // match what the peer sends (or an order of sends and receives that cannot complete). The
+    // latest call is the one a thread blocks in (those before it were posted, nonblocking).
+    if let Some(c) = calls
+        .iter()
+        .rev()
+        .find(|c| c.op.is_p2p() && c.peer.is_some_and(|p| waiting.contains(&p)))
+    {
+        let peer = c.peer.unwrap_or(-1);
+        let side = if c.op == Op::Send {
+            "destination and tag against what rank {peer} receives"
+        } else {
+            "source and tag against what rank {peer} sends"
+        };
+        note.push_str(&format!(
+            "; rank {peer} waits for it in turn, so the two wait on each other: check that {}'s {}",
+            c.op.name(),
+            side.replace("{peer}", &peer.to_string())
+        ));
+    } else {
+        note.push_str(": look at those calls' peers");
+    }
+    note
 }
 
 /// The hang front: per communicator, the first instance its members wait in for the culprits,

@@ -897,3 +897,45 @@ fn ranks_recorded_from_the_host_that_all_issued_the_same_call_are_no_finding() {
     issued(&mut v, 2, 9, S);
     assert!(run(&v).is_empty(), "{:#?}", run(&v));
 }
+
+#[test]
+fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receive() {
+    // Ranks 0, 1 and 3 wait in all-reduce #121. Rank 2 posted a send to rank 3 (tag 7), then
+    // blocked in a receive from rank 1 with tag 8, which rank 1 never sends: it has moved on
+    // into the all-reduce.
+    let mut v = job(4, 121, false);
+    for r in [0, 1, 3] {
+        inside(&mut v, r, WORLD, 121, 20 * S);
+    }
+    for (op, peer, tag, age) in [(Op::Send, 3, 7, 20 * S + 2), (Op::Recv, 1, 8, 20 * S + 1)] {
+        rank(&mut v, 2).in_flight.push(InFlight {
+            comm: WORLD,
+            seq: 120,
+            op,
+            bytes: 2048,
+            peer: Some(peer),
+            tag,
+            entered_ns: NOW - age,
+            age_ns: age,
+            stream: false,
+            issued_only: false,
+        });
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.contains("it is blocked inside send to rank 3 (tag 7) on communicator")
+            && s.contains("and recv from rank 1 (tag 8) on communicator")
+            && s.ends_with(
+                "rank 1 waits for it in turn, so the two wait on each other: check that recv's source and tag against what rank 1 sends"
+            ),
+        "{s}"
+    );
+    let inside = &f[0].evidence["culprits"][0]["inside"];
+    assert_eq!(inside[1]["op"], "recv", "{inside:#}");
+    assert_eq!(
+        (inside[1]["peer"].as_i64(), inside[1]["tag"].as_i64()),
+        (Some(1), Some(8))
+    );
+}
