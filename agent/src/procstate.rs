@@ -23,8 +23,7 @@ fn ticks_per_s() -> u64 {
 
 /// Parses the text of `/proc/<pid>/stat` (the command name may contain spaces and parentheses).
 pub fn parse_stat(stat: &str, ticks: u64) -> Option<(String, u64)> {
-    let rest = stat.rsplit_once(") ")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f = commscope_wire::registration::stat_fields(stat)?;
     let state = (*f.first()?).to_owned();
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;

@@ -528,9 +528,7 @@ fn start_time(proc_root: &Path, pid: u32) -> u64 {
 /// threads run on (its main thread called `pthread_exit`) still runs.
 fn running_since(proc_root: &Path, pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces; the state (field
-    // 3) follows, then the rest: `num_threads` is field 20, the start time field 22.
-    let rest: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let rest = commscope_wire::registration::stat_fields(&stat)?;
     let threads: u64 = rest.get(17)?.parse().ok()?;
     match *rest.first()? {
         "X" | "x" => return None,

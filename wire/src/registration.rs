@@ -191,17 +191,17 @@ pub fn start_time_of(proc_root: &std::path::Path, pid: u32) -> u64 {
 }
 
 fn start_time_at(path: &std::path::Path) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(path) else {
-        return 0;
-    };
-    // The command name (field 2) is in parentheses and may contain spaces.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return 0;
-    };
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|s| s.parse().ok())
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|stat| stat_fields(&stat)?.get(19)?.parse().ok())
         .unwrap_or(0)
+}
+
+/// The fields of a `/proc/<pid>/stat` line after the command name (which is in parentheses and
+/// may itself contain spaces and parentheses): `[0]` is field 3 (the state), `[17]` field 20
+/// (`num_threads`), `[19]` field 22 (the start time).
+pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace().collect())
 }
 
 #[cfg(test)]

@@ -806,11 +806,9 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
     let roots: Vec<Root> = culprits.iter().map(|r| Root::Rank(*r)).collect();
     let call = anchor(victims, &roots).expect("a stuck call leads to every culprit");
     // What a rank only issued (seen from the host) does not put it inside the library.
-    let in_library = culprits.iter().any(|r| {
-        view.ranks
-            .get(r)
-            .is_some_and(|p| p.in_flight.iter().any(|c| !c.issued_only))
-    });
+    let in_library = culprits
+        .iter()
+        .any(|r| view.ranks.get(r).is_some_and(|p| !inside_of(p).is_empty()));
     let state_note = culprits
         .iter()
         .filter_map(|r| view.ranks.get(r))
@@ -943,15 +941,14 @@ fn inside_note(view: &JobView, culprits: &BTreeSet<i32>, waiting: &[i32]) -> Str
         .find(|c| c.op.is_p2p() && c.peer.is_some_and(|p| waiting.contains(&p)))
     {
         let peer = c.peer.unwrap_or(-1);
-        let side = if c.op == Op::Send {
-            "destination and tag against what rank {peer} receives"
+        let (ends, does) = if c.op == Op::Send {
+            ("destination", "receives")
         } else {
-            "source and tag against what rank {peer} sends"
+            ("source", "sends")
         };
         note.push_str(&format!(
-            "; rank {peer} waits for it in turn, so the two wait on each other: check that {}'s {}",
+            "; rank {peer} waits for it in turn, so the two wait on each other: check that {}'s {ends} and tag against what rank {peer} {does}",
             c.op.name(),
-            side.replace("{peer}", &peer.to_string())
         ));
     } else {
         note.push_str(": look at those calls' peers");
