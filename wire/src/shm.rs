@@ -119,6 +119,15 @@ pub enum Counter {
     TraceWriteErrors = 7,
 }
 
+/// Whether a producer that read the head at `pos` would overwrite a record the slowest consumer
+/// (at `floor`) has not read. `pos` may be stale: other producers can have pushed, and the
+/// consumer read, past it since. A floor beyond `pos` then means the ring had room, not that it
+/// was full; the reservation that follows fails and retries with the current head.
+#[inline]
+fn ring_full(pos: u64, floor: u64, cap: u64) -> bool {
+    pos.saturating_sub(floor) >= cap
+}
+
 /// Number of counters.
 pub const COUNTER_COUNT: usize = 8;
 
@@ -537,7 +546,7 @@ impl Shm {
         let head = self.u64_at(H_HEAD);
         let mut pos = head.load(Ordering::Relaxed);
         loop {
-            if pos.wrapping_sub(self.floor()) >= cap {
+            if ring_full(pos, self.floor(), cap) {
                 self.count(Counter::DroppedRingFull, 1);
                 return None;
             }
@@ -835,6 +844,53 @@ mod tests {
             ..Default::default()
         })
         .encode()
+    }
+
+    #[test]
+    fn a_head_read_before_the_consumer_moved_past_it_is_not_a_full_ring() {
+        assert!(!ring_full(10, 10, 8));
+        assert!(!ring_full(17, 10, 8));
+        assert!(ring_full(18, 10, 8));
+        // Read at 10; another producer pushed 10 and the consumer read it: floor 11.
+        assert!(!ring_full(10, 11, 8));
+    }
+
+    #[test]
+    fn a_ring_that_never_fills_never_drops_under_concurrent_producers() {
+        // Two producers (an application thread and the heartbeat thread) and a consumer that
+        // keeps up: producers never let the ring get more than half full, so any drop counted
+        // is a false "ring full" (a producer judging by a position that others and the
+        // consumer have already moved past).
+        let g = Geometry {
+            ring_capacity: 64,
+            in_flight_slots: 4,
+        };
+        let (_r, shm) = Region::new(g);
+        shm.attach_consumer(Consumer::Agent);
+        let per_producer = 20_000u64;
+        let done = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for i in 0..per_producer {
+                        while shm.head().saturating_sub(shm.cursor(Consumer::Agent)) > 32 {
+                            std::thread::yield_now();
+                        }
+                        let _ = shm.push(&call(i));
+                    }
+                    done.fetch_add(1, Ordering::AcqRel);
+                });
+            }
+            s.spawn(|| {
+                let mut from = shm.cursor(Consumer::Agent);
+                while done.load(Ordering::Acquire) < 2 || from < shm.head() {
+                    from = shm.read_from(from, 8, |_| {});
+                    shm.advance(Consumer::Agent, from);
+                }
+            });
+        });
+        assert_eq!(shm.counter(Counter::DroppedRingFull), 0);
+        assert_eq!(shm.head(), 2 * per_producer);
     }
 
     #[test]
