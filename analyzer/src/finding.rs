@@ -171,6 +171,12 @@ pub struct HangCause<'a> {
     /// Where a culprit inside the library is blocked ("it is blocked inside recv from rank 1
     /// (tag 8) on MPI_COMM_WORLD …"); empty when unknown.
     pub inside_note: String,
+    /// Where the culprits' records end, cut short by a damaged trace: whether they entered is
+    /// unknown. Empty when their records are whole.
+    pub cut_note: String,
+    /// Other ranks the waiting calls also wait on whose records a damaged trace cut short
+    /// ("rank 0's records end 19.2 s earlier …"); empty when there are none.
+    pub unknown_note: String,
     /// The waiting ranks are seen from the host only (recorded without the preload): they
     /// issued the call and nothing after it on that communicator.
     pub host_view: bool,
@@ -219,6 +225,10 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
     let wait = if c.live { "wait" } else { "waited" };
     let summary = {
         let entered = match (c.live, c.culprits.len(), w.seq.is_some()) {
+            (_, 1, true) if !c.cut_note.is_empty() => "has no record of entering",
+            (_, _, true) if !c.cut_note.is_empty() => "have no record of entering",
+            (_, 1, false) if !c.cut_note.is_empty() => "has no record of posting the match of",
+            (_, _, false) if !c.cut_note.is_empty() => "have no record of posting the match of",
             (false, _, true) => "never entered",
             (true, 1, true) => "has not entered",
             (true, _, true) => "have not entered",
@@ -236,8 +246,9 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             format!("{others} {wait} behind it for up to {:.1} s", w.age_s)
         };
         format!(
-            "{who} {entered} {what}; {behind} — {}",
+            "{who} {entered} {what}; {behind} — {}{}",
             match (c.in_library, c.live, c.state_note.is_empty()) {
+                _ if !c.cut_note.is_empty() => c.cut_note.clone(),
                 _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
                 (true, _, _) if !c.inside_note.is_empty() => c.inside_note.clone(),
                 (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),
@@ -247,6 +258,11 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
                     "it is outside the communication library ({}): its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)",
                     c.state_note
                 ),
+            },
+            if c.unknown_note.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", c.unknown_note)
             }
         )
     };

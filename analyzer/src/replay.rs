@@ -302,6 +302,7 @@ impl ProcessReplay {
                 age_ns: until.saturating_sub(entered).max(ENTER_AFTER_NS),
                 stream: c.lib != commscope_wire::op::lib::MPI,
                 issued_only: c.host_only(),
+                posted: c.nonblocking(),
             });
         }
         r

@@ -114,6 +114,9 @@ pub struct InFlight {
     /// rank's latest collective on the communicator, issued, its completion unknown. It says
     /// who issued what, not who waits.
     pub issued_only: bool,
+    /// A nonblocking request (`MPI_I*`) posted and not yet seen complete: the rank went on
+    /// after posting it, so it is not blocked in it (it may wait for it in `MPI_Wait*`).
+    pub posted: bool,
 }
 
 /// A process's kernel state (live).

@@ -216,11 +216,12 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
                 op,
                 bytes: c.bytes,
                 peer,
-                tag: -1,
+                tag: c.tag,
                 entered_ns: to_real(c.t_enter),
                 age_ns: (c.for_s * 1e9) as u64 + since,
                 stream: stream_lib || issued_only,
                 issued_only,
+                posted: c.posted,
             })
         })
         .collect();

@@ -528,6 +528,8 @@ fn handle(
                     t_enter: e.t_enter_ns,
                     bytes: e.bytes,
                     peer: e.peer,
+                    tag: e.tag,
+                    posted: e.status == u32::from(commscope_wire::shm::in_flight_status::POSTED),
                     for_s: s.t_mono_ns.saturating_sub(e.t_enter_ns) as f64 / 1e9,
                     issued_only: e.status
                         == u32::from(commscope_wire::shm::in_flight_status::ISSUED),

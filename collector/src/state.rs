@@ -262,6 +262,11 @@ pub struct InFlightCall {
     pub t_enter: u64,
     pub bytes: u64,
     pub peer: i32,
+    /// Point-to-point: the tag (-1 for a collective).
+    pub tag: i32,
+    /// A nonblocking request posted and not yet seen complete.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub posted: bool,
     /// Age at the snapshot, in seconds.
     pub for_s: f64,
     /// Seen from the host only (a process recorded without the preload): the rank's latest

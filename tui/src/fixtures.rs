@@ -207,6 +207,27 @@ pub fn hang() -> Snapshot {
     with_jobs(Some(d), None)
 }
 
+/// The hang job, but its culprit is inside the library: rank 2 posted a send to rank 3 and
+/// blocks in a receive from rank 1 with a tag rank 1 never sends; rank 0's records end early.
+pub fn deadlock() -> Snapshot {
+    let mut s = hang();
+    if let Some(f) = s.job.as_mut().and_then(|d| d.findings.first_mut()) {
+        let mut e: serde_json::Value =
+            serde_json::from_str(&f.evidence_json).expect("the fixture's evidence");
+        e["culprits"][0]["in_library"] = true.into();
+        e["culprits"][0]["process"] = serde_json::Value::Null;
+        e["culprits"][0]["inside"] = serde_json::json!([
+            {"op": "send", "comm": "0x9a3c51e207d411b8", "seq": 9, "peer": 3, "tag": 7,
+             "bytes": 2048, "posted": true, "in_flight_s": 12.5},
+            {"op": "recv", "comm": "0x9a3c51e207d411b8", "seq": 9, "peer": 1, "tag": 8,
+             "bytes": 2048, "posted": false, "in_flight_s": 12.5}
+        ]);
+        f.class = "communication-hang".into();
+        f.evidence_json = e.to_string();
+    }
+    s
+}
+
 /// A 4,096-rank job on 512 nodes; rank 3001 is slow.
 pub fn big() -> Snapshot {
     let mut d = detail("gpt-4k", 4096, 8, 512);

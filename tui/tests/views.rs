@@ -64,6 +64,24 @@ fn hang_with_culprit() {
 }
 
 #[test]
+fn hang_with_a_culprit_inside_the_library_names_its_calls() {
+    let s = screen(
+        fixtures::deadlock(),
+        &[View::Job, View::Hang],
+        160,
+        40,
+        |_| {},
+    );
+    assert!(
+        s.contains(
+            "→ rank 2 → blocked in recv from rank 1 (tag 8) for 12.5 s; posted send to rank 3 (tag 7), not complete"
+        ),
+        "{s}"
+    );
+    assert!(!s.contains("blocked in another communication call"), "{s}");
+}
+
+#[test]
 fn job_4096_ranks_folds_by_node() {
     let s = screen(fixtures::big(), &[View::Job], 140, 36, |_| {});
     assert!(s.contains("a cell is a node (its worst rank)"), "{s}");

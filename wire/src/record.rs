@@ -158,6 +158,12 @@ impl Call {
         self.lib != crate::op::lib::MPI && self.flags & crate::op::flags::GRAPH_CAPTURED != 0
     }
 
+    /// An MPI call that posted a nonblocking request ([`crate::op::flags::NONBLOCKING`]): the
+    /// caller went on after posting it.
+    pub fn nonblocking(&self) -> bool {
+        self.lib == crate::op::lib::MPI && self.flags & crate::op::flags::NONBLOCKING != 0
+    }
+
     /// An NCCL call the node agent recorded from uprobes ([`crate::op::flags::HOST_ONLY`]):
     /// host timing of the enqueue only.
     pub fn host_only(&self) -> bool {

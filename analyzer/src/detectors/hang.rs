@@ -839,6 +839,10 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
     let waiting = victim_ranks(victims, culprits);
     let gpu_note = gpu_note(view, culprits);
     let inside_note = inside_note(view, culprits, &waiting);
+    let (cut_note, unknown_note) = cut_short_notes(view, culprits, victims);
+    let cut = culprits
+        .iter()
+        .any(|r| view.ranks.get(r).is_some_and(|p| p.data_lost));
     hang_finding(HangCause {
         job: &view.job,
         culprits: culprits.iter().copied().collect(),
@@ -862,9 +866,13 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         state_note,
         gpu_note,
         inside_note,
+        cut_note,
+        unknown_note,
         host_view: !victims.is_empty() && victims.iter().all(|v| v.call.issued_only),
         opened_at: call.entered_ns.max(1),
-        confidence: if culprits.iter().all(|r| view.ranks.contains_key(r)) {
+        confidence: if cut {
+            0.5
+        } else if culprits.iter().all(|r| view.ranks.contains_key(r)) {
             0.95
         } else {
             0.7
@@ -876,12 +884,74 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
             "culprits": culprits.iter().map(|r| match view.ranks.get(r) {
                 Some(p) => with_evidence(json!({"rank": r, "node": p.node, "pid": p.pid,
                                   "in_library": !p.in_flight.is_empty(),
+                                  "records_cut_short": p.data_lost,
                                   "inside": inside_calls(p),
                                   "progress_on_comm": view.comms.get(&call.comm).and_then(|c| c.progress.get(r))}), &p.evidence),
                 None => json!({"rank": r, "traced": false}),
             }).collect::<Vec<_>>(),
         }),
     })
+}
+
+/// What a damaged trace leaves unknown: where the culprits' records end, when a damaged trace
+/// cut them short (whether they entered is then unknown), and the other ranks the stuck calls
+/// wait on whose records end alike. Both empty when every record is whole.
+fn cut_short_notes(
+    view: &JobView,
+    culprits: &BTreeSet<i32>,
+    victims: &[Victim],
+) -> (String, String) {
+    let last = view
+        .ranks
+        .values()
+        .filter(|r| !r.data_lost)
+        .map(|r| r.last_heard_ns)
+        .max()
+        .unwrap_or(0);
+    let earlier = |r: &RankView| last.saturating_sub(r.last_heard_ns) as f64 / 1e9;
+    let cut: Vec<&RankView> = culprits
+        .iter()
+        .filter_map(|r| view.ranks.get(r))
+        .filter(|p| p.data_lost)
+        .collect();
+    let cut_note = match cut.as_slice() {
+        [] => String::new(),
+        [p] => format!(
+            "{} records end {:.1} s before the others', where its trace is damaged, so what it did from there on is unknown: look at its logs and at what is left of its trace",
+            if culprits.len() == 1 {
+                "its".to_owned()
+            } else {
+                format!("rank {}'s", p.rank)
+            },
+            earlier(p)
+        ),
+        _ => format!(
+            "the records of {} end early, where their traces are damaged, so what they did from there on is unknown: look at their logs and at what is left of their traces",
+            ranks_phrase(&cut.iter().map(|p| p.rank).collect::<Vec<_>>())
+        ),
+    };
+    let unknown: BTreeSet<i32> = victims
+        .iter()
+        .flat_map(|v| &v.direct)
+        .filter_map(|b| match b {
+            Root::Rank(r) if !culprits.contains(r) => view.ranks.get(r),
+            _ => None,
+        })
+        .filter(|p| p.data_lost)
+        .map(|p| p.rank)
+        .collect();
+    let unknown_note = match unknown.iter().collect::<Vec<_>>().as_slice() {
+        [] => String::new(),
+        [r] => format!(
+            "rank {r}'s records end {:.1} s earlier, where its trace is damaged, so whether it took part is unknown",
+            earlier(&view.ranks[*r])
+        ),
+        _ => format!(
+            "the records of {} end early, where their traces are damaged, so whether they took part is unknown",
+            ranks_phrase(&unknown.iter().copied().collect::<Vec<_>>())
+        ),
+    };
+    (cut_note, unknown_note)
 }
 
 /// A culprit's own calls in flight, oldest first (what it is blocked inside): the calls it
@@ -898,7 +968,7 @@ fn inside_calls(p: &RankView) -> Value {
             .iter()
             .map(|c| {
                 json!({"op": c.op.name(), "comm": format_comm_id(c.comm), "seq": c.seq,
-                       "peer": c.peer, "tag": c.tag, "bytes": c.bytes,
+                       "peer": c.peer, "tag": c.tag, "bytes": c.bytes, "posted": c.posted,
                        "in_flight_s": c.age_ns as f64 / 1e9})
             })
             .collect(),
@@ -916,28 +986,51 @@ fn inside_note(view: &JobView, culprits: &BTreeSet<i32>, waiting: &[i32]) -> Str
     else {
         return String::new();
     };
-    let shown: Vec<String> = calls.iter().take(3).map(|c| call_phrase(view, c)).collect();
-    let age = calls.iter().map(|c| c.age_ns).max().unwrap_or(0) as f64 / 1e9;
+    let listed = |calls: &[&InFlight]| {
+        let shown: Vec<String> = calls.iter().take(3).map(|c| call_phrase(view, c)).collect();
+        format!(
+            "{}{}",
+            shown.join(" and "),
+            if calls.len() > 3 {
+                format!(" and {} more calls", calls.len() - 3)
+            } else {
+                String::new()
+            }
+        )
+    };
+    let (posted, blocking): (Vec<&InFlight>, Vec<&InFlight>) =
+        calls.iter().copied().partition(|c| c.posted);
+    let age = |calls: &[&InFlight]| calls.iter().map(|c| c.age_ns).max().unwrap_or(0) as f64 / 1e9;
     let who = if culprits.len() == 1 {
         "it".to_owned()
     } else {
         format!("rank {rank}")
     };
-    let mut note = format!(
-        "{who} is blocked inside {}{} for up to {age:.1} s",
-        shown.join(" and "),
-        if calls.len() > 3 {
-            format!(" and {} more calls", calls.len() - 3)
-        } else {
-            String::new()
-        }
-    );
+    let mut note = if blocking.is_empty() {
+        format!(
+            "{who} posted {} and has not seen it complete for up to {:.1} s",
+            listed(&posted),
+            age(&posted)
+        )
+    } else {
+        format!(
+            "{who} is blocked inside {} for up to {:.1} s{}",
+            listed(&blocking),
+            age(&blocking),
+            if posted.is_empty() {
+                String::new()
+            } else {
+                format!(", with {} posted and not complete", listed(&posted))
+            }
+        )
+    };
     // A peer it waits on that waits for it: a cycle, usually a source or tag that does not
     // match what the peer sends (or an order of sends and receives that cannot complete). The
-    // latest call is the one a thread blocks in (those before it were posted, nonblocking).
-    if let Some(c) = calls
+    // call it blocks in comes first, then the latest it posted.
+    if let Some(c) = blocking
         .iter()
         .rev()
+        .chain(posted.iter().rev())
         .find(|c| c.op.is_p2p() && c.peer.is_some_and(|p| waiting.contains(&p)))
     {
         let peer = c.peer.unwrap_or(-1);

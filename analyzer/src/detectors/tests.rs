@@ -72,6 +72,7 @@ fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
         age_ns: age,
         stream: false,
         issued_only: false,
+        posted: false,
     });
 }
 
@@ -87,6 +88,7 @@ fn recv(v: &mut JobView, r: i32, from: i32, age: u64) {
         age_ns: age,
         stream: false,
         issued_only: false,
+        posted: false,
     });
 }
 
@@ -831,6 +833,7 @@ fn issued(v: &mut JobView, r: i32, seq: u64, age: u64) {
         age_ns: age,
         stream: true,
         issued_only: true,
+        posted: false,
     });
     v.comms
         .get_mut(&WORLD)
@@ -898,17 +901,11 @@ fn ranks_recorded_from_the_host_that_all_issued_the_same_call_are_no_finding() {
     assert!(run(&v).is_empty(), "{:#?}", run(&v));
 }
 
-#[test]
-fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receive() {
-    // Ranks 0, 1 and 3 wait in all-reduce #121. Rank 2 posted a send to rank 3 (tag 7), then
-    // blocked in a receive from rank 1 with tag 8, which rank 1 never sends: it has moved on
-    // into the all-reduce.
-    let mut v = job(4, 121, false);
-    for r in [0, 1, 3] {
-        inside(&mut v, r, WORLD, 121, 20 * S);
-    }
+/// Rank 2 posted a send to rank 3 (tag 7), then blocked in a receive from rank 1 with tag 8,
+/// which rank 1 never sends: it has moved on into all-reduce #121.
+fn blocked_in_a_receive_of_the_wrong_tag(v: &mut JobView) {
     for (op, peer, tag, age) in [(Op::Send, 3, 7, 20 * S + 2), (Op::Recv, 1, 8, 20 * S + 1)] {
-        rank(&mut v, 2).in_flight.push(InFlight {
+        rank(v, 2).in_flight.push(InFlight {
             comm: WORLD,
             seq: 120,
             op,
@@ -919,16 +916,28 @@ fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receiv
             age_ns: age,
             stream: false,
             issued_only: false,
+            posted: op == Op::Send,
         });
     }
+}
+
+#[test]
+fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receive() {
+    // Ranks 0, 1 and 3 wait in all-reduce #121; rank 2 waits for a tag rank 1 never sends.
+    let mut v = job(4, 121, false);
+    for r in [0, 1, 3] {
+        inside(&mut v, r, WORLD, 121, 20 * S);
+    }
+    blocked_in_a_receive_of_the_wrong_tag(&mut v);
     let f = run(&v);
     assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
     let s = &f[0].summary;
+    // The posted send is not where it blocks.
     assert!(
-        s.contains("it is blocked inside send to rank 3 (tag 7) on communicator")
-            && s.contains("and recv from rank 1 (tag 8) on communicator")
+        s.contains("— it is blocked inside recv from rank 1 (tag 8) on communicator")
+            && s.contains("for up to 20.0 s, with send to rank 3 (tag 7) on communicator")
             && s.ends_with(
-                "rank 1 waits for it in turn, so the two wait on each other: check that recv's source and tag against what rank 1 sends"
+                "posted and not complete; rank 1 waits for it in turn, so the two wait on each other: check that recv's source and tag against what rank 1 sends"
             ),
         "{s}"
     );
@@ -938,4 +947,66 @@ fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receiv
         (inside[1]["peer"].as_i64(), inside[1]["tag"].as_i64()),
         (Some(1), Some(8))
     );
+    assert_eq!(
+        (&inside[0]["posted"], &inside[1]["posted"]),
+        (&serde_json::json!(true), &serde_json::json!(false))
+    );
+}
+
+/// Rank `r`'s records end `early` before the others', in damage: what it did next is unknown.
+fn cut_short(v: &mut JobView, r: i32, early: u64) {
+    let p = rank(v, r);
+    p.data_lost = true;
+    p.last_heard_ns = NOW - early;
+    p.in_flight.clear();
+}
+
+#[test]
+fn a_rank_whose_records_end_in_damage_is_not_taken_for_the_culprit_of_a_deadlock() {
+    // As above, but rank 0's trace is damaged: its records end 19 s before the others'. Ranks 1
+    // and 3 wait for rank 0 too, but whatever rank 0 did, ranks 1 and 2 wait on each other.
+    let mut v = job(4, 121, false);
+    for r in [0, 1, 3] {
+        inside(&mut v, r, WORLD, 121, 20 * S);
+    }
+    blocked_in_a_receive_of_the_wrong_tag(&mut v);
+    cut_short(&mut v, 0, 19 * S);
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.starts_with("rank 2 on n0 never entered allreduce #121")
+            && s.contains("2 other ranks waited behind it")
+            && s.contains("so the two wait on each other")
+            && s.ends_with(
+                "; rank 0's records end 19.0 s earlier, where its trace is damaged, so whether it took part is unknown"
+            ),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_rank_whose_records_end_in_damage_is_named_as_unknown_when_the_others_wait_only_for_it() {
+    // Rank 0's records end in damage; ranks 1 and 3 wait in all-reduce #121 for it (and rank
+    // 2), and rank 2 waits in a receive from rank 0: every wait leads to rank 0, and nothing is
+    // known of it, so it is named as such — never as a rank seen outside the library.
+    let mut v = job(4, 121, false);
+    for r in [1, 3] {
+        inside(&mut v, r, WORLD, 121, 20 * S);
+    }
+    recv(&mut v, 2, 0, 19 * S);
+    cut_short(&mut v, 0, 19 * S);
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![0])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.starts_with("rank 0 on n0 has no record of entering allreduce #121")
+            && s.contains("3 other ranks waited behind it")
+            && s.ends_with(
+                "— its records end 19.0 s before the others', where its trace is damaged, so what it did from there on is unknown: look at its logs and at what is left of its trace"
+            ),
+        "{s}"
+    );
+    assert!(f[0].confidence < 0.9, "{:?}", f[0].confidence);
+    assert_eq!(f[0].evidence["culprits"][0]["records_cut_short"], true);
 }

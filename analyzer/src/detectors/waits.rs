@@ -133,17 +133,27 @@ impl Waits<'_> {
     /// chain closes into a cycle (a rank blocked in a receive from a peer that waits in a
     /// collective for it), the roots are the ranks of the cycle blocked in point-to-point while
     /// the others are in collectives, or else the whole cycle.
+    ///
+    /// A rank whose records a damaged trace cut short ([`crate::view::RankView::data_lost`])
+    /// is unknown from there on: whether it entered is not known. The chain does not go
+    /// through it, and it is a root only when the chain leads nowhere else — a cycle of known
+    /// ranks waiting on each other is a deadlock whatever the unknown rank did.
     pub fn roots(&self, origin: i32, call: &InFlight) -> BTreeSet<Root> {
         let mut seen: HashSet<i32> = HashSet::from([origin]);
         let mut chain: BTreeSet<i32> = BTreeSet::new();
         let mut frontier = self.blockers(origin, call);
         let mut roots = BTreeSet::new();
+        let mut unknown = BTreeSet::new();
         while let Some(node) = frontier.pop() {
             let Root::Rank(r) = node else {
                 roots.insert(node);
                 continue;
             };
             if !seen.insert(r) {
+                continue;
+            }
+            if self.unknown(r) {
+                unknown.insert(node);
                 continue;
             }
             chain.insert(r);
@@ -156,25 +166,76 @@ impl Waits<'_> {
                 }
             }
         }
-        if roots.is_empty() && !chain.is_empty() {
-            let p2p: BTreeSet<Root> = chain
-                .iter()
-                .copied()
-                .chain([origin])
-                .filter(|r| {
-                    self.view
-                        .ranks
-                        .get(r)
-                        .is_some_and(|x| x.in_flight.iter().any(|c| c.op.is_p2p()))
-                })
-                .map(Root::Rank)
-                .collect();
-            return if p2p.is_empty() {
-                chain.into_iter().map(Root::Rank).collect()
-            } else {
-                p2p
-            };
+        if !roots.is_empty() || chain.is_empty() {
+            return if roots.is_empty() { unknown } else { roots };
         }
-        roots
+        let cycle = self.waiting_on_each_other(chain.iter().copied().chain([origin]).collect());
+        if cycle.is_empty() {
+            return unknown;
+        }
+        let p2p: BTreeSet<Root> = cycle
+            .iter()
+            .copied()
+            .filter(|r| {
+                self.view
+                    .ranks
+                    .get(r)
+                    .is_some_and(|x| x.in_flight.iter().any(|c| c.op.is_p2p()))
+            })
+            .map(Root::Rank)
+            .collect();
+        if !p2p.is_empty() {
+            return p2p;
+        }
+        let others: BTreeSet<Root> = cycle
+            .iter()
+            .copied()
+            .filter(|r| *r != origin)
+            .map(Root::Rank)
+            .collect();
+        if others.is_empty() {
+            cycle.into_iter().map(Root::Rank).collect()
+        } else {
+            others
+        }
+    }
+
+    /// Its records end in damage: what it did from there on is unknown.
+    fn unknown(&self, rank: i32) -> bool {
+        !self.explained.contains(&rank) && self.view.ranks.get(&rank).is_some_and(|r| r.data_lost)
+    }
+
+    /// Of `ranks`, those that wait on each other: what is left after taking away, again and
+    /// again, every rank that waits for none of those left (it waits only for unknown ranks,
+    /// or for ranks already taken away).
+    fn waiting_on_each_other(&self, mut ranks: BTreeSet<i32>) -> BTreeSet<i32> {
+        let waits_for: Vec<(i32, Vec<i32>)> = ranks
+            .iter()
+            .map(|r| {
+                let next = self
+                    .rank_blockers(*r)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|b| match b {
+                        Root::Rank(b) if ranks.contains(&b) && b != *r => Some(b),
+                        _ => None,
+                    })
+                    .collect();
+                (*r, next)
+            })
+            .collect();
+        loop {
+            let free: Vec<i32> = waits_for
+                .iter()
+                .filter(|(r, next)| ranks.contains(r) && !next.iter().any(|b| ranks.contains(b)))
+                .map(|(r, _)| *r)
+                .collect();
+            if free.is_empty() {
+                return ranks;
+            }
+            for r in free {
+                ranks.remove(&r);
+            }
+        }
     }
 }

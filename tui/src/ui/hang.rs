@@ -126,8 +126,11 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App) {
     lines.push(section("Wait chain"));
     for c in culprits.iter().flatten() {
         let rank = c["rank"].as_i64().unwrap_or(-1);
-        let where_ = if c["in_library"].as_bool() == Some(true) {
-            "blocked in another communication call".to_owned()
+        let where_ = if c["records_cut_short"].as_bool() == Some(true) {
+            "unknown: its records end early, where its trace is damaged".to_owned()
+        } else if c["in_library"].as_bool() == Some(true) {
+            inside_phrase(&c["inside"])
+                .unwrap_or_else(|| "blocked in another communication call".to_owned())
         } else {
             match c["process"]["state_name"].as_str() {
                 Some(s) => format!(
@@ -176,6 +179,52 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App) {
             ))),
         area,
     );
+}
+
+/// "blocked in recv from rank 1 (tag 8) for 19.2 s; posted send to rank 3 (tag 7)": the
+/// calls a culprit inside the library is in (the finding's `culprits[].inside`).
+fn inside_phrase(inside: &Value) -> Option<String> {
+    let calls = inside.as_array().filter(|a| !a.is_empty())?;
+    let call = |c: &Value| {
+        let op = c["op"].as_str().unwrap_or("?");
+        let Some(dir) = peer_word(op) else {
+            return format!("{op} #{}", c["seq"]);
+        };
+        let peer = c["peer"]
+            .as_i64()
+            .map_or_else(|| "any rank".to_owned(), |p| format!("rank {p}"));
+        match c["tag"].as_i64() {
+            Some(t) if t >= 0 => format!("{op} {dir} {peer} (tag {t})"),
+            _ => format!("{op} {dir} {peer}"),
+        }
+    };
+    let (posted, blocking): (Vec<&Value>, Vec<&Value>) = calls
+        .iter()
+        .partition(|c| c["posted"].as_bool() == Some(true));
+    let mut parts = Vec::new();
+    if !blocking.is_empty() {
+        let age = blocking
+            .iter()
+            .filter_map(|c| c["in_flight_s"].as_f64())
+            .fold(0.0, f64::max);
+        let shown: Vec<String> = blocking.iter().take(3).map(|c| call(c)).collect();
+        parts.push(format!("blocked in {} for {}", shown.join(", "), secs(age)));
+    }
+    if !posted.is_empty() {
+        let shown: Vec<String> = posted.iter().take(3).map(|c| call(c)).collect();
+        parts.push(format!("posted {}, not complete", shown.join(", ")));
+    }
+    Some(parts.join("; "))
+}
+
+/// How a point-to-point call names its peer (None: a collective).
+fn peer_word(op: &str) -> Option<&'static str> {
+    match op {
+        "recv" => Some("from"),
+        "send" => Some("to"),
+        "sendrecv" => Some("with"),
+        _ => None,
+    }
 }
 
 fn stacks(lines: &mut Vec<Line>, s: &Value) {
