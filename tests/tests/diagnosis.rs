@@ -41,6 +41,40 @@ fn show(v: &[serde_json::Value]) -> String {
         .join("\n")
 }
 
+/// Waits for an open live finding of `kind`. On a timeout the failure shows what the collector
+/// had instead — its findings, open and resolved, the job with its ranks, and its log — so that
+/// a rare miss can be told from its output alone.
+fn wait_live(svc: &Services, job: &str, kind: &str, timeout: Duration) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        if let Some(f) = svc
+            .findings(job, "open")
+            .into_iter()
+            .find(|f| f["kind"] == kind)
+        {
+            return f;
+        }
+        if t.elapsed() >= timeout {
+            let log = svc.collector.as_ref().map(|c| c.log()).unwrap_or_default();
+            panic!(
+                "no live {kind} finding for {job} within {timeout:?}\n--- open\n{}\n--- resolved\n{}\n--- job\n{:#}\n--- collector log (last 60 lines)\n{}",
+                show(&svc.findings(job, "open")),
+                show(&svc.findings(job, "resolved")),
+                svc.job(job).unwrap_or_default(),
+                log.lines()
+                    .rev()
+                    .take(60)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Once the job has ended: what the live engine had for it (open or resolved), and what
 /// `analyze` says of the collector's stored trace and of the shim's `.cst` files.
 struct Verdicts {
@@ -184,15 +218,7 @@ fn run_case(flavour: Flavour, c: Case) {
     let began = Instant::now();
     let live = match c.expect {
         Some((kind, _)) => {
-            let f = wait(
-                &format!("live {kind} finding for {}", c.mode),
-                Duration::from_secs(90),
-                || {
-                    svc.findings(&job, "open")
-                        .into_iter()
-                        .find(|f| f["kind"] == kind)
-                },
-            );
+            let f = wait_live(&svc, &job, kind, Duration::from_secs(90));
             let latency = began.elapsed();
             if c.kind_is_slow() {
                 // The program marks its steps: the impact is per real step.
