@@ -117,6 +117,17 @@ impl Op {
         Op::ALL.iter().copied().find(|op| op.name() == name)
     }
 
+    /// How a point-to-point call names its peer in a sentence ("recv from rank 1", "send to
+    /// rank 3", "sendrecv with rank 2"); None for a collective.
+    pub fn peer_word(self) -> Option<&'static str> {
+        match self {
+            Op::Recv => Some("from"),
+            Op::Send => Some("to"),
+            Op::Sendrecv => Some("with"),
+            _ => None,
+        }
+    }
+
     /// Point-to-point operations (`send`, `recv`, `sendrecv`): they do not advance a
     /// communicator's collective `seq`.
     pub fn is_p2p(self) -> bool {

@@ -329,12 +329,7 @@ fn stuck_evidence(victims: &[Victim]) -> Value {
 /// "allreduce #12 (1.0 MiB) on communicator 0x…", "recv from rank 1 (tag 8) on communicator
 /// 0x…".
 fn call_phrase(view: &JobView, c: &InFlight) -> String {
-    if c.op.is_p2p() {
-        let dir = match c.op {
-            Op::Recv => "from",
-            Op::Sendrecv => "with",
-            _ => "to",
-        };
+    if let Some(dir) = c.op.peer_word() {
         let peer = c
             .peer
             .map_or_else(|| "any rank".to_owned(), |p| format!("rank {p}"));
@@ -840,9 +835,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
     let gpu_note = gpu_note(view, culprits);
     let inside_note = inside_note(view, culprits, &waiting);
     let (cut_note, unknown_note) = cut_short_notes(view, culprits, victims);
-    let cut = culprits
-        .iter()
-        .any(|r| view.ranks.get(r).is_some_and(|p| p.data_lost));
+    let cut = !cut_note.is_empty();
     hang_finding(HangCause {
         job: &view.job,
         culprits: culprits.iter().copied().collect(),

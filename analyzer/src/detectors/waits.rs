@@ -187,17 +187,12 @@ impl Waits<'_> {
         if !p2p.is_empty() {
             return p2p;
         }
-        let others: BTreeSet<Root> = cycle
-            .iter()
-            .copied()
+        // A cycle has two ranks at least: the others than the origin.
+        cycle
+            .into_iter()
             .filter(|r| *r != origin)
             .map(Root::Rank)
-            .collect();
-        if others.is_empty() {
-            cycle.into_iter().map(Root::Rank).collect()
-        } else {
-            others
-        }
+            .collect()
     }
 
     /// Its records end in damage: what it did from there on is unknown.

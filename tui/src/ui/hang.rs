@@ -1,6 +1,7 @@
 //! A hang: who never arrived, who waits and since when, the wait chain, and the culprit's
 //! process state and stacks, from the finding's evidence.
 
+use commscope_wire::op::Op;
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::style::{Modifier, Style};
@@ -187,7 +188,7 @@ fn inside_phrase(inside: &Value) -> Option<String> {
     let calls = inside.as_array().filter(|a| !a.is_empty())?;
     let call = |c: &Value| {
         let op = c["op"].as_str().unwrap_or("?");
-        let Some(dir) = peer_word(op) else {
+        let Some(dir) = Op::from_name(op).and_then(Op::peer_word) else {
             return format!("{op} #{}", c["seq"]);
         };
         let peer = c["peer"]
@@ -215,16 +216,6 @@ fn inside_phrase(inside: &Value) -> Option<String> {
         parts.push(format!("posted {}, not complete", shown.join(", ")));
     }
     Some(parts.join("; "))
-}
-
-/// How a point-to-point call names its peer (None: a collective).
-fn peer_word(op: &str) -> Option<&'static str> {
-    match op {
-        "recv" => Some("from"),
-        "send" => Some("to"),
-        "sendrecv" => Some("with"),
-        _ => None,
-    }
 }
 
 fn stacks(lines: &mut Vec<Line>, s: &Value) {
