@@ -1001,8 +1001,9 @@ fn inside_note(view: &JobView, culprits: &BTreeSet<i32>, waiting: &[i32]) -> Str
     };
     let mut note = if blocking.is_empty() {
         format!(
-            "{who} posted {} and has not seen it complete for up to {:.1} s",
+            "{who} posted {} and has not seen {} complete for up to {:.1} s",
             listed(&posted),
+            if posted.len() == 1 { "it" } else { "them" },
             age(&posted)
         )
     } else {
@@ -1019,11 +1020,18 @@ fn inside_note(view: &JobView, culprits: &BTreeSet<i32>, waiting: &[i32]) -> Str
     };
     // A peer it waits on that waits for it: a cycle, usually a source or tag that does not
     // match what the peer sends (or an order of sends and receives that cannot complete). The
-    // call it blocks in comes first, then the latest it posted.
+    // call it blocks in comes first, then what it posted, receives before sends (a send
+    // completes once the library has taken the data, often unseen while the rank waits for
+    // its receive in `MPI_Waitall`; a receive needs the peer's message), the latest first.
+    let posted_order = posted
+        .iter()
+        .rev()
+        .filter(|c| c.op != Op::Send)
+        .chain(posted.iter().rev().filter(|c| c.op == Op::Send));
     if let Some(c) = blocking
         .iter()
         .rev()
-        .chain(posted.iter().rev())
+        .chain(posted_order)
         .find(|c| c.op.is_p2p() && c.peer.is_some_and(|p| waiting.contains(&p)))
     {
         let peer = c.peer.unwrap_or(-1);

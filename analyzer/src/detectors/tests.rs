@@ -953,6 +953,44 @@ fn a_rank_blocked_in_a_receive_its_sender_waits_behind_is_named_with_that_receiv
     );
 }
 
+#[test]
+fn a_rank_in_waitall_is_named_with_the_receive_its_peer_never_sends() {
+    // A ring exchange: rank 1 posted a receive from rank 0 with tag 6, which rank 0 never sends,
+    // and a send to rank 2, then waits in `MPI_Waitall` (not a call of its own in flight). Ranks
+    // 0, 2 and 3 went on into all-reduce #150; rank 2 received rank 1's message, so the send is
+    // complete though rank 1 has not seen it. The receive is what to check.
+    let mut v = job(4, 150, false);
+    for r in [0, 2, 3] {
+        inside(&mut v, r, WORLD, 150, 10 * S);
+    }
+    for (op, peer, tag, age) in [(Op::Recv, 0, 6, 10 * S + 2), (Op::Send, 2, 5, 10 * S + 1)] {
+        rank(&mut v, 1).in_flight.push(InFlight {
+            comm: WORLD,
+            seq: 149,
+            op,
+            bytes: 512,
+            peer: Some(peer),
+            tag,
+            entered_ns: NOW - age,
+            age_ns: age,
+            stream: false,
+            issued_only: false,
+            posted: true,
+        });
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::Hang, vec![1])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.contains("— it posted recv from rank 0 (tag 6) on communicator")
+            && s.contains("and has not seen them complete for up to 10.0 s")
+            && s.ends_with(
+                "rank 0 waits for it in turn, so the two wait on each other: check that recv's source and tag against what rank 0 sends"
+            ),
+        "{s}"
+    );
+}
+
 /// Rank `r`'s records end `early` before the others', in damage: what it did next is unknown.
 fn cut_short(v: &mut JobView, r: i32, early: u64) {
     let p = rank(v, r);
