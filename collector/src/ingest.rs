@@ -114,6 +114,32 @@ fn admits(shared: &Shared, node: &str, p: &ProcessId) -> Result<(), (String, &'s
     Ok(())
 }
 
+/// The process a message (`what`: "a record batch", "a snapshot", "a probe") speaks for, once it
+/// names one and the per-agent bounds admit it: whatever makes a job or a process known to the
+/// collector is held to the same bounds, or one agent could fill it with jobs through snapshots.
+fn admitted<'a>(
+    shared: &Shared,
+    peer: &Peer,
+    process: Option<&'a ProcessId>,
+    what: &str,
+) -> Result<&'a ProcessId, String> {
+    let m = &shared.metrics;
+    let Some(process) = process else {
+        m.refused("malformed");
+        return Err(format!("{what} without its process"));
+    };
+    if process.job.is_empty() || process.node.is_empty() {
+        m.refused("malformed");
+        return Err(format!("{what} without job or node"));
+    }
+    let node = peer.node.as_deref().unwrap_or_default();
+    admits(shared, node, process).map_err(|(why, reason)| {
+        m.refused(reason);
+        why
+    })?;
+    Ok(process)
+}
+
 impl Peer {
     /// Takes `n` records from the bucket (it may go into debt: a batch larger than a second's
     /// worth passes when the bucket is full); on refusal, how long until it would pass (ms).
@@ -383,24 +409,10 @@ fn handle(
             Ok(ready(ack(id, recv_ns)))
         }
         Payload::Records(b) => {
-            let Some(process) = b.process.as_ref() else {
-                m.refused("malformed");
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    "a record batch without its process".into(),
-                    0,
-                )));
+            let process = match admitted(shared, peer, b.process.as_ref(), "a record batch") {
+                Ok(p) => p,
+                Err(why) => return Ok(ready(refused(id, recv_ns, why, 0))),
             };
-            if process.job.is_empty() || process.node.is_empty() {
-                m.refused("malformed");
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    "a record batch without job or node".into(),
-                    0,
-                )));
-            }
             if b.record_size as usize != RECORD_SIZE {
                 m.refused("layout-version");
                 return Ok(ready(refused(
@@ -431,11 +443,6 @@ fn handle(
                     format!("{n} records in one batch; at most {MAX_BATCH_RECORDS}"),
                     0,
                 )));
-            }
-            let node = peer.node.clone().unwrap_or_default();
-            if let Err((why, reason)) = admits(shared, &node, process) {
-                m.refused(reason);
-                return Ok(ready(refused(id, recv_ns, why, 0)));
             }
             if let Err(wait) = peer.take(n, shared.config.max_agent_rate as f64) {
                 m.refused("rate-limit");
@@ -503,14 +510,9 @@ fn handle(
             }))
         }
         Payload::InFlight(s) => {
-            let Some(process) = s.process.as_ref() else {
-                m.refused("malformed");
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    "a snapshot without its process".into(),
-                    0,
-                )));
+            let process = match admitted(shared, peer, s.process.as_ref(), "a snapshot") {
+                Ok(p) => p,
+                Err(why) => return Ok(ready(refused(id, recv_ns, why, 0))),
             };
             let header = header_of(process);
             let calls = s
@@ -548,19 +550,21 @@ fn handle(
         }
         Payload::Exit(_) => Ok(ready(ack(id, recv_ns))),
         Payload::Probe(p) => {
-            if let Some(process) = p.process.as_ref() {
-                let header = header_of(process);
-                let cap = |s: String| s.chars().take(32 << 10).collect::<String>();
-                shared.state.of(&header.job).set_stacks(
-                    &header,
-                    crate::state::Stacks {
-                        native: cap(p.native_stack),
-                        python: cap(p.python_stack),
-                        error: cap(p.error),
-                        at_ns: recv_ns,
-                    },
-                );
-            }
+            let process = match admitted(shared, peer, p.process.as_ref(), "a probe") {
+                Ok(p) => p,
+                Err(why) => return Ok(ready(refused(id, recv_ns, why, 0))),
+            };
+            let header = header_of(process);
+            let cap = |s: String| s.chars().take(32 << 10).collect::<String>();
+            shared.state.of(&header.job).set_stacks(
+                &header,
+                crate::state::Stacks {
+                    native: cap(p.native_stack),
+                    python: cap(p.python_stack),
+                    error: cap(p.error),
+                    at_ns: recv_ns,
+                },
+            );
             Ok(ready(ack(id, recv_ns)))
         }
     }

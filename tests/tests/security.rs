@@ -237,3 +237,89 @@ fn one_agent_is_held_to_its_jobs_and_ranks_and_counts_what_was_refused() {
         agent.log()
     );
 }
+
+/// Whatever makes a job known to the collector is held to the agent's bounds: an in-flight
+/// snapshot or a stack probe of a job over `--max-jobs-per-agent` is refused like its records
+/// (a snapshot of such a job once slipped through and made it known).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_records() {
+    use commscope_wire::grpc::ingest_client::IngestClient;
+    use commscope_wire::grpc::ingest_request::Payload;
+    use commscope_wire::grpc::{
+        AgentHello, InFlightSnapshot, IngestRequest, ProcessId, ProcessProbe,
+    };
+    let svc = Services::start("node-snap", &["--max-jobs-per-agent", "1"], &["--no-ebpf"]);
+    let process = |job: &str| ProcessId {
+        job: job.into(),
+        node: "intruder".into(),
+        pid: 4242,
+        start_time: 7,
+        rank: 0,
+        world_size: 1,
+        ..Default::default()
+    };
+    let msg = |batch_id: u64, payload: Payload| IngestRequest {
+        batch_id,
+        agent_send_ns: 1,
+        payload: Some(payload),
+    };
+    let snapshot = |job: &str| {
+        Payload::InFlight(InFlightSnapshot {
+            process: Some(process(job)),
+            t_mono_ns: 1,
+            ..Default::default()
+        })
+    };
+    let messages = vec![
+        msg(
+            1,
+            Payload::Hello(AgentHello {
+                node: "intruder".into(),
+                agent_version: "test".into(),
+                layout_version: commscope_wire::shm::LAYOUT_VERSION,
+            }),
+        ),
+        msg(2, snapshot("snap-admitted")),
+        msg(3, snapshot("snap-over")),
+        msg(
+            4,
+            Payload::Probe(ProcessProbe {
+                process: Some(process("snap-probed")),
+                native_stack: "#0 main".into(),
+                ..Default::default()
+            }),
+        ),
+    ];
+    let mut client = IngestClient::connect(format!("http://{}", svc.grpc))
+        .await
+        .expect("connect");
+    let mut acks = client
+        .stream(tokio_stream::iter(messages))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut by_id = std::collections::HashMap::new();
+    while let Ok(Some(a)) = acks.message().await {
+        by_id.insert(a.batch_id, a);
+    }
+    assert!(by_id[&2].durable && by_id[&2].error.is_empty(), "{by_id:?}");
+    for id in [3, 4] {
+        let a = &by_id[&id];
+        assert!(!a.durable, "{a:?}");
+        assert_eq!(a.retry_after_ms, 0, "a final refusal: {a:?}");
+        assert!(a.error.contains("--max-jobs-per-agent"), "{a:?}");
+    }
+    let (_, jobs) = svc.get("/api/v1/jobs");
+    assert!(jobs.contains("snap-admitted"), "{jobs}");
+    assert!(
+        !jobs.contains("snap-over") && !jobs.contains("snap-probed"),
+        "{jobs}"
+    );
+    let (_, m) = svc.get("/metrics");
+    let refused = m
+        .lines()
+        .find(|l| l.starts_with("commscope_collector_refused_total{reason=\"agent-jobs\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert_eq!(refused, 2.0, "{m}");
+}
