@@ -276,6 +276,10 @@ pub struct CollectorArgs {
     /// Records per second one agent may send; more is refused with a retry delay [default: 2000000].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_AGENT_RATE")]
     pub max_agent_rate: Option<u64>,
+    /// Bytes of records read from all agents and not yet stored, at most; beyond, the agents'
+    /// streams wait (flow control slows them down) [default: 256 MiB].
+    #[arg(long, value_name = "BYTES", env = "COMMSCOPE_INGEST_BUDGET_BYTES", value_parser = crate::config::bytes_arg_usize)]
+    pub ingest_budget_bytes: Option<usize>,
     /// Jobs one agent may send records of; batches of more are refused [default: 64].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS_PER_AGENT")]
     pub max_jobs_per_agent: Option<usize>,

@@ -64,6 +64,7 @@ pub struct CollectorFile {
     pub retention_bytes: Option<u64>,
     pub max_message_bytes: Option<usize>,
     pub max_agent_rate: Option<u64>,
+    pub ingest_budget_bytes: Option<usize>,
     pub sample_budget: Option<u64>,
     pub sample_modulus: Option<u32>,
     pub max_jobs: Option<usize>,

@@ -156,6 +156,12 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
     )
     .max(64 << 10);
     c.max_agent_rate = pick(a.max_agent_rate, f.max_agent_rate, c.max_agent_rate).max(1);
+    c.ingest_budget_bytes = pick(
+        a.ingest_budget_bytes,
+        f.ingest_budget_bytes,
+        c.ingest_budget_bytes,
+    )
+    .max(1 << 10);
     c.sample_budget = pick(a.sample_budget, f.sample_budget, c.sample_budget).max(1);
     c.sample_modulus = a
         .sample_modulus

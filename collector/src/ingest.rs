@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use commscope_wire::cst::{self, Header};
@@ -28,6 +28,13 @@ use crate::store::Batch;
 
 /// Records one batch may carry at most.
 pub const MAX_BATCH_RECORDS: usize = 1 << 16;
+
+/// Acknowledgements a stream may have waiting for its agent to read them; beyond, the stream
+/// ends (an agent keeps at most its window of batches unacknowledged).
+const MAX_UNSENT_ACKS: usize = 1 << 16;
+
+/// An agent that reads no acknowledgement for this long is no longer answered.
+const UNREAD_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 type AckFuture = Pin<Box<dyn Future<Output = IngestAck> + Send>>;
 
@@ -185,23 +192,45 @@ impl Ingest for IngestService {
         shared.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
         shared.metrics.streams_total.fetch_add(1, Ordering::Relaxed);
 
-        // Acknowledger: answers in order, each when its work is done. Work already handed to
-        // the store is always finished (and applied to the live state), even when the agent has
-        // gone and its acknowledgement cannot be delivered.
-        let acks = ack_tx.clone();
+        // Applier: finishes each request's work in order (a record batch: stored, applied to
+        // the live state, its share of the ingest budget returned), whether or not the agent
+        // reads its acknowledgements.
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<IngestAck>();
+        let unsent = Arc::new(AtomicUsize::new(0));
+        let applier_unsent = unsent.clone();
+        tokio::spawn(async move {
+            while let Some(f) = q_rx.recv().await {
+                let ack = f.await;
+                applier_unsent.fetch_add(1, Ordering::Relaxed);
+                let _ = done_tx.send(ack);
+            }
+        });
+
+        // Acknowledger: answers in order. An agent that reads no answer for a minute is not
+        // answered any more (its stream then ends with the reader).
         let node: Arc<std::sync::OnceLock<String>> = Arc::default();
         let ack_node = node.clone();
         let ack_shared = shared.clone();
+        let mut acks = Some(ack_tx.clone());
+        let acker_unsent = unsent.clone();
         tokio::spawn(async move {
-            let mut open = true;
-            while let Some(f) = q_rx.recv().await {
-                let mut ack = f.await;
+            while let Some(mut ack) = done_rx.recv().await {
+                acker_unsent.fetch_sub(1, Ordering::Relaxed);
+                let Some(tx) = &acks else { continue };
                 ack.collector_send_ns = now_ns();
                 if let Some(n) = ack_node.get() {
                     ack.probes = ack_shared.take_probes(n);
                 }
-                if open && acks.send(Ok(ack)).await.is_err() {
-                    open = false;
+                match tokio::time::timeout(UNREAD_ACK_TIMEOUT, tx.send(Ok(ack))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => acks = None,
+                    Err(_) => {
+                        tracing::warn!(
+                            "an agent stream read no acknowledgement for {} s; it is no longer answered",
+                            UNREAD_ACK_TIMEOUT.as_secs()
+                        );
+                        acks = None;
+                    }
                 }
             }
         });
@@ -286,8 +315,27 @@ impl Ingest for IngestService {
                         break;
                     }
                 };
+                if unsent.load(Ordering::Relaxed) > MAX_UNSENT_ACKS {
+                    tracing::warn!(
+                        "agent stream from {} ({}) ended: it reads none of its acknowledgements",
+                        peer.addr,
+                        peer.node.as_deref().unwrap_or("no hello")
+                    );
+                    let _ = ack_tx.try_send(Err(Status::resource_exhausted(format!(
+                        "more than {MAX_UNSENT_ACKS} acknowledgements unread; read them"
+                    ))));
+                    ended = Some(format!("its acknowledgements unread ({})", peer.addr));
+                    break;
+                }
+                // A record batch waits here, before it is taken any further, while the batches
+                // of all streams not yet stored hold the whole ingest budget: the agents are slowed
+                // down (flow control), and the collector's memory stays bounded.
+                let held = match &msg.payload {
+                    Some(Payload::Records(b)) => shared.hold(b.records.len()).await,
+                    _ => None,
+                };
                 let recv_ns = now_ns();
-                let work = match handle(&shared, &mut peer, msg, recv_ns) {
+                let work = match handle(&shared, &mut peer, msg, recv_ns, held) {
                     Ok(w) => w,
                     Err(status) => {
                         let _ = ack_tx.send(Err(status)).await;
@@ -361,6 +409,7 @@ fn handle(
     peer: &mut Peer,
     msg: IngestRequest,
     recv_ns: u64,
+    held: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<AckFuture, Status> {
     let id = msg.batch_id;
     let m = &shared.metrics;
@@ -497,6 +546,7 @@ fn handle(
                             }
                             ended
                         };
+                        drop(held);
                         if ended {
                             shared.job_ended(&header.job).await;
                         }

@@ -59,6 +59,9 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Records per second one agent stream may send; more is refused with a retry delay.
     pub max_agent_rate: u64,
+    /// Bytes of records read from all agents and not yet stored and applied, at most: beyond,
+    /// the streams wait (flow control slows their agents) until the store catches up.
+    pub ingest_budget_bytes: usize,
     /// Jobs, and processes, one agent stream may send records of; batches of more are refused
     /// (the agent counts their records as refused).
     pub max_jobs_per_agent: usize,
@@ -103,6 +106,7 @@ impl Config {
             retention_bytes: None,
             max_message_bytes: 16 << 20,
             max_agent_rate: 2_000_000,
+            ingest_budget_bytes: 256 << 20,
             max_jobs_per_agent: 64,
             max_ranks_per_agent: 4096,
             auth_token: None,
@@ -137,6 +141,8 @@ pub struct Metrics {
     pub streams_total: AtomicU64,
     pub bad_messages: AtomicU64,
     pub rate_limited: AtomicU64,
+    /// Record batches that waited for the ingest budget.
+    pub budget_waits: AtomicU64,
     pub refusals: Mutex<HashMap<&'static str, u64>>,
     /// OTLP: exports by (signal, result), and spans left out.
     pub otlp_exports: Mutex<HashMap<(&'static str, &'static str), u64>>,
@@ -200,6 +206,38 @@ pub struct Shared {
     pub agent_usage: Mutex<ingest::AgentUsage>,
     /// The other replicas (`--peers`).
     pub peers: peers::Peers,
+    /// The ingest budget (`ingest_budget_bytes`) in KiB permits: a record batch holds its share
+    /// from when it is read until it is stored and applied.
+    pub ingest_budget: Arc<tokio::sync::Semaphore>,
+}
+
+impl Shared {
+    /// The ingest budget in KiB.
+    fn budget_kib(&self) -> usize {
+        (self.config.ingest_budget_bytes >> 10).max(1)
+    }
+
+    /// Takes the share of the ingest budget of a batch of `bytes` (a batch larger than the
+    /// whole budget takes it all), waiting while other batches hold it; None only if the
+    /// budget was closed.
+    pub async fn hold(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let kib = bytes.div_ceil(1024).clamp(1, self.budget_kib()) as u32;
+        if let Ok(p) = self.ingest_budget.clone().try_acquire_many_owned(kib) {
+            return Some(p);
+        }
+        self.metrics.budget_waits.fetch_add(1, Ordering::Relaxed);
+        self.ingest_budget
+            .clone()
+            .acquire_many_owned(kib)
+            .await
+            .ok()
+    }
+
+    /// Bytes of the ingest budget held now.
+    pub fn budget_held_bytes(&self) -> u64 {
+        let free = self.ingest_budget.available_permits();
+        (self.budget_kib().saturating_sub(free) as u64) << 10
+    }
 }
 
 /// A node's agent as its streams show it.
@@ -453,6 +491,9 @@ pub async fn start(config: Config) -> Result<Running> {
         history,
         agents: Mutex::new(Default::default()),
         agent_usage: Mutex::new(Default::default()),
+        ingest_budget: Arc::new(tokio::sync::Semaphore::new(
+            (config.ingest_budget_bytes >> 10).max(1),
+        )),
         peers: peers::Peers::new(
             config.peers.clone(),
             config.auth_token.clone(),

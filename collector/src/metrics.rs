@@ -134,6 +134,16 @@ static BAD_MESSAGES: Def = Def::counter(
     "Agent streams that ended with an undecodable or oversized message.",
     &[],
 );
+static BUDGET_HELD: Def = Def::gauge(
+    "commscope_collector_ingest_budget_held_bytes",
+    "Bytes of records read from the agents and not yet stored and applied (at most --ingest-budget-bytes; at it, the agents are slowed down).",
+    &[],
+);
+static BUDGET_WAITS: Def = Def::counter(
+    "commscope_collector_ingest_budget_waits_total",
+    "Record batches that waited for the ingest budget (--ingest-budget-bytes) before being stored.",
+    &[],
+);
 static REFUSED: Def = Def::counter(
     "commscope_collector_refused_total",
     "Requests refused, by reason.",
@@ -445,6 +455,8 @@ fn ingest(s: &Shared, o: &mut Sink) {
     o.value(&STREAMS_TOTAL, &[], load(&m.streams_total));
     o.value(&BAD_MESSAGES, &[], load(&m.bad_messages));
     o.value(&STREAMS, &[], load(&m.streams_open));
+    o.value(&BUDGET_HELD, &[], s.budget_held_bytes() as f64);
+    o.value(&BUDGET_WAITS, &[], load(&m.budget_waits));
     let agents = s.agents.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for (node, l) in &agents {
         o.value(

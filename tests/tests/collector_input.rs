@@ -370,3 +370,129 @@ fn a_full_spool_disk_stops_draining_and_every_record_is_stored_or_counted() {
     assert!(lost > 0, "the full spool did cost records (counted)");
     assert_eq!(metric(svc.agent_http, "commscope_agent_spool_batches"), 0.0);
 }
+
+/// A record batch of `n` calls of process `pid` of `job` (its records `from..from + n`).
+fn call_batch(batch_id: u64, job: &str, pid: u32, from: u64, n: u64) -> IngestRequest {
+    use commscope_wire::record::Call;
+    let records = (from..from + n)
+        .flat_map(|s| {
+            Record::Call(Call {
+                rec_seq: s,
+                seq: s,
+                ..Default::default()
+            })
+            .encode()
+        })
+        .collect();
+    IngestRequest {
+        batch_id,
+        agent_send_ns: 1,
+        payload: Some(Payload::Records(RecordBatch {
+            process: Some(ProcessId {
+                job: job.into(),
+                node: "tester".into(),
+                pid,
+                start_time: 1,
+                rank: 0,
+                world_size: 1,
+                flavour: "mpich".into(),
+                ..Default::default()
+            }),
+            record_size: commscope_wire::record::RECORD_SIZE as u32,
+            records,
+            ..Default::default()
+        })),
+    }
+}
+
+fn hello_from(node: &str) -> IngestRequest {
+    let mut h = hello(commscope_wire::shm::LAYOUT_VERSION);
+    if let Some(Payload::Hello(x)) = &mut h.payload {
+        x.node = node.into();
+    }
+    h
+}
+
+/// The collector's ingest budget (`--ingest-budget-bytes`, here 256 KiB) bounds the records read
+/// and not yet stored: agents sending more at once wait for it and lose nothing, and an agent
+/// that reads none of its acknowledgements holds none of it, because a batch returns its share
+/// once stored and applied, not once answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_ingest_budget_slows_agents_down_and_one_that_reads_no_answers_holds_none() {
+    let svc = Services::start(
+        "node-budget",
+        &["--ingest-budget-bytes", "256KiB"],
+        &["--no-ebpf"],
+    );
+    let url = format!("http://{}", svc.grpc);
+
+    // The deaf agent: 40,000 one-record batches (more answers than the stream's queue and an
+    // HTTP/2 window hold), its answers never read.
+    let deaf = 40_000u64;
+    let mut msgs = vec![hello_from("deaf")];
+    msgs.extend((1..=deaf).map(|i| call_batch(i + 1, "budget-deaf", 7, i, 1)));
+    let mut deaf_client = IngestClient::connect(url.clone()).await.expect("connect");
+    let _unread = deaf_client
+        .stream(tokio_stream::iter(msgs))
+        .await
+        .expect("stream");
+
+    // Four agents at once, 20 batches of 1,000 records (125 KiB) each: two batches fill the
+    // budget.
+    let (batches, per) = (20u64, 1000u64);
+    let mut agents = Vec::new();
+    for a in 0..4u32 {
+        let url = url.clone();
+        agents.push(tokio::spawn(async move {
+            let mut msgs = vec![hello_from(&format!("busy-{a}"))];
+            msgs.extend(
+                (0..batches).map(|b| call_batch(b + 2, "budget-busy", 100 + a, b * per + 1, per)),
+            );
+            let mut c = IngestClient::connect(url).await.expect("connect");
+            let mut acks = c
+                .stream(tokio_stream::iter(msgs))
+                .await
+                .expect("stream")
+                .into_inner();
+            let mut durable = 0;
+            while let Ok(Some(a)) = acks.message().await {
+                assert!(a.error.is_empty(), "{a:?}");
+                durable += u64::from(a.durable && a.batch_id > 1);
+            }
+            durable
+        }));
+    }
+    for a in agents {
+        let durable = tokio::time::timeout(Duration::from_secs(120), a)
+            .await
+            .expect("the busy agents were answered")
+            .expect("agent task");
+        assert_eq!(durable, batches);
+    }
+    let records = |job: &str| {
+        svc.job(job)
+            .and_then(|j| j["records"].as_u64())
+            .unwrap_or(0)
+    };
+    assert_eq!(records("budget-busy"), 4 * batches * per);
+    // The deaf agent's batches are all stored and applied although it reads no answer.
+    let t = Instant::now();
+    while records("budget-deaf") < deaf {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the deaf agent's records applied: {} of {deaf}",
+            records("budget-deaf")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(records("budget-deaf"), deaf);
+    assert!(
+        metric(svc.http, "commscope_collector_ingest_budget_waits_total") > 0.0,
+        "the busy agents waited for the budget"
+    );
+    assert_eq!(
+        metric(svc.http, "commscope_collector_ingest_budget_held_bytes"),
+        0.0,
+        "all of the budget returned"
+    );
+}
