@@ -463,16 +463,16 @@ pub async fn start(config: Config) -> Result<Running> {
     scfg.retention = config.retention;
     scfg.retention_bytes = config.retention_bytes;
     scfg.segment_threads = config.shards;
-    let (store, recovered) = store::Store::open(scfg).map_err(anyhow::Error::msg)?;
-    let (history, history_warnings) = history::History::open(&config.trace_dir);
     let mut limits = config.limits.clone();
     if config.otlp.is_some() {
         limits.slow_calls = 256;
     }
     let st = shards::Shards::new(limits, config.shards);
-    for (h, recs) in &recovered.pending {
+    let (store, recovered) = store::Store::open(scfg, &mut |h, recs| {
         st.of(&h.job).apply(h, None, recs);
-    }
+    })
+    .map_err(anyhow::Error::msg)?;
+    let (history, history_warnings) = history::History::open(&config.trace_dir);
     let shared = Arc::new(Shared {
         config: config.clone(),
         store,
@@ -506,11 +506,12 @@ pub async fn start(config: Config) -> Result<Running> {
         tracing::warn!("recovery: {w}");
     }
     tracing::info!(
-        "traces under {}: {} segments, {} processes' marks, {} pending log entries recovered",
+        "traces under {}: {} segments, {} processes' marks, {} pending log entries ({} records) recovered",
         config.trace_dir.display(),
         recovered.segments,
         recovered.high_water.len(),
-        recovered.pending.len()
+        recovered.pending_entries,
+        recovered.pending_records
     );
 
     let (shutdown, rx) = tokio::sync::watch::channel(false);

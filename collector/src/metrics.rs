@@ -347,6 +347,8 @@ pub static CATALOG: &[&Def] = &[
     &STREAMS,
     &STREAMS_TOTAL,
     &BAD_MESSAGES,
+    &BUDGET_HELD,
+    &BUDGET_WAITS,
     &REFUSED,
     &OTLP_EXPORTS,
     &OTLP_DROPPED,

@@ -179,8 +179,10 @@ impl std::error::Error for StoreError {}
 pub struct Recovered {
     /// Processes with records, and the `rec_seq`s stored for each.
     pub high_water: HashMap<ProcessKey, Ranges>,
-    /// Records in logs that had not become segments yet, per job (to rebuild live state).
-    pub pending: Vec<(Header, Vec<Record>)>,
+    /// Log entries, and their records, that had not become segments yet: handed to the
+    /// replay as they were read (to rebuild the live state), one entry at a time.
+    pub pending_entries: usize,
+    pub pending_records: u64,
     /// Segments found.
     pub segments: usize,
     /// Damage found and skipped (torn log tails), one sentence each.
@@ -233,8 +235,13 @@ impl std::fmt::Debug for Request {
 }
 
 impl Store {
-    /// Opens (or creates) the store, recovers what is on disk, and starts its threads.
-    pub fn open(cfg: Config) -> Result<(Store, Recovered), StoreError> {
+    /// Opens (or creates) the store, recovers what is on disk, and starts its threads. The
+    /// records of logs that had not become segments yet go to `replay`, one entry at a time, as
+    /// they are read: a collector restarted under a large job never holds them all at once.
+    pub fn open(
+        cfg: Config,
+        replay: &mut dyn FnMut(&Header, &[Record]),
+    ) -> Result<(Store, Recovered), StoreError> {
         std::fs::create_dir_all(&cfg.dir)
             .map_err(|e| StoreError(format!("cannot create {}: {e}", cfg.dir.display())))?;
         let stats = Arc::new(Mutex::new(Stats::default()));
@@ -248,7 +255,7 @@ impl Store {
         let seg_tx = Segmenters(seg_txs);
         let mut recovered = Recovered::default();
         let mut next_gen: HashMap<String, u64> = HashMap::new();
-        recover(&cfg, &mut recovered, &mut next_gen, &seg_tx, &stats)?;
+        recover(&cfg, &mut recovered, &mut next_gen, &seg_tx, &stats, replay)?;
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             cfg: cfg.clone(),
@@ -765,14 +772,23 @@ fn write_segment(cfg: &Config, job: &str, generation: u64, log_path: &Path) -> R
     let bytes =
         std::fs::read(log_path).map_err(|e| format!("cannot read {}: {e}", log_path.display()))?;
     let log = wal::parse(&bytes).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    drop(bytes);
+    // Each process's records decoded into a vector of its exact size (a log holds up to
+    // `roll_bytes` of records, and every segment thread converts one at a time), each log entry
+    // freed once decoded.
+    let mut counts: HashMap<ProcessKey, usize> = HashMap::new();
+    for e in &log.entries {
+        *counts.entry(ProcessKey::of(&e.header)).or_default() += e.records.len();
+    }
     let mut procs: BTreeMap<ProcessKey, ProcessTrace> = BTreeMap::new();
     for e in log.entries {
-        let p = procs
-            .entry(ProcessKey::of(&e.header))
-            .or_insert_with(|| ProcessTrace {
-                header: e.header.clone(),
-                ..Default::default()
-            });
+        let key = ProcessKey::of(&e.header);
+        let n = counts.get(&key).copied().unwrap_or_default();
+        let p = procs.entry(key).or_insert_with(|| ProcessTrace {
+            header: e.header.clone(),
+            records: Vec::with_capacity(n),
+            ..Default::default()
+        });
         if let Some((offset_ns, error_ns)) = e.clock {
             p.clock = Some(ClockAlignment {
                 offset_ns,
@@ -787,21 +803,19 @@ fn write_segment(cfg: &Config, job: &str, generation: u64, log_path: &Path) -> R
     let rows = if procs.is_empty() {
         0
     } else {
-        let hw: Vec<serde_json::Value> = procs
+        let marks: Vec<(&str, u32, u64, Ranges)> = procs
             .iter()
             .map(|(k, p)| {
                 let mut r = Ranges::default();
                 for rec in &p.records {
-                    r.insert(rec.rec_seq());
+                    mark(&mut r, rec);
                 }
-                serde_json::json!([k.node, k.pid, k.start_time, r.ranges()])
+                (k.node.as_str(), k.pid, k.start_time, r)
             })
             .collect();
+        let meta = vec![(HW_KEY.to_owned(), marks_json(job, &marks))];
+        drop(marks);
         let traces: Vec<ProcessTrace> = procs.into_values().collect();
-        let meta = vec![(
-            HW_KEY.to_owned(),
-            serde_json::json!({"job": job, "processes": hw}).to_string(),
-        )];
         let rows = pq::write_with_metadata(&path, &traces, &meta).map_err(|e| e.to_string())?;
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -821,6 +835,7 @@ fn recover(
     next_gen: &mut HashMap<String, u64>,
     seg_tx: &Segmenters,
     stats: &Mutex<Stats>,
+    replay: &mut dyn FnMut(&Header, &[Record]),
 ) -> Result<(), StoreError> {
     let jobs = std::fs::read_dir(&cfg.dir)
         .map_err(|e| StoreError(format!("cannot read {}: {e}", cfg.dir.display())))?;
@@ -887,24 +902,23 @@ fn recover(
                     let _ = file.sync_all();
                 }
             }
+            drop(bytes);
             for e in log.entries {
                 let key = ProcessKey::of(&e.header);
                 job_name.get_or_insert_with(|| key.job.clone());
                 let hw = out.high_water.entry(key).or_default();
-                let mut recs = Vec::new();
+                let mut recs = Vec::with_capacity(e.records.len());
                 for raw in &e.records {
                     let seq = u64::from_le_bytes(raw[..8].try_into().unwrap_or_default());
                     hw.insert(seq);
                     if let Ok(r) = Record::decode(raw) {
-                        if let Record::Skip(k) = &r
-                            && let Some((a, b)) = k.sent_span()
-                        {
-                            hw.insert_range(a, b);
-                        }
+                        mark(hw, &r);
                         recs.push(r);
                     }
                 }
-                out.pending.push((e.header, recs));
+                out.pending_entries += 1;
+                out.pending_records += recs.len() as u64;
+                replay(&e.header, &recs);
             }
             let job = job_name.clone().unwrap_or_default();
             seg_tx.send(&job, g, Some(f.clone()), None);
@@ -927,6 +941,39 @@ fn recover(
         .unwrap_or_else(|p| p.into_inner())
         .segment_bytes = bytes;
     Ok(())
+}
+
+/// Marks a record stored: its `rec_seq`, and for a skip the span it stands for (sent whole, so
+/// never sent again).
+fn mark(r: &mut Ranges, rec: &Record) {
+    r.insert(rec.rec_seq());
+    if let Record::Skip(k) = rec
+        && let Some((a, b)) = k.sent_span()
+    {
+        r.insert_range(a, b);
+    }
+}
+
+/// A segment's marks as its metadata holds them (read back by [`merge_marks`]):
+/// `{"job": …, "processes": [[node, pid, start_time, [[from, through], …]], …]}`, written
+/// straight to text (a `serde_json::Value` of a large job's ranges costs tens of bytes a
+/// number).
+fn marks_json(job: &str, marks: &[(&str, u32, u64, Ranges)]) -> String {
+    /// node, pid, start time, ranges.
+    type Row<'a> = (&'a str, u32, u64, &'a [(u64, u64)]);
+    #[derive(serde::Serialize)]
+    struct Marks<'a> {
+        job: &'a str,
+        processes: Vec<Row<'a>>,
+    }
+    let m = Marks {
+        job,
+        processes: marks
+            .iter()
+            .map(|(node, pid, start, r)| (*node, *pid, *start, r.ranges()))
+            .collect(),
+    };
+    serde_json::to_string(&m).unwrap_or_default()
 }
 
 fn merge_marks(marks: &mut HashMap<ProcessKey, Ranges>, json: &str, job_name: &mut Option<String>) {
@@ -1016,6 +1063,47 @@ mod tests {
     }
 
     #[test]
+    fn a_segments_marks_cover_its_skips_spans_and_read_back() {
+        use commscope_wire::record::Skip;
+        let recs = [
+            Record::Call(Call {
+                rec_seq: 1,
+                ..Default::default()
+            }),
+            Record::Skip(Skip {
+                rec_seq: 2,
+                from_rec_seq: 3,
+                through_rec_seq: 9,
+                ..Default::default()
+            }),
+            Record::Call(Call {
+                rec_seq: 10,
+                ..Default::default()
+            }),
+            Record::Call(Call {
+                rec_seq: 12,
+                ..Default::default()
+            }),
+        ];
+        let mut r = Ranges::default();
+        for rec in &recs {
+            mark(&mut r, rec);
+        }
+        let text = marks_json("job \"1\"", &[("n1", 4, 7, r)]);
+        let mut back = HashMap::new();
+        let mut job = None;
+        merge_marks(&mut back, &text, &mut job);
+        assert_eq!(job.as_deref(), Some("job \"1\""));
+        let key = ProcessKey {
+            job: "job \"1\"".into(),
+            node: "n1".into(),
+            pid: 4,
+            start_time: 7,
+        };
+        assert_eq!(back[&key].ranges(), &[(1, 10), (12, 12)], "{text}");
+    }
+
+    #[test]
     fn ranges_merge_in_any_order() {
         let mut r = Ranges::default();
         for x in [5, 1, 2, 3, 9, 4, 7] {
@@ -1033,7 +1121,7 @@ mod tests {
         let d = tempfile::tempdir().expect("tempdir");
         let cfg = Config::new(d.path());
         {
-            let (s, rec) = Store::open(cfg.clone()).expect("open");
+            let (s, rec) = Store::open(cfg.clone(), &mut |_, _| {}).expect("open");
             assert!(rec.high_water.is_empty());
             let c = s.append(batch(1, 1..=10)).await.expect("append");
             assert_eq!((c.accepted.len(), c.duplicates), (10, 0));
@@ -1064,7 +1152,11 @@ mod tests {
         f.write_all(b"CWAL\x40\x00\x00\x00partial").expect("torn");
         drop(f);
 
-        let (s, rec) = Store::open(cfg.clone()).expect("reopen");
+        let mut replayed = Vec::new();
+        let (s, rec) = Store::open(cfg.clone(), &mut |h, r| {
+            replayed.push((h.pid, r.iter().map(|r| r.rec_seq()).collect::<Vec<_>>()))
+        })
+        .expect("reopen");
         let key = ProcessKey::of(&header(1));
         assert_eq!(rec.high_water[&key].ranges(), &[(1, 20)]);
         assert_eq!(
@@ -1073,7 +1165,8 @@ mod tests {
         );
         assert_eq!(rec.segments, 1);
         assert_eq!(rec.warnings.len(), 1, "{:?}", rec.warnings);
-        assert_eq!(rec.pending.len(), 1, "the unconverted log is replayed");
+        assert_eq!(rec.pending_entries, 1, "the unconverted log is replayed");
+        assert_eq!(replayed, vec![(1, (16..=20).collect::<Vec<u64>>())]);
         let c = s.append(batch(1, 1..=21)).await.expect("append");
         assert_eq!((c.accepted.len(), c.duplicates), (1, 20));
         s.flush().await;
@@ -1107,7 +1200,7 @@ mod tests {
         let d = tempfile::tempdir().expect("tempdir");
         let mut cfg = Config::new(d.path());
         cfg.retention_bytes = Some(1);
-        let (s, _) = Store::open(cfg.clone()).expect("open");
+        let (s, _) = Store::open(cfg.clone(), &mut |_, _| {}).expect("open");
         for i in 0..3u64 {
             s.append(batch(1, i * 10 + 1..=i * 10 + 10))
                 .await
