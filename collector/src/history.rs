@@ -191,6 +191,15 @@ impl History {
         jobs.get(job).and_then(|e| e.line.clone()).map(ended)
     }
 
+    /// Whether the job's stored line says it ended (not merely that it is not live now).
+    pub fn ended_on_disk(&self, job: &str) -> bool {
+        let mut jobs = self.lock();
+        self.prune(&mut jobs);
+        jobs.get(job)
+            .and_then(|e| e.line.as_ref())
+            .is_some_and(|l| l.state == "ended")
+    }
+
     /// Stored findings of jobs not live (all jobs when `job` is None), oldest first. A job that
     /// is not live has ended, so a finding still open in its file (the collector stopped before
     /// it could resolve it) is reported resolved when the job was last heard of.

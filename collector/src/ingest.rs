@@ -535,17 +535,38 @@ fn handle(
             Ok(Box::pin(async move {
                 match commit.await {
                     Ok(c) => {
-                        let ended = {
+                        let (ended, new) = {
                             let mut st = shared.state.of(&header.job);
                             if overrun > 0 {
                                 st.set_overrun(&header, overrun);
                             }
+                            let new = !st.has_process(&header);
                             let ended = st.apply(&header, clock, &c.accepted);
                             if let Some(a) = &attribution {
                                 st.attribute(&header, a);
                             }
-                            ended
+                            (ended, new)
                         };
+                        // Late records of a job that ended before this collector restarted (or
+                        // released it): a process stored earlier, new to the live state, of a
+                        // job whose stored line says it ended. Its exit is stored already and
+                        // will not come again: the job ends again now, or it would read as
+                        // running with its ranks silent. (The history is asked outside the
+                        // state's lock, and only for a process new to it.)
+                        let late = new
+                            && c.known
+                            && !ended
+                            && shared.history.ended_on_disk(&header.job)
+                            && shared.state.of(&header.job).end_job(&header.job);
+                        if late {
+                            tracing::info!(
+                                "records of job {} came after it ended (rank {} on {}, sent late): the job stays ended",
+                                header.job,
+                                header.rank,
+                                header.node
+                            );
+                        }
+                        let ended = ended || late;
                         drop(held);
                         if ended {
                             shared.job_ended(&header.job).await;

@@ -506,7 +506,7 @@ pub async fn start(config: Config) -> Result<Running> {
         tracing::warn!("recovery: {w}");
     }
     tracing::info!(
-        "traces under {}: {} segments, {} processes' marks, {} pending log entries ({} records) recovered",
+        "traces under {}: {} segments, {} processes' marks, {} pending log entries recovered ({} records)",
         config.trace_dir.display(),
         recovered.segments,
         recovered.high_water.len(),

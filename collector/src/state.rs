@@ -988,7 +988,11 @@ impl State {
         proc: Option<ProcSample>,
     ) {
         let now = now_ns();
-        let job = self.job_mut(&header.job);
+        // A snapshot updates a process the records made known; it makes no job known itself
+        // (one of a job this collector no longer holds would bring it back empty).
+        let Some(job) = self.jobs.get_mut(&header.job) else {
+            return;
+        };
         job.last_touch = Instant::now();
         let key = ProcessKey::of(header);
         if let Some(r) = job.ranks.get_mut(&key) {
@@ -1043,6 +1047,13 @@ impl State {
             self.released += 1;
         }
         gone
+    }
+
+    /// Whether the live state holds this process of its job.
+    pub fn has_process(&self, header: &Header) -> bool {
+        self.jobs
+            .get(&header.job)
+            .is_some_and(|j| j.ranks.contains_key(&ProcessKey::of(header)))
     }
 
     /// Marks a job ended now (e.g. every process gone although not all reported an exit).

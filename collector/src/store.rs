@@ -160,6 +160,8 @@ pub struct Committed {
     pub duplicates: u64,
     /// Records that could not be decoded (unknown kind, bad field), not stored.
     pub invalid: u64,
+    /// The process had records stored before this batch (by this run or an earlier one).
+    pub known: bool,
 }
 
 /// Why a batch could not be stored.
@@ -532,7 +534,10 @@ impl Writer {
             Some(r) => r,
             None => self.high_water.get(&key).cloned().unwrap_or_default(),
         };
-        let mut out = Committed::default();
+        let mut out = Committed {
+            known: !hw.ranges().is_empty(),
+            ..Default::default()
+        };
         let mut block = cst::Block::with_capacity(batch.records.len());
         let mut spans = Vec::new();
         for raw in &batch.records {

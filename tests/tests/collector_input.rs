@@ -374,16 +374,18 @@ fn a_full_spool_disk_stops_draining_and_every_record_is_stored_or_counted() {
 /// A record batch of `n` calls of process `pid` of `job` (its records `from..from + n`).
 fn call_batch(batch_id: u64, job: &str, pid: u32, from: u64, n: u64) -> IngestRequest {
     use commscope_wire::record::Call;
-    let records = (from..from + n)
-        .flat_map(|s| {
-            Record::Call(Call {
-                rec_seq: s,
-                seq: s,
-                ..Default::default()
-            })
-            .encode()
+    let calls = (from..from + n).map(|s| {
+        Record::Call(Call {
+            rec_seq: s,
+            seq: s,
+            ..Default::default()
         })
-        .collect();
+    });
+    batch_of(batch_id, job, pid, calls.collect())
+}
+
+/// A record batch of `records` of process `pid` (rank 0 of 1) of `job`.
+fn batch_of(batch_id: u64, job: &str, pid: u32, records: Vec<Record>) -> IngestRequest {
     IngestRequest {
         batch_id,
         agent_send_ns: 1,
@@ -399,10 +401,29 @@ fn call_batch(batch_id: u64, job: &str, pid: u32, from: u64, n: u64) -> IngestRe
                 ..Default::default()
             }),
             record_size: commscope_wire::record::RECORD_SIZE as u32,
-            records,
+            records: records.iter().flat_map(|r| r.encode()).collect(),
             ..Default::default()
         })),
     }
+}
+
+/// Sends `msgs` on one stream and reads every answer: the batch ids answered durable.
+async fn send_all(url: &str, msgs: Vec<IngestRequest>) -> Vec<u64> {
+    let mut c = IngestClient::connect(url.to_owned())
+        .await
+        .expect("connect");
+    let mut acks = c
+        .stream(tokio_stream::iter(msgs))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut durable = Vec::new();
+    while let Ok(Some(a)) = acks.message().await {
+        if a.durable && a.batch_id > 1 {
+            durable.push(a.batch_id);
+        }
+    }
+    durable
 }
 
 fn hello_from(node: &str) -> IngestRequest {
@@ -495,4 +516,68 @@ async fn a_spent_ingest_budget_slows_agents_down_and_one_that_reads_no_answers_h
         0.0,
         "all of the budget returned"
     );
+}
+
+/// Records of a job that ended, sent late (from an agent's spool) to a collector restarted since:
+/// the job's exit is stored already and will not come again, so the job must stay ended rather
+/// than come back as running with a silent rank (the soak once saw such a job never end and
+/// reported as hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_records_of_a_job_that_ended_before_a_restart_do_not_bring_it_back() {
+    use commscope_wire::op::flags;
+    use commscope_wire::record::{EXIT_STATUS_UNKNOWN, Process, ProcessEvent};
+    let mut svc = Services::start("node-late", &[], &["--no-ebpf"]);
+    let url = format!("http://{}", svc.grpc);
+    let exit = Record::Process(Process {
+        rec_seq: 10,
+        event: ProcessEvent::Exit,
+        flags: flags::OBSERVED,
+        t_mono: 0,
+        t_real: 0,
+        pid: 9,
+        exit_status: EXIT_STATUS_UNKNOWN,
+        start_time: 1,
+        rank: 0,
+        world_size: 1,
+        signal: 0,
+        step: 0,
+    });
+    // Records 1-3 and the exit (10); 4-9 are held back, as an agent's spool would.
+    let acked = send_all(
+        &url,
+        vec![
+            hello_from("late"),
+            call_batch(2, "late-job", 9, 1, 3),
+            batch_of(3, "late-job", 9, vec![exit]),
+        ],
+    )
+    .await;
+    assert_eq!(acked, vec![2, 3]);
+    let state = |svc: &Services| {
+        svc.job("late-job")
+            .map(|j| j["state"].as_str().unwrap_or_default().to_owned())
+    };
+    let t = Instant::now();
+    while state(&svc).as_deref() != Some("ended") {
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", state(&svc));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    svc.collector().stop();
+    svc.start_collector();
+    let url = format!("http://{}", svc.grpc);
+    let acked = send_all(
+        &url,
+        vec![hello_from("late"), call_batch(2, "late-job", 9, 4, 6)],
+    )
+    .await;
+    assert_eq!(acked, vec![2]);
+    let job = svc.job("late-job").expect("the job");
+    assert_eq!(job["state"], "ended", "{job:#}");
+    assert_eq!(job["records"], 6, "the late records applied: {job:#}");
+    let log = svc.collector.as_ref().expect("collector").log();
+    assert!(
+        log.contains("records of job late-job came after it ended"),
+        "{log}"
+    );
+    assert!(svc.findings("late-job", "open").is_empty());
 }

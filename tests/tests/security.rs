@@ -238,16 +238,17 @@ fn one_agent_is_held_to_its_jobs_and_ranks_and_counts_what_was_refused() {
     );
 }
 
-/// Whatever makes a job known to the collector is held to the agent's bounds: an in-flight
-/// snapshot or a stack probe of a job over `--max-jobs-per-agent` is refused like its records
-/// (a snapshot of such a job once slipped through and made it known).
+/// Whatever a collector takes from an agent is held to the agent's bounds: an in-flight snapshot
+/// or a stack probe of a job over `--max-jobs-per-agent` is refused like its records (a snapshot
+/// of such a job once slipped through and made it known).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_records() {
     use commscope_wire::grpc::ingest_client::IngestClient;
     use commscope_wire::grpc::ingest_request::Payload;
     use commscope_wire::grpc::{
-        AgentHello, InFlightSnapshot, IngestRequest, ProcessId, ProcessProbe,
+        AgentHello, InFlightSnapshot, IngestRequest, ProcessId, ProcessProbe, RecordBatch,
     };
+    use commscope_wire::record::{Call, RECORD_SIZE, Record};
     let svc = Services::start("node-snap", &["--max-jobs-per-agent", "1"], &["--no-ebpf"]);
     let process = |job: &str| ProcessId {
         job: job.into(),
@@ -279,7 +280,21 @@ async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_recor
                 layout_version: commscope_wire::shm::LAYOUT_VERSION,
             }),
         ),
-        msg(2, snapshot("snap-admitted")),
+        msg(
+            2,
+            Payload::Records(RecordBatch {
+                process: Some(process("snap-admitted")),
+                record_size: RECORD_SIZE as u32,
+                records: Record::Call(Call {
+                    rec_seq: 1,
+                    seq: 1,
+                    ..Default::default()
+                })
+                .encode()
+                .to_vec(),
+                ..Default::default()
+            }),
+        ),
         msg(3, snapshot("snap-over")),
         msg(
             4,
