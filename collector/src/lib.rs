@@ -211,10 +211,15 @@ pub struct Shared {
     pub ingest_budget: Arc<tokio::sync::Semaphore>,
 }
 
+/// The ingest budget (`ingest_budget_bytes`) in KiB, at least one.
+fn budget_kib(config: &Config) -> usize {
+    (config.ingest_budget_bytes >> 10).max(1)
+}
+
 impl Shared {
     /// The ingest budget in KiB.
     fn budget_kib(&self) -> usize {
-        (self.config.ingest_budget_bytes >> 10).max(1)
+        budget_kib(&self.config)
     }
 
     /// Takes the share of the ingest budget of a batch of `bytes` (a batch larger than the
@@ -491,9 +496,7 @@ pub async fn start(config: Config) -> Result<Running> {
         history,
         agents: Mutex::new(Default::default()),
         agent_usage: Mutex::new(Default::default()),
-        ingest_budget: Arc::new(tokio::sync::Semaphore::new(
-            (config.ingest_budget_bytes >> 10).max(1),
-        )),
+        ingest_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib(&config))),
         peers: peers::Peers::new(
             config.peers.clone(),
             config.auth_token.clone(),

@@ -493,3 +493,25 @@ pub fn raw_records(job_dir: &Path) -> RawRecords {
     }
     out
 }
+
+/// Sends `msgs` on one ingest stream to the collector's gRPC address, as an agent would (plain
+/// HTTP/2, no token), and reads every answer until the collector ends the stream.
+pub async fn ingest_stream(
+    grpc: SocketAddr,
+    msgs: Vec<commscope_wire::grpc::IngestRequest>,
+) -> Vec<commscope_wire::grpc::IngestAck> {
+    use commscope_wire::grpc::ingest_client::IngestClient;
+    let mut c = IngestClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let mut acks = c
+        .stream(tokio_stream::iter(msgs))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut out = Vec::new();
+    while let Ok(Some(a)) = acks.message().await {
+        out.push(a);
+    }
+    out
+}

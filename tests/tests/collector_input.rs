@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{Services, http_get, raw_records, run_with_agent};
+use commscope_tests::services::{Services, http_get, ingest_stream, raw_records, run_with_agent};
 use commscope_tests::{Flavour, assert_ok, build, launch};
 use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
@@ -408,22 +408,13 @@ fn batch_of(batch_id: u64, job: &str, pid: u32, records: Vec<Record>) -> IngestR
 }
 
 /// Sends `msgs` on one stream and reads every answer: the batch ids answered durable.
-async fn send_all(url: &str, msgs: Vec<IngestRequest>) -> Vec<u64> {
-    let mut c = IngestClient::connect(url.to_owned())
+async fn send_all(svc: &Services, msgs: Vec<IngestRequest>) -> Vec<u64> {
+    ingest_stream(svc.grpc, msgs)
         .await
-        .expect("connect");
-    let mut acks = c
-        .stream(tokio_stream::iter(msgs))
-        .await
-        .expect("stream")
-        .into_inner();
-    let mut durable = Vec::new();
-    while let Ok(Some(a)) = acks.message().await {
-        if a.durable && a.batch_id > 1 {
-            durable.push(a.batch_id);
-        }
-    }
-    durable
+        .into_iter()
+        .filter(|a| a.durable && a.batch_id > 1)
+        .map(|a| a.batch_id)
+        .collect()
 }
 
 fn hello_from(node: &str) -> IngestRequest {
@@ -452,7 +443,7 @@ async fn a_spent_ingest_budget_slows_agents_down_and_one_that_reads_no_answers_h
     let deaf = 40_000u64;
     let mut msgs = vec![hello_from("deaf")];
     msgs.extend((1..=deaf).map(|i| call_batch(i + 1, "budget-deaf", 7, i, 1)));
-    let mut deaf_client = IngestClient::connect(url.clone()).await.expect("connect");
+    let mut deaf_client = IngestClient::connect(url).await.expect("connect");
     let _unread = deaf_client
         .stream(tokio_stream::iter(msgs))
         .await
@@ -463,20 +454,14 @@ async fn a_spent_ingest_budget_slows_agents_down_and_one_that_reads_no_answers_h
     let (batches, per) = (20u64, 1000u64);
     let mut agents = Vec::new();
     for a in 0..4u32 {
-        let url = url.clone();
+        let grpc = svc.grpc;
         agents.push(tokio::spawn(async move {
             let mut msgs = vec![hello_from(&format!("busy-{a}"))];
             msgs.extend(
                 (0..batches).map(|b| call_batch(b + 2, "budget-busy", 100 + a, b * per + 1, per)),
             );
-            let mut c = IngestClient::connect(url).await.expect("connect");
-            let mut acks = c
-                .stream(tokio_stream::iter(msgs))
-                .await
-                .expect("stream")
-                .into_inner();
             let mut durable = 0;
-            while let Ok(Some(a)) = acks.message().await {
+            for a in ingest_stream(grpc, msgs).await {
                 assert!(a.error.is_empty(), "{a:?}");
                 durable += u64::from(a.durable && a.batch_id > 1);
             }
@@ -527,7 +512,6 @@ async fn late_records_of_a_job_that_ended_before_a_restart_do_not_bring_it_back(
     use commscope_wire::op::flags;
     use commscope_wire::record::{EXIT_STATUS_UNKNOWN, Process, ProcessEvent};
     let mut svc = Services::start("node-late", &[], &["--no-ebpf"]);
-    let url = format!("http://{}", svc.grpc);
     let exit = Record::Process(Process {
         rec_seq: 10,
         event: ProcessEvent::Exit,
@@ -544,7 +528,7 @@ async fn late_records_of_a_job_that_ended_before_a_restart_do_not_bring_it_back(
     });
     // Records 1-3 and the exit (10); 4-9 are held back, as an agent's spool would.
     let acked = send_all(
-        &url,
+        &svc,
         vec![
             hello_from("late"),
             call_batch(2, "late-job", 9, 1, 3),
@@ -564,9 +548,8 @@ async fn late_records_of_a_job_that_ended_before_a_restart_do_not_bring_it_back(
     }
     svc.collector().stop();
     svc.start_collector();
-    let url = format!("http://{}", svc.grpc);
     let acked = send_all(
-        &url,
+        &svc,
         vec![hello_from("late"), call_batch(2, "late-job", 9, 4, 6)],
     )
     .await;

@@ -243,7 +243,6 @@ fn one_agent_is_held_to_its_jobs_and_ranks_and_counts_what_was_refused() {
 /// of such a job once slipped through and made it known).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_records() {
-    use commscope_wire::grpc::ingest_client::IngestClient;
     use commscope_wire::grpc::ingest_request::Payload;
     use commscope_wire::grpc::{
         AgentHello, InFlightSnapshot, IngestRequest, ProcessId, ProcessProbe, RecordBatch,
@@ -305,18 +304,12 @@ async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_recor
             }),
         ),
     ];
-    let mut client = IngestClient::connect(format!("http://{}", svc.grpc))
-        .await
-        .expect("connect");
-    let mut acks = client
-        .stream(tokio_stream::iter(messages))
-        .await
-        .expect("stream")
-        .into_inner();
-    let mut by_id = std::collections::HashMap::new();
-    while let Ok(Some(a)) = acks.message().await {
-        by_id.insert(a.batch_id, a);
-    }
+    let by_id: std::collections::HashMap<u64, _> =
+        commscope_tests::services::ingest_stream(svc.grpc, messages)
+            .await
+            .into_iter()
+            .map(|a| (a.batch_id, a))
+            .collect();
     assert!(by_id[&2].durable && by_id[&2].error.is_empty(), "{by_id:?}");
     for id in [3, 4] {
         let a = &by_id[&id];

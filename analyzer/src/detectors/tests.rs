@@ -77,19 +77,7 @@ fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
 }
 
 fn recv(v: &mut JobView, r: i32, from: i32, age: u64) {
-    rank(v, r).in_flight.push(InFlight {
-        comm: WORLD,
-        seq: 1,
-        op: Op::Recv,
-        bytes: 8,
-        peer: Some(from),
-        tag: 999,
-        entered_ns: NOW - age,
-        age_ns: age,
-        stream: false,
-        issued_only: false,
-        posted: false,
-    });
+    p2p_in_flight(v, r, 1, 8, &[(Op::Recv, from, 999, age, false)]);
 }
 
 fn run(v: &JobView) -> Vec<Finding> {
@@ -904,19 +892,40 @@ fn ranks_recorded_from_the_host_that_all_issued_the_same_call_are_no_finding() {
 /// Rank 2 posted a send to rank 3 (tag 7), then blocked in a receive from rank 1 with tag 8,
 /// which rank 1 never sends: it has moved on into all-reduce #121.
 fn blocked_in_a_receive_of_the_wrong_tag(v: &mut JobView) {
-    for (op, peer, tag, age) in [(Op::Send, 3, 7, 20 * S + 2), (Op::Recv, 1, 8, 20 * S + 1)] {
-        rank(v, 2).in_flight.push(InFlight {
+    p2p_in_flight(
+        v,
+        2,
+        120,
+        2048,
+        &[
+            (Op::Send, 3, 7, 20 * S + 2, true),
+            (Op::Recv, 1, 8, 20 * S + 1, false),
+        ],
+    );
+}
+
+/// Point-to-point calls of rank `r` in flight on the world (after its call `seq`), each
+/// (op, peer, tag, age, posted).
+fn p2p_in_flight(
+    v: &mut JobView,
+    r: i32,
+    seq: u64,
+    bytes: u64,
+    calls: &[(Op, i32, i32, u64, bool)],
+) {
+    for &(op, peer, tag, age, posted) in calls {
+        rank(v, r).in_flight.push(InFlight {
             comm: WORLD,
-            seq: 120,
+            seq,
             op,
-            bytes: 2048,
+            bytes,
             peer: Some(peer),
             tag,
             entered_ns: NOW - age,
             age_ns: age,
             stream: false,
             issued_only: false,
-            posted: op == Op::Send,
+            posted,
         });
     }
 }
@@ -963,21 +972,16 @@ fn a_rank_in_waitall_is_named_with_the_receive_its_peer_never_sends() {
     for r in [0, 2, 3] {
         inside(&mut v, r, WORLD, 150, 10 * S);
     }
-    for (op, peer, tag, age) in [(Op::Recv, 0, 6, 10 * S + 2), (Op::Send, 2, 5, 10 * S + 1)] {
-        rank(&mut v, 1).in_flight.push(InFlight {
-            comm: WORLD,
-            seq: 149,
-            op,
-            bytes: 512,
-            peer: Some(peer),
-            tag,
-            entered_ns: NOW - age,
-            age_ns: age,
-            stream: false,
-            issued_only: false,
-            posted: true,
-        });
-    }
+    p2p_in_flight(
+        &mut v,
+        1,
+        149,
+        512,
+        &[
+            (Op::Recv, 0, 6, 10 * S + 2, true),
+            (Op::Send, 2, 5, 10 * S + 1, true),
+        ],
+    );
     let f = run(&v);
     assert_eq!(kinds(&f), [(Kind::Hang, vec![1])], "{f:#?}");
     let s = &f[0].summary;
