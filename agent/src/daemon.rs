@@ -1733,6 +1733,9 @@ impl Pump {
                         comm_rank: e.comm_rank,
                         status: u32::from(e.status),
                         tid: e.tid,
+                        count: e.count,
+                        dtype: u32::from(e.dtype),
+                        red_op: u32::from(e.red_op),
                     })
                     .collect(),
                 dropped_ring_full: shm.counter(Counter::DroppedRingFull),

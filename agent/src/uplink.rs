@@ -7,7 +7,7 @@ use std::time::Duration;
 use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{AgentHello, IngestAck, IngestRequest};
-use commscope_wire::shm::LAYOUT_VERSION;
+use commscope_wire::record::RECORD_LAYOUT_VERSION;
 use tokio::sync::{mpsc, watch};
 
 use crate::daemon::{now_real, stop_requested, stopped};
@@ -130,7 +130,7 @@ pub async fn run<E: From<Link> + Send + 'static>(
                 payload: Some(Payload::Hello(AgentHello {
                     node: node.clone(),
                     agent_version: env!("CARGO_PKG_VERSION").into(),
-                    layout_version: LAYOUT_VERSION,
+                    layout_version: RECORD_LAYOUT_VERSION,
                 })),
             })
             .await

@@ -276,6 +276,11 @@ impl Recorder {
             lib: lib::NCCL,
             peer2: -1,
             tag2: -1,
+            red_op: if op.is_reducing() {
+                commscope_wire::op::red_op::from_nccl(e.red_op)
+            } else {
+                commscope_wire::op::red_op::UNKNOWN
+            },
             ..Call::default()
         };
         if op.is_p2p() {
@@ -301,6 +306,9 @@ impl Recorder {
                 tag: -1,
                 tid: e.head.tid,
                 comm_rank: c.rank,
+                count: call.count,
+                dtype: call.dtype,
+                red_op: call.red_op,
             };
             let shm = p.ring.shm();
             match c.slot {

@@ -250,14 +250,10 @@ pub(crate) fn conclude(
         .ranks
         .values()
         .flat_map(|r| {
-            r.in_flight.iter().filter(|x| !x.op.is_p2p()).map(move |x| {
-                (
-                    r.rank,
-                    x.comm,
-                    x.seq,
-                    Detectors::in_flight_shape(x.op, x.bytes),
-                )
-            })
+            r.in_flight
+                .iter()
+                .filter(|x| !x.op.is_p2p())
+                .map(move |x| (r.rank, x.comm, x.seq, x.shape))
         })
         .collect();
     let instance = ev.finish(&mut det, unfinished, view.now_ns);

@@ -303,6 +303,7 @@ impl ProcessReplay {
                 stream: c.lib != commscope_wire::op::lib::MPI,
                 issued_only: c.host_only(),
                 posted: c.nonblocking(),
+                shape: crate::stream::Shape::of_call(&c),
             });
         }
         r

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use crate::FastMap;
 
 use commscope_wire::hash::format_comm_id;
-use commscope_wire::op::{Op, dtype, flags};
+use commscope_wire::op::{Op, dtype, flags, red_op};
 use commscope_wire::record::{Call, Skip};
 
 use crate::detectors::comm_error::CommErrors;
@@ -95,7 +95,9 @@ struct Entry {
     weight: u32,
 }
 
-/// What a member called: op, fixed size, root, datatype — members of an instance must agree.
+/// What a member called: op, fixed size, root, datatype, reduction — members of an instance
+/// must agree. A field is `None` where the op has no such thing, or where the record did not
+/// say (an `enter` record written before calls in flight carried their whole signature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Shape {
     pub op: u8,
@@ -104,6 +106,8 @@ pub struct Shape {
     /// Root, for rooted ops.
     pub root: Option<i32>,
     pub dtype: Option<u16>,
+    /// The reduction ([`red_op`]), for reducing ops.
+    pub red_op: Option<u8>,
 }
 
 impl Shape {
@@ -126,17 +130,74 @@ impl Shape {
             root: (op.is_rooted() && intra).then_some(root),
             dtype: (fixed && !matches!(dt, dtype::NONE | dtype::DERIVED | dtype::MIXED))
                 .then_some(dt),
+            red_op: None,
         }
     }
 
-    /// "broadcast of 8 B rooted at 0".
+    /// The shape of a collective's `call` or `enter` record, its reduction included.
+    pub fn of_call(c: &Call) -> Shape {
+        Shape::of(c.op(), c.bytes, c.peer, c.dtype, c.flags).reducing(c.red_op)
+    }
+
+    /// The same call, reducing with `code` ([`red_op`]; not known: left out).
+    pub fn reducing(self, code: u8) -> Shape {
+        Shape {
+            red_op: (Op::from_code(self.op).is_reducing() && code != red_op::UNKNOWN)
+                .then_some(code),
+            ..self
+        }
+    }
+
+    /// The fields every one of `shapes` knows: a field one of them lacks is left out of all,
+    /// so a call whose record says less is compared on what it says. (Where the op has no such
+    /// field every member of that op lacks it; members of another op differ in `op` anyway.)
+    fn known_to_all<'a>(shapes: impl IntoIterator<Item = &'a Shape>) -> [bool; 4] {
+        let mut known = [true; 4];
+        for s in shapes {
+            let has = [
+                s.bytes.is_some(),
+                s.root.is_some(),
+                s.dtype.is_some(),
+                s.red_op.is_some(),
+            ];
+            for (k, h) in known.iter_mut().zip(has) {
+                *k &= h;
+            }
+        }
+        known
+    }
+
+    fn keeping(self, known: [bool; 4]) -> Shape {
+        Shape {
+            op: self.op,
+            bytes: self.bytes.filter(|_| known[0]),
+            root: self.root.filter(|_| known[1]),
+            dtype: self.dtype.filter(|_| known[2]),
+            red_op: self.red_op.filter(|_| known[3]),
+        }
+    }
+
+    /// Members grouped by what they called, compared on what every member's record says.
+    pub fn group(calls: &[(i32, Shape)]) -> BTreeMap<Shape, Vec<i32>> {
+        let known = Shape::known_to_all(calls.iter().map(|(_, s)| s));
+        let mut out: BTreeMap<Shape, Vec<i32>> = BTreeMap::new();
+        for (r, s) in calls {
+            out.entry(s.keeping(known)).or_default().push(*r);
+        }
+        out
+    }
+
+    /// "broadcast of 8 B (int) rooted at 0", "allreduce of 2048 B (double, sum)".
     pub fn describe(&self) -> String {
         let mut s = Op::from_code(self.op).name().to_owned();
         if let Some(b) = self.bytes {
             s += &format!(" of {b} B");
         }
-        if let Some(d) = self.dtype {
-            s += &format!(" ({})", dtype::name(d));
+        match (self.dtype, self.red_op) {
+            (Some(d), Some(r)) => s += &format!(" ({}, {})", dtype::name(d), red_op::name(r)),
+            (Some(d), None) => s += &format!(" ({})", dtype::name(d)),
+            (None, Some(r)) => s += &format!(" ({})", red_op::name(r)),
+            (None, None) => {}
         }
         if let Some(r) = self.root {
             s += &format!(" rooted at {r}");
@@ -326,7 +387,7 @@ impl Detectors {
         });
         p.entries.push(Entry {
             member,
-            shape: Shape::of(op, c.bytes, c.peer, c.dtype, c.flags),
+            shape: Shape::of_call(c),
             blocking,
             weight: c.sample_modulus() as u32,
         });
@@ -378,9 +439,10 @@ impl Detectors {
         if p.entries.iter().all(|e| e.shape == first) {
             return false;
         }
-        let mut shapes: BTreeMap<Shape, Vec<i32>> = BTreeMap::new();
-        for e in &p.entries {
-            shapes.entry(e.shape).or_default().push(e.member.rank);
+        let calls: Vec<(i32, Shape)> = p.entries.iter().map(|e| (e.member.rank, e.shape)).collect();
+        let shapes = Shape::group(&calls);
+        if shapes.len() < 2 {
+            return false;
         }
         if self.mismatches.len() < MAX_MISMATCHES {
             self.mismatches.entry(key).or_insert(Mismatch {
@@ -657,26 +719,22 @@ impl Detectors {
             if self.mismatches.contains_key(&key) {
                 continue;
             }
-            let mut shapes: BTreeMap<Shape, Vec<i32>> = BTreeMap::new();
+            let mut members: Vec<(i32, Shape)> = Vec::new();
             let mut seen: BTreeSet<i32> = BTreeSet::new();
             let size = self.pending.get(&key).map_or(0, |p| p.size);
             if let Some(p) = self.pending.get(&key) {
                 for e in &p.entries {
                     if seen.insert(e.member.rank) {
-                        let s = Shape {
-                            root: None,
-                            dtype: None,
-                            ..e.shape
-                        };
-                        shapes.entry(s).or_default().push(e.member.rank);
+                        members.push((e.member.rank, e.shape));
                     }
                 }
             }
             for (r, s) in calls {
                 if seen.insert(r) {
-                    shapes.entry(s).or_default().push(r);
+                    members.push((r, s));
                 }
             }
+            let shapes = Shape::group(&members);
             if shapes.len() > 1 && self.mismatches.len() < MAX_MISMATCHES {
                 self.mismatches.insert(
                     key,
@@ -689,16 +747,6 @@ impl Detectors {
                     },
                 );
             }
-        }
-    }
-
-    /// The shape an in-flight call of this op would have (in-flight tables carry no root or
-    /// datatype: only op and size are compared).
-    pub fn in_flight_shape(op: Op, bytes: u64) -> Shape {
-        Shape {
-            root: None,
-            dtype: None,
-            ..Shape::of(op, bytes, -1, dtype::NONE, 0)
         }
     }
 }

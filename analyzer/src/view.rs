@@ -117,6 +117,9 @@ pub struct InFlight {
     /// A nonblocking request (`MPI_I*`) posted and not yet seen complete: the rank went on
     /// after posting it, so it is not blocked in it (it may wait for it in `MPI_Wait*`).
     pub posted: bool,
+    /// A collective's signature (op, size, root, datatype, reduction) as far as its record
+    /// tells: what the members of its instance must agree on.
+    pub shape: crate::stream::Shape,
 }
 
 /// A process's kernel state (live).

@@ -222,6 +222,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
                 stream: stream_lib || issued_only,
                 issued_only,
                 posted: c.posted,
+                shape: c.shape(op),
             })
         })
         .collect();

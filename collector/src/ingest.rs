@@ -16,8 +16,8 @@ use commscope_wire::grpc::ingest_server::Ingest;
 use commscope_wire::grpc::{IngestAck, IngestRequest, ProcessId};
 use commscope_wire::op::Op;
 use commscope_wire::parquet::ClockAlignment;
+use commscope_wire::record::RECORD_LAYOUT_VERSION as LAYOUT_VERSION;
 use commscope_wire::record::{RECORD_SIZE, RawRecord};
-use commscope_wire::shm::LAYOUT_VERSION;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -606,6 +606,9 @@ fn handle(
                     for_s: s.t_mono_ns.saturating_sub(e.t_enter_ns) as f64 / 1e9,
                     issued_only: e.status
                         == u32::from(commscope_wire::shm::in_flight_status::ISSUED),
+                    count: e.count,
+                    dtype: u16::try_from(e.dtype).unwrap_or(0),
+                    red_op: u8::try_from(e.red_op).unwrap_or(0),
                 })
                 .collect();
             let proc = (!s.proc_state.is_empty()).then(|| crate::state::ProcSample {

@@ -273,6 +273,22 @@ pub struct InFlightCall {
     /// collective on the communicator, issued, its completion unknown.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub issued_only: bool,
+    /// Elements, datatype and reduction codes (0: not known), and the record's flags: with op,
+    /// bytes and peer (the root), what members of a collective instance must agree on.
+    #[serde(skip)]
+    pub count: u64,
+    #[serde(skip)]
+    pub dtype: u16,
+    #[serde(skip)]
+    pub red_op: u8,
+}
+
+impl InFlightCall {
+    /// The collective's signature as far as the snapshot tells.
+    pub fn shape(&self, op: Op) -> commscope_analyzer::stream::Shape {
+        commscope_analyzer::stream::Shape::of(op, self.bytes, self.peer, self.dtype, 0)
+            .reducing(self.red_op)
+    }
 }
 
 fn ser_comm<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -460,14 +476,7 @@ impl JobState {
             .flat_map(|r| r.live_in_flight().iter())
             .filter_map(|c| {
                 let op = Op::from_name(&c.op)?;
-                (!op.is_p2p()).then(|| {
-                    (
-                        c.rank,
-                        c.comm_id,
-                        c.seq,
-                        Detectors::in_flight_shape(op, c.bytes),
-                    )
-                })
+                (!op.is_p2p()).then(|| (c.rank, c.comm_id, c.seq, c.shape(op)))
             })
             .collect();
         self.detectors.in_flight_shapes(calls);

@@ -418,7 +418,7 @@ async fn send_all(svc: &Services, msgs: Vec<IngestRequest>) -> Vec<u64> {
 }
 
 fn hello_from(node: &str) -> IngestRequest {
-    let mut h = hello(commscope_wire::shm::LAYOUT_VERSION);
+    let mut h = hello(commscope_wire::record::RECORD_LAYOUT_VERSION);
     if let Some(Payload::Hello(x)) = &mut h.payload {
         x.node = node.into();
     }

@@ -276,7 +276,7 @@ async fn snapshots_and_probes_of_a_job_over_the_bound_are_refused_like_its_recor
             Payload::Hello(AgentHello {
                 node: "intruder".into(),
                 agent_version: "test".into(),
-                layout_version: commscope_wire::shm::LAYOUT_VERSION,
+                layout_version: commscope_wire::record::RECORD_LAYOUT_VERSION,
             }),
         ),
         msg(

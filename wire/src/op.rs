@@ -169,6 +169,14 @@ impl Op {
             Op::Broadcast | Op::Reduce | Op::Gather | Op::Gatherv | Op::Scatter | Op::Scatterv
         )
     }
+
+    /// Collectives that combine their members' data with a reduction operation ([`red_op`]).
+    pub fn is_reducing(self) -> bool {
+        matches!(
+            self,
+            Op::Allreduce | Op::Reduce | Op::Reducescatter | Op::Scan | Op::Exscan
+        )
+    }
 }
 
 impl std::fmt::Display for Op {
@@ -338,6 +346,82 @@ pub mod flags {
     /// Process: written by the node agent, which saw the process end (its `exit_status` and
     /// `signal` come from the kernel).
     pub const OBSERVED: u16 = 1 << 0;
+    /// Process, event exit, written by the shim: the process is ending without having shut down
+    /// cleanly — `exit` (or a return from `main`) without `MPI_Finalize` (`exit_status` is the
+    /// status passed to `exit`), a fatal signal (`signal` is set), or [`ABORTED`]. An exit record
+    /// without it (and without [`OBSERVED`]) is a clean shutdown.
+    pub const UNFINALIZED: u16 = 1 << 1;
+    /// Process, event exit, with [`UNFINALIZED`]: the process called `MPI_Abort`; `exit_status`
+    /// is its error code.
+    pub const ABORTED: u16 = 1 << 2;
+}
+
+/// Reduction operations (`MPI_Op`, NCCL's `ncclRedOp_t`), as carried by the `call` and `enter`
+/// records of reducing collectives (bytes 116..120, `docs/trace-format.md`). 0 is "none or not
+/// known" (records written before the field existed read so).
+pub mod red_op {
+    pub const UNKNOWN: u8 = 0;
+    pub const SUM: u8 = 1;
+    pub const PROD: u8 = 2;
+    pub const MAX: u8 = 3;
+    pub const MIN: u8 = 4;
+    pub const LAND: u8 = 5;
+    pub const BAND: u8 = 6;
+    pub const LOR: u8 = 7;
+    pub const BOR: u8 = 8;
+    pub const LXOR: u8 = 9;
+    pub const BXOR: u8 = 10;
+    pub const MINLOC: u8 = 11;
+    pub const MAXLOC: u8 = 12;
+    pub const REPLACE: u8 = 13;
+    pub const NO_OP: u8 = 14;
+    /// NCCL's `ncclAvg`.
+    pub const AVG: u8 = 15;
+    /// A user-defined operation (`MPI_Op_create`, `ncclRedOpCreatePreMulSum`): members agree
+    /// only that it is user-defined.
+    pub const USER: u8 = 16;
+
+    /// The name used in findings and summaries (`sum`, `max`, …; `user-defined`).
+    pub fn name(code: u8) -> &'static str {
+        match code {
+            SUM => "sum",
+            PROD => "prod",
+            MAX => "max",
+            MIN => "min",
+            LAND => "land",
+            BAND => "band",
+            LOR => "lor",
+            BOR => "bor",
+            LXOR => "lxor",
+            BXOR => "bxor",
+            MINLOC => "minloc",
+            MAXLOC => "maxloc",
+            REPLACE => "replace",
+            NO_OP => "no_op",
+            AVG => "avg",
+            USER => "user-defined",
+            _ => "unknown",
+        }
+    }
+
+    /// The code of a name [`name`] gives ([`UNKNOWN`] for any other).
+    pub fn from_name(s: &str) -> u8 {
+        (SUM..=USER).find(|c| name(*c) == s).unwrap_or(UNKNOWN)
+    }
+
+    /// NCCL's `ncclRedOp_t` (`ncclSum` 0, `ncclProd`, `ncclMax`, `ncclMin`, `ncclAvg` 4; values
+    /// from `ncclNumOps` on are user-defined).
+    pub fn from_nccl(op: i32) -> u8 {
+        match op {
+            0 => SUM,
+            1 => PROD,
+            2 => MAX,
+            3 => MIN,
+            4 => AVG,
+            o if o >= 5 => USER,
+            _ => UNKNOWN,
+        }
+    }
 }
 
 /// nccl-tests' bus-bandwidth factor (`PERFORMANCE.md`, NCCL Inspector's `inspectorComputeOpBw`):

@@ -19,7 +19,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::cst::Header;
 use crate::hash::format_comm_id;
-use crate::op::{Clock, Op, dtype};
+use crate::op::{Clock, Op, dtype, red_op};
 use crate::record::{Call, Comm, CommEvent, Heartbeat, Process, ProcessEvent, Record};
 
 /// The schema version written into the file's key-value metadata (`commscope.schema`).
@@ -131,6 +131,7 @@ pub fn schema() -> SchemaRef {
         u64f("bytes", true),
         u64f("count", true),
         strf("dtype", true),
+        strf("red_op", true),
         i32f("peer", true),
         i32f("tag", true),
         i32f("peer2", true),
@@ -232,6 +233,7 @@ struct Columns {
     bytes: UInt64Builder,
     count: UInt64Builder,
     dtype: StringBuilder,
+    red_op: StringBuilder,
     peer: Int32Builder,
     tag: Int32Builder,
     peer2: Int32Builder,
@@ -405,6 +407,10 @@ impl Columns {
         );
         self.count.append_option(call.map(|c| c.count));
         self.dtype.append_option(call.map(|c| dtype::name(c.dtype)));
+        self.red_op.append_option(
+            call.filter(|c| c.red_op != red_op::UNKNOWN)
+                .map(|c| red_op::name(c.red_op)),
+        );
         self.peer
             .append_option(call.map(|c| c.peer).or(link.map(|l| l.peer)));
         self.tag.append_option(call.map(|c| c.tag));
@@ -573,6 +579,7 @@ impl Columns {
             Arc::new(self.bytes.finish()),
             Arc::new(self.count.finish()),
             Arc::new(self.dtype.finish()),
+            Arc::new(self.red_op.finish()),
             Arc::new(self.peer.finish()),
             Arc::new(self.tag.finish()),
             Arc::new(self.peer2.finish()),
@@ -1387,6 +1394,8 @@ impl Reader {
         let bytes = c.get::<UInt64Array>("bytes", false)?;
         let count = c.get::<UInt64Array>("count", false)?;
         let dtype_col = c.get::<StringArray>("dtype", false)?;
+        // Written since calls carry their reduction; older files read as not known.
+        let red_op_col = c.get::<StringArray>("red_op", false)?;
         let peer = c.get::<Int32Array>("peer", false)?;
         let tag = c.get::<Int32Array>("tag", false)?;
         let peer2 = c.get::<Int32Array>("peer2", false)?;
@@ -1513,6 +1522,7 @@ impl Reader {
                 lib: crate::op::lib::from_name(opt_str(library, i)).unwrap_or(crate::op::lib::MPI),
                 peer2: opt_i32(peer2, i, -1),
                 tag2: opt_i32(tag2, i, -1),
+                red_op: red_op::from_name(opt_str(red_op_col, i)),
                 op_seq2: opt_u64(op_seq2, i),
                 sample_shift: crate::sampling::shift_of(modulus(i)),
             };

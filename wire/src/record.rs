@@ -9,6 +9,10 @@ use crate::op::{Clock, Op};
 
 /// Size of every raw record in bytes.
 pub const RECORD_SIZE: usize = 128;
+/// The record layout version agents and collectors agree on in their hello (the shared
+/// memory's layout has its own, [`crate::shm::LAYOUT_VERSION`]). Fields added in bytes an
+/// older version left unused (a call's reduction) keep the version: older readers ignore them.
+pub const RECORD_LAYOUT_VERSION: u32 = 1;
 
 /// A raw record.
 pub type RawRecord = [u8; RECORD_SIZE];
@@ -124,6 +128,9 @@ pub struct Call {
     pub peer2: i32,
     /// `sendrecv`: the receive tag.
     pub tag2: i32,
+    /// Reducing collectives: the reduction operation ([`crate::op::red_op`]; 0 not known).
+    /// Shares bytes 116..120 with `tag2`, which only `sendrecv` carries.
+    pub red_op: u8,
     /// `sendrecv`: the receive direction's p2p sequence.
     pub op_seq2: u64,
     /// Consistent sampling: the record stands for 2^`sample_shift` calls (the modulus in force
@@ -1082,7 +1089,16 @@ pub fn encode_call(b: &mut RawRecord, kind: u8, c: &Call) {
     b[110] = (c.clock & 0x0f) | (c.lib << 4);
     b[111] = c.sample_shift;
     put_i32(b, 112, c.peer2);
-    put_i32(b, 116, c.tag2);
+    // Bytes 116..120: the receive tag of a send-receive, the reduction of any other call (-1,
+    // as before the field existed, when it is not known).
+    let word = if c.op == Op::Sendrecv as u8 {
+        c.tag2
+    } else if c.red_op != crate::op::red_op::UNKNOWN {
+        i32::from(c.red_op)
+    } else {
+        -1
+    };
+    put_i32(b, 116, word);
     put_u64(b, 120, c.op_seq2);
 }
 
@@ -1111,7 +1127,15 @@ fn decode_call(b: &RawRecord, rec_seq: u64) -> Call {
         lib: b[110] >> 4,
         sample_shift: b[111],
         peer2: get_i32(b, 112),
-        tag2: get_i32(b, 116),
+        tag2: if b[9] == Op::Sendrecv as u8 {
+            get_i32(b, 116)
+        } else {
+            -1
+        },
+        red_op: match get_i32(b, 116) {
+            w if b[9] != Op::Sendrecv as u8 && (1..=i32::from(u8::MAX)).contains(&w) => w as u8,
+            _ => crate::op::red_op::UNKNOWN,
+        },
         op_seq2: get_u64(b, 120),
     }
 }
@@ -1185,6 +1209,7 @@ mod tests {
             lib: crate::op::lib::MPI,
             peer2: -1,
             tag2: -1,
+            red_op: crate::op::red_op::SUM,
             op_seq2: 0,
             sample_shift: 0,
         }

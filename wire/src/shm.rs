@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! 0        header (4096 bytes): identity, geometry, ring cursors (one cache line each), counters
-//! 4096     in-flight table: `slots` × 64 bytes
+//! 4096     in-flight table: `slots` × 128 bytes
 //! …        ring: `capacity` × 128-byte records (capacity a power of two)
 //! ```
 //!
@@ -28,12 +28,16 @@ use crate::record::{RECORD_SIZE, RawRecord};
 
 /// `"CSCOPESH"`: the first 8 bytes of every region.
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"CSCOPESH");
-/// The layout version; a reader rejects regions of a newer version.
-pub const LAYOUT_VERSION: u32 = 1;
+/// The layout version; a reader rejects regions of another version. Version 2 grew the
+/// in-flight slot to 128 bytes: a call in flight carries its whole signature (count, datatype,
+/// reduction), so members that disagree are told apart while none can complete.
+pub const LAYOUT_VERSION: u32 = 2;
 /// Size of the header.
 pub const HEADER_SIZE: usize = 4096;
 /// Size of one in-flight slot.
-pub const IN_FLIGHT_SLOT_SIZE: usize = 64;
+pub const IN_FLIGHT_SLOT_SIZE: usize = 128;
+/// 64-bit words in one in-flight slot.
+const SLOT_WORDS: usize = IN_FLIGHT_SLOT_SIZE / 8;
 /// Length of the job and node name fields in the header.
 pub const NAME_FIELD: usize = 64;
 
@@ -216,6 +220,11 @@ pub struct InFlight {
     /// Kernel thread id of the caller.
     pub tid: u32,
     pub comm_rank: i32,
+    /// Elements, datatype and reduction, as in the call's record (the signature members of a
+    /// collective instance must agree on).
+    pub count: u64,
+    pub dtype: u16,
+    pub red_op: u8,
 }
 
 impl InFlight {
@@ -230,6 +239,9 @@ impl InFlight {
             seq: if p2p { 0 } else { self.seq },
             op_seq: if p2p { self.seq } else { 0 },
             bytes: self.bytes,
+            count: self.count,
+            dtype: self.dtype,
+            red_op: self.red_op,
             peer: self.peer,
             tag: self.tag,
             t_enter: self.t_enter,
@@ -665,15 +677,15 @@ impl Shm {
 
     // ----- in-flight table -------------------------------------------------------------------
 
-    fn in_flight_words(&self, idx: usize) -> &[AtomicU64; 8] {
+    fn in_flight_words(&self, idx: usize) -> &[AtomicU64; SLOT_WORDS] {
         debug_assert!(idx < self.geometry.in_flight_slots as usize);
-        // SAFETY: idx < slots (checked by callers), so the 64-byte slot lies inside the table.
+        // SAFETY: idx < slots (checked by callers), so the slot lies inside the table.
         unsafe {
             &*(self
                 .base
                 .as_ptr()
                 .add(self.geometry.in_flight_offset() + idx * IN_FLIGHT_SLOT_SIZE)
-                as *const [AtomicU64; 8])
+                as *const [AtomicU64; SLOT_WORDS])
         }
     }
 
@@ -707,7 +719,7 @@ impl Shm {
     /// writes, so a load and a store suffice). `f` gets the upper half of the sequence word (the
     /// comm rank) and returns its new value.
     #[inline]
-    fn in_flight_locked(&self, idx: usize, f: impl FnOnce(&[AtomicU64; 8], u64) -> u64) {
+    fn in_flight_locked(&self, idx: usize, f: impl FnOnce(&[AtomicU64; SLOT_WORDS], u64) -> u64) {
         if idx >= self.geometry.in_flight_slots as usize {
             return;
         }
@@ -736,6 +748,11 @@ impl Shm {
             );
             w[6].store(
                 u64::from(e.peer as u32) | u64::from(e.tag as u32) << 32,
+                Ordering::Relaxed,
+            );
+            w[8].store(e.count, Ordering::Relaxed);
+            w[9].store(
+                u64::from(e.dtype) | u64::from(e.red_op) << 16,
                 Ordering::Relaxed,
             );
             // The comm rank rides in the upper half of the sequence word, beside the version.
@@ -789,6 +806,9 @@ impl Shm {
                 peer: (w[6].load(Ordering::Relaxed) & 0xffff_ffff) as u32 as i32,
                 tag: (w[6].load(Ordering::Relaxed) >> 32) as u32 as i32,
                 comm_rank: (v1 >> 32) as u32 as i32,
+                count: w[8].load(Ordering::Relaxed),
+                dtype: (w[9].load(Ordering::Relaxed) & 0xffff) as u16,
+                red_op: (w[9].load(Ordering::Relaxed) >> 16 & 0xff) as u8,
             };
             std::sync::atomic::fence(Ordering::Acquire);
             if w[7].load(Ordering::Relaxed) == v1 && w[0].load(Ordering::Relaxed) != 0 {
@@ -962,6 +982,9 @@ mod tests {
             tag: 7,
             tid: 1234,
             comm_rank: 3,
+            count: 8,
+            dtype: crate::op::dtype::DOUBLE,
+            red_op: crate::op::red_op::MAX,
         };
         let a = shm.in_flight_claim(0, &e).expect("slot");
         let b = shm

@@ -9,7 +9,7 @@
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use commscope_wire::op::dtype;
+use commscope_wire::op::{dtype, red_op};
 
 /// A handle as passed by value (`MPI_Comm`, `MPI_Datatype`, `MPI_Op`, `MPI_Request`, …).
 pub type H = usize;
@@ -133,6 +133,10 @@ pub struct Abi {
     pub topo_graph: c_int,
     /// Predefined datatypes: (normalized handle, code).
     pub dtypes: Vec<(u64, u16)>,
+    /// Predefined reduction operations: (normalized handle, [`red_op`] code).
+    pub ops: Vec<(u64, u8)>,
+    /// `MPI_OP_NULL`.
+    pub op_null: u64,
 }
 
 /// The largest `MPI_Status` of the supported flavours, in bytes, with room to spare.
@@ -187,6 +191,23 @@ impl Abi {
                 dt(c"ompi_mpi_dblprec", dtype::DOUBLE),
                 dt(c"ompi_mpi_real8", dtype::DOUBLE),
             ];
+            let op = |n: &CStr, code: u8| (sym(n), code);
+            let ops = vec![
+                op(c"ompi_mpi_op_sum", red_op::SUM),
+                op(c"ompi_mpi_op_prod", red_op::PROD),
+                op(c"ompi_mpi_op_max", red_op::MAX),
+                op(c"ompi_mpi_op_min", red_op::MIN),
+                op(c"ompi_mpi_op_land", red_op::LAND),
+                op(c"ompi_mpi_op_band", red_op::BAND),
+                op(c"ompi_mpi_op_lor", red_op::LOR),
+                op(c"ompi_mpi_op_bor", red_op::BOR),
+                op(c"ompi_mpi_op_lxor", red_op::LXOR),
+                op(c"ompi_mpi_op_bxor", red_op::BXOR),
+                op(c"ompi_mpi_op_minloc", red_op::MINLOC),
+                op(c"ompi_mpi_op_maxloc", red_op::MAXLOC),
+                op(c"ompi_mpi_op_replace", red_op::REPLACE),
+                op(c"ompi_mpi_op_no_op", red_op::NO_OP),
+            ];
             Abi {
                 flavour: Flavour::OpenMpi,
                 comm_world: world as u64,
@@ -208,6 +229,8 @@ impl Abi {
                 topo_cart: 1,
                 topo_graph: 2,
                 dtypes: dtypes.into_iter().filter(|&(h, _)| h != 0).collect(),
+                ops: ops.into_iter().filter(|&(h, _)| h != 0).collect(),
+                op_null: sym(c"ompi_mpi_op_null"),
             }
         } else if !resolve::next(c"PMPI_Init").is_null() {
             let dtypes = vec![
@@ -273,6 +296,28 @@ impl Abi {
                 topo_cart: 2,
                 topo_graph: 1,
                 dtypes,
+                // mpi.h: MPI_MAX 0x58000001 … MPI_NO_OP 0x5800000e.
+                ops: [
+                    red_op::MAX,
+                    red_op::MIN,
+                    red_op::SUM,
+                    red_op::PROD,
+                    red_op::LAND,
+                    red_op::BAND,
+                    red_op::LOR,
+                    red_op::BOR,
+                    red_op::LXOR,
+                    red_op::BXOR,
+                    red_op::MINLOC,
+                    red_op::MAXLOC,
+                    red_op::REPLACE,
+                    red_op::NO_OP,
+                ]
+                .iter()
+                .zip(0x5800_0001u64..)
+                .map(|(&code, h)| (h, code))
+                .collect(),
+                op_null: 0x1800_0000,
             }
         } else {
             return None;
@@ -304,6 +349,8 @@ impl Abi {
             topo_cart: 1,
             topo_graph: 2,
             dtypes: Vec::new(),
+            ops: Vec::new(),
+            op_null: 0,
         }
     }
 
@@ -373,6 +420,20 @@ impl Abi {
             }
         }
         dtype::DERIVED
+    }
+
+    /// The [`red_op`] code of a reduction operation: a predefined one's, else user-defined
+    /// ([`red_op::UNKNOWN`] for `MPI_OP_NULL`).
+    #[inline]
+    pub fn red_op_code(&self, h: H) -> u8 {
+        let h = self.norm(h);
+        if h == self.op_null {
+            return red_op::UNKNOWN;
+        }
+        self.ops
+            .iter()
+            .find(|&&(k, _)| k == h)
+            .map_or(red_op::USER, |&(_, code)| code)
     }
 
     /// Contract value for special ranks: -1 none, -2 `MPI_PROC_NULL`, -3 `MPI_ANY_SOURCE`

@@ -1,9 +1,10 @@
 //! Named cases for the liveness detectors, over hand-built job views.
 
-use commscope_wire::op::Op;
+use commscope_wire::op::{Op, dtype};
 
 use super::{Liveness, liveness};
 use crate::finding::{Class, Finding, Kind};
+use crate::stream::Shape;
 use crate::view::{CommView, Ending, InFlight, JobView, ProcessState, RankView};
 
 const S: u64 = 1_000_000_000;
@@ -73,6 +74,7 @@ fn inside(v: &mut JobView, r: i32, comm: u64, seq: u64, age: u64) {
         stream: false,
         issued_only: false,
         posted: false,
+        shape: Shape::of(Op::Allreduce, 1024, -1, dtype::NONE, 0),
     });
 }
 
@@ -822,6 +824,7 @@ fn issued(v: &mut JobView, r: i32, seq: u64, age: u64) {
         stream: true,
         issued_only: true,
         posted: false,
+        shape: Shape::of(Op::Allreduce, 1024, -1, dtype::NONE, 0),
     });
     v.comms
         .get_mut(&WORLD)
@@ -926,6 +929,7 @@ fn p2p_in_flight(
             stream: false,
             issued_only: false,
             posted,
+            shape: Shape::of(op, bytes, peer, dtype::NONE, 0),
         });
     }
 }

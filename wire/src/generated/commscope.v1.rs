@@ -107,6 +107,15 @@ pub struct InFlightEntry {
     pub status: u32,
     #[prost(uint32, tag = "10")]
     pub tid: u32,
+    /// The rest of the call's signature, as in its record: elements, datatype code and reduction
+    /// code (docs/trace-format.md; 0 when not known), so members that disagree are told apart
+    /// while none of them can complete.
+    #[prost(uint64, tag = "11")]
+    pub count: u64,
+    #[prost(uint32, tag = "12")]
+    pub dtype: u32,
+    #[prost(uint32, tag = "13")]
+    pub red_op: u32,
 }
 /// The in-flight table of one process at one moment (sent periodically and on change).
 #[allow(clippy::all)]

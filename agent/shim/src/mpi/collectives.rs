@@ -65,7 +65,8 @@ impl Shim {
         let e = self.comm(comm);
         let (n, me, inter) = shape(e);
         let i = info(self, n, me, inter);
-        let call = self.coll_call(e, op, i.bytes, i.count, i.dtype, i.root, i.flags | fl);
+        let mut call = self.coll_call(e, op, i.bytes, i.count, i.dtype, i.root, i.flags | fl);
+        call.red_op = i.red_op;
         (call, e)
     }
 
@@ -111,15 +112,16 @@ impl Shim {
     }
 }
 
-/// Reduce, allreduce, scan, exscan: the whole buffer.
+/// Reduce, allreduce, scan, exscan: the whole buffer, reduced with `op`.
 pub(crate) fn reduce_info(
     s: &Shim,
     sbuf: CP,
     count: impl Into<i64> + Copy,
     dt: H,
+    op: H,
     root: i32,
 ) -> CollInfo {
-    CollInfo::typed(s, cnt(count), dt, root, s.in_place(sbuf))
+    CollInfo::typed(s, cnt(count), dt, root, s.in_place(sbuf)).reducing(s, op)
 }
 
 /// Per-rank part × ranks, measured on the receive side.
@@ -189,11 +191,12 @@ pub(crate) fn reduce_scatter_info<T: Copy + Into<i64>>(
     sbuf: CP,
     rcounts: *const T,
     dt: H,
+    op: H,
     n: u64,
 ) -> CollInfo {
     // SAFETY: MPI requires one count per rank.
     let c = unsafe { sum(rcounts, n) };
-    CollInfo::typed(s, c, dt, -1, s.in_place(sbuf))
+    CollInfo::typed(s, c, dt, -1, s.in_place(sbuf)).reducing(s, op)
 }
 
 pub(crate) fn reduce_scatter_block_info(
@@ -201,6 +204,7 @@ pub(crate) fn reduce_scatter_block_info(
     sbuf: CP,
     rcount: impl Into<i64> + Copy,
     dt: H,
+    op: H,
     n: u64,
 ) -> CollInfo {
     CollInfo::typed(
@@ -210,6 +214,7 @@ pub(crate) fn reduce_scatter_block_info(
         -1,
         s.in_place(sbuf) | flags::BLOCK_VARIANT,
     )
+    .reducing(s, op)
 }
 
 pub(crate) fn alltoallv_info<T: Copy + Into<i64>>(
@@ -259,6 +264,7 @@ pub(crate) unsafe fn mixed_info<T: Copy + Into<i64>>(
         dtype: dtype::MIXED,
         root: -1,
         flags,
+        red_op: 0,
     }
 }
 
@@ -299,6 +305,7 @@ pub(crate) const NO_DATA: CollInfo = CollInfo {
     dtype: dtype::NONE,
     root: -1,
     flags: 0,
+    red_op: 0,
 };
 
 pub(crate) fn bcast_info(s: &Shim, count: impl Into<i64> + Copy, dt: H, root: c_int) -> CollInfo {
@@ -309,13 +316,13 @@ collective!(MPI_Barrier => PMPI_Barrier(comm: H), comm, Op::Barrier, |_s, _, _, 
 collective!(MPI_Bcast => PMPI_Bcast(buf: P, count: c_int, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
     |s, _, _, _| bcast_info(s, count, dt, root));
 collective!(MPI_Reduce => PMPI_Reduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root)));
 collective!(MPI_Allreduce => PMPI_Allreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 collective!(MPI_Scan => PMPI_Scan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 collective!(MPI_Exscan => PMPI_Exscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H), comm, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 collective!(MPI_Allgather => PMPI_Allgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Allgather,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
 collective!(MPI_Alltoall => PMPI_Alltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H), comm, Op::Alltoall,
@@ -331,9 +338,9 @@ collective!(MPI_Gatherv => PMPI_Gatherv(sbuf: CP, scount: c_int, st: H, rbuf: P,
 collective!(MPI_Scatterv => PMPI_Scatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
     |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
 collective!(MPI_Reduce_scatter => PMPI_Reduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n));
 collective!(MPI_Reduce_scatter_block => PMPI_Reduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n));
 collective!(MPI_Alltoallv => PMPI_Alltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H), comm, Op::Alltoallv,
     |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
 collective!(MPI_Alltoallw => PMPI_Alltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H), comm, Op::Alltoallw,
@@ -345,13 +352,13 @@ icollective!(MPI_Ibarrier => PMPI_Ibarrier(comm: H, req: P), comm, req, Op::Barr
 icollective!(MPI_Ibcast => PMPI_Ibcast(buf: P, count: c_int, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
     |s, _, _, _| bcast_info(s, count, dt, root));
 icollective!(MPI_Ireduce => PMPI_Ireduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root)));
 icollective!(MPI_Iallreduce => PMPI_Iallreduce(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 icollective!(MPI_Iscan => PMPI_Iscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 icollective!(MPI_Iexscan => PMPI_Iexscan(sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 icollective!(MPI_Iallgather => PMPI_Iallgather(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Allgather,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
 icollective!(MPI_Ialltoall => PMPI_Ialltoall(sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
@@ -367,9 +374,9 @@ icollective!(MPI_Igatherv => PMPI_Igatherv(sbuf: CP, scount: c_int, st: H, rbuf:
 icollective!(MPI_Iscatterv => PMPI_Iscatterv(sbuf: CP, scounts: IP, displs: IP, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatterv,
     |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf)));
 icollective!(MPI_Ireduce_scatter => PMPI_Ireduce_scatter(sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n));
 icollective!(MPI_Ireduce_scatter_block => PMPI_Ireduce_scatter_block(sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n));
 icollective!(MPI_Ialltoallv => PMPI_Ialltoallv(sbuf: CP, scounts: IP, sdispls: IP, st: H, rbuf: P, rcounts: IP, rdispls: IP, rt: H, comm: H, req: P), comm, req, Op::Alltoallv,
     |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n));
 icollective!(MPI_Ialltoallw => PMPI_Ialltoallw(sbuf: CP, scounts: IP, sdispls: IP, sts: CP, rbuf: P, rcounts: IP, rdispls: IP, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,

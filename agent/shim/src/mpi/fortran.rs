@@ -149,6 +149,7 @@ macro_rules! f2c {
 f2c! {
     comm_c = c"PMPI_Comm_f2c";
     type_c = c"PMPI_Type_f2c";
+    op_c = c"PMPI_Op_f2c";
     request_c = c"PMPI_Request_f2c";
 }
 
@@ -452,20 +453,20 @@ fortran!(bcast BCAST (buf: P, count: F, dt: F, root: F, comm: F, ierr: FM) |s, r
     coll(s, comm, Op::Broadcast, |s, _, _, _| bcast_info(s, v(count), t, v(root)), real, ierr)
 });
 fortran!(reduce REDUCE (sbuf: CP, rbuf: P, count: F, dt: F, op: F, root: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Reduce, |s, _, _, _| reduce_info(s, sb, v(count), t, s.root_value(v(root))), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Reduce, |s, _, _, _| reduce_info(s, sb, v(count), t, o, s.root_value(v(root))), real, ierr)
 });
 fortran!(allreduce ALLREDUCE (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Allreduce, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Allreduce, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(scan SCAN (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Scan, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Scan, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(exscan EXSCAN (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Exscan, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Exscan, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(allgather ALLGATHER (sbuf: CP, scount: F, st: F, rbuf: P, rcount: F, rt: F, comm: F, ierr: FM) |s, real| {
     let (t, sb) = (type_c(s, rt), place(s, sbuf));
@@ -496,12 +497,12 @@ fortran!(scatterv SCATTERV (sbuf: CP, scounts: F, displs: F, st: F, rbuf: P, rco
     coll(s, comm, Op::Scatterv, |s, n, me, inter| rooted_v_info(s, v(root), me, inter, n, scounts, ts, (v(rcount), tr), fl), real, ierr)
 });
 fortran!(reduce_scatter REDUCE_SCATTER (sbuf: CP, rbuf: P, rcounts: F, dt: F, op: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_info(s, sb, rcounts, t, n), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_info(s, sb, rcounts, t, o, n), real, ierr)
 });
 fortran!(reduce_scatter_block REDUCE_SCATTER_BLOCK (sbuf: CP, rbuf: P, rcount: F, dt: F, op: F, comm: F, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    coll(s, comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_block_info(s, sb, v(rcount), t, n), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    coll(s, comm, Op::Reducescatter, |s, n, _, _| reduce_scatter_block_info(s, sb, v(rcount), t, o, n), real, ierr)
 });
 fortran!(alltoallv ALLTOALLV (sbuf: CP, scounts: F, sdispls: F, st: F, rbuf: P, rcounts: F, rdispls: F, rt: F, comm: F, ierr: FM) |s, real| {
     let (ts, tr, sb) = (type_c(s, st), type_c(s, rt), place(s, sbuf));
@@ -517,20 +518,20 @@ fortran!(ibcast IBCAST (buf: P, count: F, dt: F, root: F, comm: F, req: FM, ierr
     icoll(s, comm, Op::Broadcast, req, |s, _, _, _| bcast_info(s, v(count), t, v(root)), real, ierr)
 });
 fortran!(ireduce IREDUCE (sbuf: CP, rbuf: P, count: F, dt: F, op: F, root: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Reduce, req, |s, _, _, _| reduce_info(s, sb, v(count), t, s.root_value(v(root))), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Reduce, req, |s, _, _, _| reduce_info(s, sb, v(count), t, o, s.root_value(v(root))), real, ierr)
 });
 fortran!(iallreduce IALLREDUCE (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Allreduce, req, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Allreduce, req, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(iscan ISCAN (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Scan, req, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Scan, req, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(iexscan IEXSCAN (sbuf: CP, rbuf: P, count: F, dt: F, op: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Exscan, req, |s, _, _, _| reduce_info(s, sb, v(count), t, -1), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Exscan, req, |s, _, _, _| reduce_info(s, sb, v(count), t, o, -1), real, ierr)
 });
 fortran!(iallgather IALLGATHER (sbuf: CP, scount: F, st: F, rbuf: P, rcount: F, rt: F, comm: F, req: FM, ierr: FM) |s, real| {
     let (t, sb) = (type_c(s, rt), place(s, sbuf));
@@ -561,12 +562,12 @@ fortran!(iscatterv ISCATTERV (sbuf: CP, scounts: F, displs: F, st: F, rbuf: P, r
     icoll(s, comm, Op::Scatterv, req, |s, n, me, inter| rooted_v_info(s, v(root), me, inter, n, scounts, ts, (v(rcount), tr), fl), real, ierr)
 });
 fortran!(ireduce_scatter IREDUCE_SCATTER (sbuf: CP, rbuf: P, rcounts: F, dt: F, op: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_info(s, sb, rcounts, t, n), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_info(s, sb, rcounts, t, o, n), real, ierr)
 });
 fortran!(ireduce_scatter_block IREDUCE_SCATTER_BLOCK (sbuf: CP, rbuf: P, rcount: F, dt: F, op: F, comm: F, req: FM, ierr: FM) |s, real| {
-    let (t, sb) = (type_c(s, dt), place(s, sbuf));
-    icoll(s, comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_block_info(s, sb, v(rcount), t, n), real, ierr)
+    let (t, sb, o) = (type_c(s, dt), place(s, sbuf), op_c(s, op));
+    icoll(s, comm, Op::Reducescatter, req, |s, n, _, _| reduce_scatter_block_info(s, sb, v(rcount), t, o, n), real, ierr)
 });
 fortran!(ialltoallv IALLTOALLV (sbuf: CP, scounts: F, sdispls: F, st: F, rbuf: P, rcounts: F, rdispls: F, rt: F, comm: F, req: FM, ierr: FM) |s, real| {
     let (ts, tr, sb) = (type_c(s, st), type_c(s, rt), place(s, sbuf));

@@ -71,13 +71,13 @@ pmpi! {
 optional!(MPI_Bcast_c => PMPI_Bcast_c: collective!(@local wrapper => PMPI_Bcast_c(buf: P, count: C, dt: H, root: c_int, comm: H), comm, Op::Broadcast,
     |s, _, _, _| bcast_info(s, count, dt, root)); );
 optional!(MPI_Reduce_c => PMPI_Reduce_c: collective!(@local wrapper => PMPI_Reduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H), comm, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root))); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root))); );
 optional!(MPI_Allreduce_c => PMPI_Allreduce_c: collective!(@local wrapper => PMPI_Allreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Scan_c => PMPI_Scan_c: collective!(@local wrapper => PMPI_Scan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Exscan_c => PMPI_Exscan_c: collective!(@local wrapper => PMPI_Exscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H), comm, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Allgather_c => PMPI_Allgather_c: collective!(@local wrapper => PMPI_Allgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Allgather,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
 optional!(MPI_Alltoall_c => PMPI_Alltoall_c: collective!(@local wrapper => PMPI_Alltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H), comm, Op::Alltoall,
@@ -93,9 +93,9 @@ optional!(MPI_Gatherv_c => PMPI_Gatherv_c: collective!(@local wrapper => PMPI_Ga
 optional!(MPI_Scatterv_c => PMPI_Scatterv_c: collective!(@local wrapper => PMPI_Scatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H), comm, Op::Scatterv,
     |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf))); );
 optional!(MPI_Reduce_scatter_c => PMPI_Reduce_scatter_c: collective!(@local wrapper => PMPI_Reduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n)); );
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n)); );
 optional!(MPI_Reduce_scatter_block_c => PMPI_Reduce_scatter_block_c: collective!(@local wrapper => PMPI_Reduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H), comm, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n)); );
 optional!(MPI_Alltoallv_c => PMPI_Alltoallv_c: collective!(@local wrapper => PMPI_Alltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H), comm, Op::Alltoallv,
     |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n)); );
 optional!(MPI_Alltoallw_c => PMPI_Alltoallw_c: collective!(@local wrapper => PMPI_Alltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H), comm, Op::Alltoallw,
@@ -103,15 +103,15 @@ optional!(MPI_Alltoallw_c => PMPI_Alltoallw_c: collective!(@local wrapper => PMP
 optional!(MPI_Ibcast_c => PMPI_Ibcast_c: icollective!(@local wrapper => PMPI_Ibcast_c(buf: P, count: C, dt: H, root: c_int, comm: H, req: P), comm, req, Op::Broadcast,
     |s, _, _, _| bcast_info(s, count, dt, root)); );
 optional!(MPI_Ireduce_c => PMPI_Ireduce_c: icollective!(@local wrapper => PMPI_Ireduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, req: P), comm, req, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root))); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root))); );
 optional!(MPI_Iallreduce_c => PMPI_Iallreduce_c: icollective!(@local wrapper => PMPI_Iallreduce_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Iallgather_c => PMPI_Iallgather_c: icollective!(@local wrapper => PMPI_Iallgather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Allgather,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
 optional!(MPI_Ialltoall_c => PMPI_Ialltoall_c: icollective!(@local wrapper => PMPI_Ialltoall_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, req: P), comm, req, Op::Alltoall,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n)); );
 optional!(MPI_Ireduce_scatter_block_c => PMPI_Ireduce_scatter_block_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_block_c(sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n)); );
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n)); );
 
 optional!(MPI_Send_c => PMPI_Send_c: wrap!(@local wrapper => PMPI_Send_c(buf: CP, count: C, dt: H,
         dest: c_int, tag: c_int, comm: H),
@@ -197,9 +197,9 @@ pmpi! {
 }
 
 optional!(MPI_Iscan_c => PMPI_Iscan_c: icollective!(@local wrapper => PMPI_Iscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Iexscan_c => PMPI_Iexscan_c: icollective!(@local wrapper => PMPI_Iexscan_c(sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, req: P), comm, req, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1)); );
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1)); );
 optional!(MPI_Iallgatherv_c => PMPI_Iallgatherv_c: icollective!(@local wrapper => PMPI_Iallgatherv_c(sbuf: CP, scount: C, st: H, rbuf: P, rcounts: CA, displs: AA, rt: H, comm: H, req: P), comm, req, Op::Allgatherv,
     |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n)); );
 optional!(MPI_Igather_c => PMPI_Igather_c: icollective!(@local wrapper => PMPI_Igather_c(sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Gather,
@@ -211,7 +211,7 @@ optional!(MPI_Igatherv_c => PMPI_Igatherv_c: icollective!(@local wrapper => PMPI
 optional!(MPI_Iscatterv_c => PMPI_Iscatterv_c: icollective!(@local wrapper => PMPI_Iscatterv_c(sbuf: CP, scounts: CA, displs: AA, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, req: P), comm, req, Op::Scatterv,
     |s, n, me, inter| rooted_v_info(s, root, me, inter, n, scounts, st, (rcount, rt), s.in_place(rbuf))); );
 optional!(MPI_Ireduce_scatter_c => PMPI_Ireduce_scatter_c: icollective!(@local wrapper => PMPI_Ireduce_scatter_c(sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n)); );
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n)); );
 optional!(MPI_Ialltoallv_c => PMPI_Ialltoallv_c: icollective!(@local wrapper => PMPI_Ialltoallv_c(sbuf: CP, scounts: CA, sdispls: AA, st: H, rbuf: P, rcounts: CA, rdispls: AA, rt: H, comm: H, req: P), comm, req, Op::Alltoallv,
     |s, n, _, _| alltoallv_info(s, sbuf, scounts, st, rcounts, rt, n)); );
 optional!(MPI_Ialltoallw_c => PMPI_Ialltoallw_c: icollective!(@local wrapper => PMPI_Ialltoallw_c(sbuf: CP, scounts: CA, sdispls: AA, sts: CP, rbuf: P, rcounts: CA, rdispls: AA, rts: CP, comm: H, req: P), comm, req, Op::Alltoallw,
@@ -237,7 +237,7 @@ pcollective!(MPI_Allgatherv_init_c => PMPI_Allgatherv_init_c:
     |s, n, _, _| gatherv_info(s, sbuf, rcounts, rt, n));
 pcollective!(MPI_Allreduce_init_c => PMPI_Allreduce_init_c:
     (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 pcollective!(MPI_Alltoall_init_c => PMPI_Alltoall_init_c:
     (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, comm: H, info: H, req: P), comm, req, Op::Alltoall,
     |s, n, _, _| gathered(s, sbuf, rcount, rt, n));
@@ -252,7 +252,7 @@ pcollective!(MPI_Bcast_init_c => PMPI_Bcast_init_c:
     |s, _, _, _| bcast_info(s, count, dt, root));
 pcollective!(MPI_Exscan_init_c => PMPI_Exscan_init_c:
     (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 pcollective!(MPI_Gather_init_c => PMPI_Gather_init_c:
     (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Gather,
     |s, n, me, inter| rooted_info(s, root, me, inter, n, (rcount, rt), (scount, st), s.in_place(sbuf)));
@@ -261,16 +261,16 @@ pcollective!(MPI_Gatherv_init_c => PMPI_Gatherv_init_c:
     |s, n, me, inter| rooted_v_info(s, root, me, inter, n, rcounts, rt, (scount, st), s.in_place(sbuf)));
 pcollective!(MPI_Reduce_init_c => PMPI_Reduce_init_c:
     (sbuf: CP, rbuf: P, count: C, dt: H, op: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root)));
 pcollective!(MPI_Reduce_scatter_init_c => PMPI_Reduce_scatter_init_c:
     (sbuf: CP, rbuf: P, rcounts: CA, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n));
 pcollective!(MPI_Reduce_scatter_block_init_c => PMPI_Reduce_scatter_block_init_c:
     (sbuf: CP, rbuf: P, rcount: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n));
 pcollective!(MPI_Scan_init_c => PMPI_Scan_init_c:
     (sbuf: CP, rbuf: P, count: C, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 pcollective!(MPI_Scatter_init_c => PMPI_Scatter_init_c:
     (sbuf: CP, scount: C, st: H, rbuf: P, rcount: C, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Scatter,
     |s, n, me, inter| rooted_info(s, root, me, inter, n, (scount, st), (rcount, rt), s.in_place(rbuf)));

@@ -148,9 +148,19 @@ pub(crate) struct CollInfo {
     pub dtype: u16,
     pub root: i32,
     pub flags: u16,
+    /// The reduction ([`commscope_wire::op::red_op`]) of a reducing collective, else 0.
+    pub red_op: u8,
 }
 
 impl CollInfo {
+    /// The same call, reducing with MPI operation `op`.
+    pub(crate) fn reducing(self, s: &Shim, op: H) -> CollInfo {
+        CollInfo {
+            red_op: s.abi.red_op_code(op),
+            ..self
+        }
+    }
+
     /// `count` elements of datatype `t`.
     pub(crate) fn typed(s: &Shim, count: u64, t: H, root: i32, flags: u16) -> CollInfo {
         let (size, code) = s.type_info(t);
@@ -160,6 +170,7 @@ impl CollInfo {
             dtype: code,
             root,
             flags,
+            red_op: 0,
         }
     }
 }

@@ -25,7 +25,7 @@ pcollective!(MPI_Allgatherv_init => PMPI_Allgatherv_init, MPIX_Allgatherv_init =
 
 pcollective!(MPI_Allreduce_init => PMPI_Allreduce_init, MPIX_Allreduce_init => PMPIX_Allreduce_init:
     (sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Allreduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 
 pcollective!(MPI_Alltoall_init => PMPI_Alltoall_init, MPIX_Alltoall_init => PMPIX_Alltoall_init:
     (sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, comm: H, info: H, req: P), comm, req, Op::Alltoall,
@@ -49,7 +49,7 @@ pcollective!(MPI_Bcast_init => PMPI_Bcast_init, MPIX_Bcast_init => PMPIX_Bcast_i
 
 pcollective!(MPI_Exscan_init => PMPI_Exscan_init, MPIX_Exscan_init => PMPIX_Exscan_init:
     (sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Exscan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 
 pcollective!(MPI_Gather_init => PMPI_Gather_init, MPIX_Gather_init => PMPIX_Gather_init:
     (sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Gather,
@@ -61,19 +61,19 @@ pcollective!(MPI_Gatherv_init => PMPI_Gatherv_init, MPIX_Gatherv_init => PMPIX_G
 
 pcollective!(MPI_Reduce_init => PMPI_Reduce_init, MPIX_Reduce_init => PMPIX_Reduce_init:
     (sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Reduce,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, s.root_value(root)));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, s.root_value(root)));
 
 pcollective!(MPI_Reduce_scatter_init => PMPI_Reduce_scatter_init, MPIX_Reduce_scatter_init => PMPIX_Reduce_scatter_init:
     (sbuf: CP, rbuf: P, rcounts: IP, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, n));
+    |s, n, _, _| reduce_scatter_info(s, sbuf, rcounts, dt, op, n));
 
 pcollective!(MPI_Reduce_scatter_block_init => PMPI_Reduce_scatter_block_init, MPIX_Reduce_scatter_block_init => PMPIX_Reduce_scatter_block_init:
     (sbuf: CP, rbuf: P, rcount: c_int, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Reducescatter,
-    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, n));
+    |s, n, _, _| reduce_scatter_block_info(s, sbuf, rcount, dt, op, n));
 
 pcollective!(MPI_Scan_init => PMPI_Scan_init, MPIX_Scan_init => PMPIX_Scan_init:
     (sbuf: CP, rbuf: P, count: c_int, dt: H, op: H, comm: H, info: H, req: P), comm, req, Op::Scan,
-    |s, _, _, _| reduce_info(s, sbuf, count, dt, -1));
+    |s, _, _, _| reduce_info(s, sbuf, count, dt, op, -1));
 
 pcollective!(MPI_Scatter_init => PMPI_Scatter_init, MPIX_Scatter_init => PMPIX_Scatter_init:
     (sbuf: CP, scount: c_int, st: H, rbuf: P, rcount: c_int, rt: H, root: c_int, comm: H, info: H, req: P), comm, req, Op::Scatter,

@@ -8,7 +8,7 @@ use commscope_wire::op::Op;
 
 use crate::tables::Dir;
 
-use super::record::{begin, end};
+use super::record::{Role, begin, end};
 use super::*;
 
 macro_rules! record {
@@ -33,7 +33,7 @@ pub unsafe extern "C" fn ncclAllReduce(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allreduce, n, dt, -1, st, None),
+        begin(comm, Op::Allreduce, n, dt, -1, st, Role::Reduced(op)),
         real::all_reduce(s, r, n, dt, op, comm, st)
     )
 }
@@ -49,7 +49,7 @@ pub unsafe extern "C" fn ncclBroadcast(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Broadcast, n, dt, root, st, None),
+        begin(comm, Op::Broadcast, n, dt, root, st, Role::Coll),
         real::broadcast(s, r, n, dt, root, comm, st)
     )
 }
@@ -64,7 +64,7 @@ pub unsafe extern "C" fn ncclBcast(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Broadcast, n, dt, root, st, None),
+        begin(comm, Op::Broadcast, n, dt, root, st, Role::Coll),
         real::bcast(b, n, dt, root, comm, st)
     )
 }
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn ncclReduce(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Reduce, n, dt, root, st, None),
+        begin(comm, Op::Reduce, n, dt, root, st, Role::Reduced(op)),
         real::reduce(s, r, n, dt, op, root, comm, st)
     )
 }
@@ -96,7 +96,7 @@ pub unsafe extern "C" fn ncclAllGather(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Allgather, n, dt, -1, st, None),
+        begin(comm, Op::Allgather, n, dt, -1, st, Role::Coll),
         real::all_gather(s, r, n, dt, comm, st)
     )
 }
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Reducescatter, n, dt, -1, st, None),
+        begin(comm, Op::Reducescatter, n, dt, -1, st, Role::Reduced(op)),
         real::reduce_scatter(s, r, n, dt, op, comm, st)
     )
 }
@@ -128,7 +128,7 @@ crate::resolve::optional_wrapper!(ncclAlltoAll, [c"pncclAlltoAll", c"ncclAlltoAl
         st: Stream,
     ) -> c_int {
         record!(
-            begin(comm, Op::Alltoall, n, dt, -1, st, None),
+            begin(comm, Op::Alltoall, n, dt, -1, st, Role::Coll),
             real::all_to_all(s, r, n, dt, comm, st)
         )
     }
@@ -146,7 +146,7 @@ crate::resolve::optional_wrapper!(ncclGather, [c"pncclGather", c"ncclGather"]:
         st: Stream,
     ) -> c_int {
         record!(
-            begin(comm, Op::Gather, n, dt, root, st, None),
+            begin(comm, Op::Gather, n, dt, root, st, Role::Coll),
             real::gather(s, r, n, dt, root, comm, st)
         )
     }
@@ -164,7 +164,7 @@ crate::resolve::optional_wrapper!(ncclScatter, [c"pncclScatter", c"ncclScatter"]
         st: Stream,
     ) -> c_int {
         record!(
-            begin(comm, Op::Scatter, n, dt, root, st, None),
+            begin(comm, Op::Scatter, n, dt, root, st, Role::Coll),
             real::scatter(s, r, n, dt, root, comm, st)
         )
     }
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn ncclSend(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Send, n, dt, peer, st, Some(Dir::Send)),
+        begin(comm, Op::Send, n, dt, peer, st, Role::P2p(Dir::Send)),
         real::send(s, n, dt, peer, comm, st)
     )
 }
@@ -195,7 +195,7 @@ pub unsafe extern "C" fn ncclRecv(
     st: Stream,
 ) -> c_int {
     record!(
-        begin(comm, Op::Recv, n, dt, peer, st, Some(Dir::Recv)),
+        begin(comm, Op::Recv, n, dt, peer, st, Role::P2p(Dir::Recv)),
         real::recv(r, n, dt, peer, comm, st)
     )
 }
@@ -213,7 +213,7 @@ crate::resolve::optional_wrapper!(ncclAllReduceConfig, [c"pncclAllReduceConfig",
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Allreduce, n, dt, -1, st, None),
+            begin(comm, Op::Allreduce, n, dt, -1, st, Role::Reduced(op)),
             real::all_reduce_config(s, r, n, dt, op, comm, st, cfg)
         )
     }
@@ -232,7 +232,7 @@ crate::resolve::optional_wrapper!(ncclBroadcastConfig, [c"pncclBroadcastConfig",
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Broadcast, n, dt, root, st, None),
+            begin(comm, Op::Broadcast, n, dt, root, st, Role::Coll),
             real::broadcast_config(s, r, n, dt, root, comm, st, cfg)
         )
     }
@@ -252,7 +252,7 @@ crate::resolve::optional_wrapper!(ncclReduceConfig, [c"pncclReduceConfig", c"ncc
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Reduce, n, dt, root, st, None),
+            begin(comm, Op::Reduce, n, dt, root, st, Role::Reduced(op)),
             real::reduce_config(s, r, n, dt, op, root, comm, st, cfg)
         )
     }
@@ -270,7 +270,7 @@ crate::resolve::optional_wrapper!(ncclAllGatherConfig, [c"pncclAllGatherConfig",
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Allgather, n, dt, -1, st, None),
+            begin(comm, Op::Allgather, n, dt, -1, st, Role::Coll),
             real::all_gather_config(s, r, n, dt, comm, st, cfg)
         )
     }
@@ -289,7 +289,7 @@ crate::resolve::optional_wrapper!(ncclReduceScatterConfig, [c"pncclReduceScatter
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Reducescatter, n, dt, -1, st, None),
+            begin(comm, Op::Reducescatter, n, dt, -1, st, Role::Reduced(op)),
             real::reduce_scatter_config(s, r, n, dt, op, comm, st, cfg)
         )
     }
@@ -307,7 +307,7 @@ crate::resolve::optional_wrapper!(ncclAlltoAllConfig, [c"pncclAlltoAllConfig", c
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Alltoall, n, dt, -1, st, None),
+            begin(comm, Op::Alltoall, n, dt, -1, st, Role::Coll),
             real::all_to_all_config(s, r, n, dt, comm, st, cfg)
         )
     }
@@ -326,7 +326,7 @@ crate::resolve::optional_wrapper!(ncclGatherConfig, [c"pncclGatherConfig", c"ncc
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Gather, n, dt, root, st, None),
+            begin(comm, Op::Gather, n, dt, root, st, Role::Coll),
             real::gather_config(s, r, n, dt, root, comm, st, cfg)
         )
     }
@@ -345,7 +345,7 @@ crate::resolve::optional_wrapper!(ncclScatterConfig, [c"pncclScatterConfig", c"n
         cfg: CP,
     ) -> c_int {
         record!(
-            begin(comm, Op::Scatter, n, dt, root, st, None),
+            begin(comm, Op::Scatter, n, dt, root, st, Role::Coll),
             real::scatter_config(s, r, n, dt, root, comm, st, cfg)
         )
     }

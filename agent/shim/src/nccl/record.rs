@@ -32,6 +32,15 @@ pub(super) struct Rec {
 
 pub use commscope_wire::op::nccl_count_is_per_rank as count_is_per_rank;
 
+/// What a call is besides its op: a collective, a reducing one (with its `ncclRedOp_t`), or
+/// one direction of a point-to-point exchange.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Role {
+    Coll,
+    Reduced(c_int),
+    P2p(Dir),
+}
+
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn begin(
@@ -41,8 +50,12 @@ pub(super) fn begin(
     dt: c_int,
     peer: i32,
     stream: Stream,
-    p2p: Option<Dir>,
+    role: Role,
 ) -> Option<Rec> {
+    let p2p = match role {
+        Role::P2p(d) => Some(d),
+        _ => None,
+    };
     let (shim, guard) = active()?;
     shielded(shim, || {
         let e = shim.nccl_comm(comm);
@@ -67,6 +80,10 @@ pub(super) fn begin(
             lib: library_code(),
             peer2: -1,
             tag2: -1,
+            red_op: match role {
+                Role::Reduced(o) => commscope_wire::op::red_op::from_nccl(o),
+                _ => commscope_wire::op::red_op::UNKNOWN,
+            },
             t_enter: now_mono(),
             ..Default::default()
         };
