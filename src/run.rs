@@ -5,6 +5,10 @@
 //! MPICH's Hydra `mpiexec` with `-genv`. Slurm's `srun` and `torchrun` pass the environment on by
 //! default. Signals sent to `commscope run` are forwarded to the command, and its exit status is
 //! returned (128 + N when the command died of signal N).
+//!
+//! With `--trace-dir`, `run` also keeps the rings of the ranks on its node
+//! ([`commscope_agent::keeper`]): a rank killed with SIGKILL still gets its last records and
+//! what it was inside into its trace file.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -232,9 +236,23 @@ pub fn run(spec: &RunSpec) -> Result<i32> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
     use std::os::unix::process::ExitStatusExt;
 
+    let mut spec = spec.clone();
+    let mut keeper = None;
     if let Some(d) = &spec.trace_dir {
         std::fs::create_dir_all(d)
             .with_context(|| format!("failed to create the trace directory {}", d.display()))?;
+        match commscope_agent::keeper::Keeper::start(d) {
+            Ok(k) => {
+                spec.extra_env.push((
+                    "COMMSCOPE_KEEPER_SOCKET".to_owned(),
+                    k.socket().display().to_string(),
+                ));
+                keeper = Some(k);
+            }
+            Err(e) => eprintln!(
+                "commscope run: {e}; a rank killed with SIGKILL will lose its last records"
+            ),
+        }
     }
     let mut cmd = spec.command()?;
     let mut signals =
@@ -257,6 +275,21 @@ pub fn run(spec: &RunSpec) -> Result<i32> {
     let status = child.wait().context("failed to wait for the command")?;
     handle.close();
     let _ = forwarder.join();
+    if let Some(k) = keeper {
+        // The ranks are gone with their launcher; their trace files are completed in moments.
+        let report = k.finish(std::time::Duration::from_secs(5));
+        for e in &report.errors {
+            eprintln!("commscope run: {e}");
+        }
+        if report.completed > 0 {
+            eprintln!(
+                "commscope run: wrote the last {} records of {} rank{} that ended before writing them out (killed)",
+                report.records,
+                report.completed,
+                if report.completed == 1 { "" } else { "s" },
+            );
+        }
+    }
     Ok(match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(s)) => 128 + s,

@@ -24,10 +24,8 @@ use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::{
     InFlightEntry, InFlightSnapshot, IngestAck, IngestRequest, ProcessId, RecordBatch, SampleRate,
 };
-use commscope_wire::op::{Op, flags};
-use commscope_wire::record::{
-    EXIT_STATUS_UNKNOWN, Heartbeat, Process, ProcessEvent, RECORD_SIZE, Record,
-};
+use commscope_wire::op::Op;
+use commscope_wire::record::{RECORD_SIZE, Record};
 use commscope_wire::sampling::{Rates, Sampler};
 use commscope_wire::shm::{Consumer, Counter, InFlight};
 use tokio::sync::{mpsc, watch};
@@ -1532,65 +1530,29 @@ impl Pump {
         let ending = s.ending;
         let shm = s.reg.region.shm();
         let head = shm.head();
-        // The final counters first (drops after the process's last heartbeat), then the exit.
-        let [ring_full, in_flight_table, other, _] = drops_of(s);
-        let beat = Record::Heartbeat(Heartbeat {
-            rec_seq: head + 1,
-            flags: flags::AGENT_BEAT,
-            t_mono: now_mono(),
-            t_real: now_real(),
-            in_flight: shm.in_flight_count() as u32,
-            rank: s.process.rank,
-            dropped_ring_full: ring_full,
-            dropped_in_flight: in_flight_table,
-            dropped_other: other,
-            produced: head,
-        });
-        // What it was inside when it ended (the shim reports a call only after 100 ms in
-        // flight, and its last reports may not have been written): record order for the
-        // detectors — the rank the others were blocked waiting for died first.
-        let mut rec_seq = head + 2;
-        let mut inside = Vec::new();
-        for (_, e) in shm.in_flight() {
-            // Which library: GPU work is NCCL's (or RCCL's); the slot does not say more.
-            use commscope_wire::shm::in_flight_status::{ISSUED, ON_GPU};
-            let lib = if matches!(e.status, ON_GPU | ISSUED) {
-                commscope_wire::op::lib::NCCL
-            } else {
-                commscope_wire::op::lib::MPI
-            };
-            let mut c = e.enter_record(s.process.rank, lib);
-            c.rec_seq = rec_seq;
-            inside.push(Record::Enter(c));
-            rec_seq += 1;
-        }
-        let (status, signal) = match ending {
-            Some(Ending::Exited(c)) => (c, 0),
-            Some(Ending::Signaled(sig)) => (EXIT_STATUS_UNKNOWN, sig),
-            None => (EXIT_STATUS_UNKNOWN, 0),
-        };
-        let rec = Record::Process(Process {
-            rec_seq,
-            event: ProcessEvent::Exit,
-            flags: flags::OBSERVED,
-            t_mono: if s.exited_at.1 > 0 {
-                s.exited_at.1
-            } else {
-                now_mono()
+        let closing = crate::closing::closing_records(
+            shm,
+            crate::closing::Who {
+                pid: s.process.pid,
+                start_time: s.process.start_time,
+                rank: s.process.rank,
+                world_size: s.process.world_size,
             },
-            t_real: if s.exited_at.0 > 0 {
-                s.exited_at.0
-            } else {
-                now_real()
+            crate::closing::Seen {
+                ending,
+                t_real: if s.exited_at.0 > 0 {
+                    s.exited_at.0
+                } else {
+                    now_real()
+                },
+                t_mono: if s.exited_at.1 > 0 {
+                    s.exited_at.1
+                } else {
+                    now_mono()
+                },
             },
-            pid: s.process.pid,
-            exit_status: status,
-            start_time: s.process.start_time,
-            rank: s.process.rank,
-            world_size: s.process.world_size,
-            signal,
-            step: 0,
-        });
+            (now_real(), now_mono()),
+        );
         let how = match ending {
             Some(Ending::Exited(c)) => format!("exited with status {c}"),
             Some(Ending::Signaled(sig)) => format!("was killed by signal {sig}"),
@@ -1610,11 +1572,9 @@ impl Pump {
         // Left-out calls still held by sampling go first.
         let mut records = Vec::new();
         let skips = s.sampler.flush(&mut records);
-        records.extend_from_slice(&beat.encode());
-        for r in &inside {
+        for r in &closing {
             records.extend_from_slice(&r.encode());
         }
-        records.extend_from_slice(&rec.encode());
         self.next_order += 1;
         let out = Outgoing {
             order: self.next_order,
@@ -1628,7 +1588,7 @@ impl Pump {
                 dropped_overrun: shm.counter(Counter::ConsumerOverrun),
             },
             origin: Origin::Exit { source: id },
-            records: 2 + inside.len() as u64 + skips,
+            records: closing.len() as u64 + skips,
             not_before: None,
         };
         // In ring order: behind the process's last batches (the queue is flushed, or spooled,

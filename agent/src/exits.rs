@@ -97,6 +97,30 @@ impl ExitWatcher {
     }
 }
 
+impl ExitWatcher {
+    /// [`ExitWatcher::ending`] for a caller outside the runtime (the trace keeper's threads).
+    pub fn ending_blocking(&self, pid: u32, wait: Duration) -> Option<(Ending, u64)> {
+        if !self.active {
+            return None;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some((_, e, at)) = self
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&pid)
+            {
+                return Some((*e, *at));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 fn open_connector() -> std::io::Result<OwnedFd> {
     // SAFETY: creating a netlink socket.
     let fd = unsafe {

@@ -7,12 +7,16 @@
 //!   the memfd over the Unix socket, checks the peer's credentials, answers.
 //! - [`daemon`]: the agent itself — draining rings, streaming to the collector, spooling,
 //!   in-flight snapshots, process exits.
-//! - [`spool`], [`exits`], [`clock`], [`metrics`]: its parts.
+//! - [`spool`], [`exits`], [`closing`], [`clock`], [`metrics`]: its parts.
+//! - [`keeper`]: the trace keeper `commscope run --trace-dir` runs on its node, which completes
+//!   the trace file of a rank that ended without writing it out (SIGKILL).
 
 pub mod attribution;
 pub mod clock;
+pub mod closing;
 pub mod daemon;
 pub mod exits;
+pub mod keeper;
 pub mod metrics;
 pub mod nic;
 pub mod procstate;

@@ -137,6 +137,19 @@ fn call_key(c: &Call) -> CallKey {
     (c.comm_id, c.op, c.t_enter)
 }
 
+/// A heartbeat this long after a process recorded its end means it lived on.
+const SURVIVED_NS: u64 = 1_000_000_000;
+
+/// How an exit record says the process ended (`at_ns` and `observed` left to the caller).
+fn ending_of(x: &commscope_wire::record::Process) -> Ending {
+    Ending {
+        status: (x.signal == 0 && x.exit_status != EXIT_STATUS_UNKNOWN).then_some(x.exit_status),
+        signal: (x.signal != 0).then_some(x.signal),
+        aborted: x.flags & flags::ABORTED != 0,
+        ..Default::default()
+    }
+}
+
 /// One process's records replayed one at a time, in the order it wrote them: its rank's view,
 /// and what it adds to the communicators. State is bounded by what is in flight, so a trace of
 /// any length streams through it.
@@ -146,7 +159,9 @@ pub struct ProcessReplay {
     enters: BTreeMap<CallKey, Call>,
     /// The last completed calls, newest last (searched only for a late `enter`, which is rare).
     recent: std::collections::VecDeque<CallKey>,
+    /// The end its agent saw, and the one the process recorded itself.
     exit: Option<Ending>,
+    own_end: Option<Ending>,
     /// The last own heartbeat: (time, calls in flight), and the last completed call's end.
     last_beat: (u64, u32),
     last_exit: u64,
@@ -164,6 +179,7 @@ impl ProcessReplay {
             enters: BTreeMap::new(),
             recent: Default::default(),
             exit: None,
+            own_end: None,
             last_beat: (0, 0),
             last_exit: 0,
         }
@@ -176,6 +192,9 @@ impl ProcessReplay {
         let heard = |t: u64, clock: Clock| real_time(p, t, clock);
         match rec {
             Record::Comm(c) if c.event == CommEvent::Created => {
+                // Written to the file as it is created: a rank that dies in its first
+                // milliseconds was heard then.
+                r.last_heard_ns = r.last_heard_ns.max(heard(c.t, Clock::HostMono));
                 let cv = comms.entry(c.comm_id).or_default();
                 if c.comm_rank >= 0 {
                     cv.members.insert(c.comm_rank, c.rank);
@@ -195,6 +214,11 @@ impl ProcessReplay {
                     if t >= self.last_beat.0 {
                         self.last_beat = (t, h.in_flight);
                     }
+                    // Beating on well after it recorded its end: it survived (a handler of
+                    // its own caught the signal), and that end was not one.
+                    if self.own_end.is_some_and(|e| t >= e.at_ns + SURVIVED_NS) {
+                        self.own_end = None;
+                    }
                 }
                 if h.flags & flags::FINAL != 0 {
                     r.finalized = true;
@@ -205,13 +229,23 @@ impl ProcessReplay {
                     self.exit = Some(Ending {
                         at_ns: x.t_real,
                         observed: true,
-                        status: (x.signal == 0 && x.exit_status != EXIT_STATUS_UNKNOWN)
-                            .then_some(x.exit_status),
-                        signal: (x.signal != 0).then_some(x.signal),
+                        ..ending_of(x)
+                    });
+                } else if x.flags & flags::UNFINALIZED != 0 {
+                    let at = heard(x.t_mono, Clock::HostMono);
+                    r.last_heard_ns = r.last_heard_ns.max(at);
+                    self.own_end = Some(Ending {
+                        at_ns: at,
+                        observed: true,
+                        recorded: true,
+                        ..ending_of(x)
                     });
                 } else {
                     r.finalized = true;
                 }
+            }
+            Record::Process(x) if x.event == ProcessEvent::Start => {
+                r.last_heard_ns = r.last_heard_ns.max(heard(x.t_mono, Clock::HostMono));
             }
             Record::Enter(c) => {
                 let key = call_key(c);
@@ -263,7 +297,11 @@ impl ProcessReplay {
         let mut r = self.r;
         let mut enters = self.enters;
         let heard = |t: u64, clock: Clock| real_time(p, t, clock);
-        r.ended = self.exit.filter(|_| !r.finalized);
+        let ended = match (self.own_end, self.exit) {
+            (Some(own), Some(seen)) => Some(own.merged(seen)),
+            (own, seen) => own.or(seen),
+        };
+        r.ended = ended.filter(|_| !r.finalized);
         // Nothing of the process is heard after its exit was seen: a later record was written
         // on its behalf (an agent that had not yet seen it go).
         if let Some(e) = r.ended.filter(|e| e.observed) {

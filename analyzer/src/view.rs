@@ -83,13 +83,64 @@ pub struct RankView {
 /// How a process ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ending {
-    /// When (realtime ns): seen by its agent, or, from a trace without exit records, its last
-    /// heartbeat.
+    /// When (realtime ns): when the process recorded its own end, else when its agent saw it
+    /// end, else (from a trace without exit records) its last heartbeat.
     pub at_ns: u64,
-    /// Seen by its agent (a precise time), rather than inferred from silence.
+    /// A precise time (recorded by the process or seen by its agent), rather than inferred
+    /// from silence.
     pub observed: bool,
+    /// Its exit status (with `aborted`, `MPI_Abort`'s error code).
     pub status: Option<i32>,
     pub signal: Option<i32>,
+    /// It called `MPI_Abort`.
+    pub aborted: bool,
+    /// The process recorded its own end (`exit` without finalizing, a fatal signal,
+    /// `MPI_Abort`): it was ending at `at_ns`, before anything it caused took others down.
+    pub recorded: bool,
+}
+
+/// Signals by which a process is taken down from outside (a launcher, an operator, the OOM
+/// killer), rather than ended by what it was doing itself.
+pub const EXTERNAL_SIGNALS: [i32; 5] = [1, 2, 3, 9, 15];
+
+impl Ending {
+    /// It ended of its own doing: an exit without finalizing, `MPI_Abort`, or a fault of its
+    /// own (SIGSEGV, SIGABRT, …) — not killed from outside (SIGTERM, SIGKILL, …) and not
+    /// merely gone silent.
+    pub fn by_itself(&self) -> bool {
+        self.aborted
+            || match self.signal {
+                Some(sig) => !EXTERNAL_SIGNALS.contains(&sig),
+                None => self.status.is_some() || self.recorded,
+            }
+    }
+
+    /// Says how it ended (else only when).
+    fn says_how(&self) -> bool {
+        self.aborted || self.status.is_some() || self.signal.is_some()
+    }
+
+    /// The same ending, completed with what another report of it says: the earlier time (the
+    /// process records its end before the kernel sees it), and the more precise account of how
+    /// (the process knows it aborted; the kernel knows the signal that finally ended it).
+    pub fn merged(self, other: Ending) -> Ending {
+        let (own, seen) = if self.recorded {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        // The process's own account stands whole when it says how (an aborting process may
+        // then be killed by its launcher: it still aborted).
+        let how = if own.says_how() { own } else { seen };
+        Ending {
+            at_ns: self.at_ns.min(other.at_ns),
+            observed: self.observed || other.observed,
+            status: how.status,
+            signal: how.signal,
+            aborted: how.aborted,
+            recorded: self.recorded || other.recorded,
+        }
+    }
 }
 
 /// A call in flight.

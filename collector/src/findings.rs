@@ -167,12 +167,18 @@ pub fn view(job: &JobState, now: u64, lost: &BTreeMap<String, LostContact>) -> J
 }
 
 fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib: bool) -> RankView {
-    let ended = matches!(r.status, RankStatus::Killed | RankStatus::Exited).then(|| Ending {
+    // Ended once its agent saw it go; how, preferably as the process recorded it itself.
+    let seen = matches!(r.status, RankStatus::Killed | RankStatus::Exited).then(|| Ending {
         at_ns: r.ended_at_ns.unwrap_or(now),
         observed: true,
         status: r.exit_status,
         signal: r.signal,
+        ..Default::default()
     });
+    let ended = match (seen, r.own_end) {
+        (Some(s), Some(own)) => Some(own.merged(s)),
+        (s, _) => s,
+    };
     let to_real = |t_mono: u64| -> u64 {
         if r.mono_anchor == 0 || r.real_anchor == 0 || t_mono == 0 {
             return 0;

@@ -185,6 +185,10 @@ pub struct RankInfo {
     pub died_in_call: bool,
     /// When its exit arrived here.
     pub exit_arrived: Option<Instant>,
+    /// The end the process recorded itself (exit without finalizing, `MPI_Abort`, a fatal
+    /// signal), on the records' clock: how it ended, and when it began to, once its agent
+    /// confirms it is gone.
+    pub own_end: Option<commscope_analyzer::view::Ending>,
     /// Its stacks, when its agent took them (a hang's culprit).
     pub stacks: Option<Stacks>,
     /// The process as its agent last saw it, and when its CPU time last grew.
@@ -709,6 +713,7 @@ impl State {
             cpu_advanced_at: None,
             stacks: None,
             exit_arrived: None,
+            own_end: None,
             pod: String::new(),
             container: String::new(),
         });
@@ -728,6 +733,7 @@ impl State {
         let mut status = rank.status;
         let mut exit = (rank.exit_status, rank.signal);
         let mut finalized = rank.finalized;
+        let mut own_end = rank.own_end;
         let mut ended_at = None;
         let mut drops = None;
         let mut heard = 0u64;
@@ -887,6 +893,11 @@ impl State {
                     drops = Some((h.dropped_ring_full, h.dropped_in_flight, h.dropped_other));
                     if h.flags & flags::AGENT_BEAT == 0 {
                         heard = heard.max(at(h.t_mono));
+                        // Beating on a second after it recorded its end: it lived on (its own
+                        // handler caught the signal), and that was no end.
+                        if own_end.is_some_and(|e| at(h.t_mono) >= e.at_ns + 1_000_000_000) {
+                            own_end = None;
+                        }
                     }
                     job.reorder.reached(header.rank, at(h.t_mono));
                     if h.flags & flags::FINAL != 0 {
@@ -909,8 +920,21 @@ impl State {
                             }
                             status = RankStatus::Exited;
                         }
+                    } else if p.flags & flags::UNFINALIZED != 0 {
+                        // The shim's own record of an unclean end: the agent confirms it.
+                        let t = at(p.t_mono);
+                        heard = heard.max(t);
+                        own_end = Some(commscope_analyzer::view::Ending {
+                            at_ns: t,
+                            observed: true,
+                            recorded: true,
+                            status: (p.signal == 0 && p.exit_status != EXIT_STATUS_UNKNOWN)
+                                .then_some(p.exit_status),
+                            signal: (p.signal != 0).then_some(p.signal),
+                            aborted: p.flags & flags::ABORTED != 0,
+                        });
                     } else {
-                        // The shim's own record: MPI_Finalize or exit.
+                        // The shim's own record of a clean end: MPI_Finalize.
                         finalized = true;
                         if status == RankStatus::Running {
                             status = RankStatus::Finalized;
@@ -940,6 +964,7 @@ impl State {
         rank.last_heard_ns = rank.last_heard_ns.max(heard);
         rank.status = status;
         rank.finalized = finalized;
+        rank.own_end = own_end;
         (rank.exit_status, rank.signal) = exit;
         // The counters only grow; a batch that arrives late (spooled, resent) carries older ones.
         if let Some((a, b, c)) = drops {

@@ -44,7 +44,7 @@ pub const EXTENSION: &str = "cst";
 pub const MAX_BLOCK_RECORDS: u32 = 1 << 20;
 
 const FIXED_HEADER: usize = 16;
-const BLOCK_HEADER: usize = 16;
+pub const BLOCK_HEADER: usize = 16;
 /// Reference slots of the compact encoding.
 const SLOTS: usize = 16;
 /// Words per raw record.
@@ -337,6 +337,17 @@ pub fn encode_raw_block(records: &[RawRecord]) -> Vec<u8> {
     out
 }
 
+/// The header of a block of raw records (the version 1 layout, which every reader reads) whose
+/// `count` records are `body`; the block is the header followed by `body`. Allocation-free, so
+/// a process can write its last records from a signal handler.
+pub fn raw_block_header(body: &[u8], count: u32) -> [u8; BLOCK_HEADER] {
+    let mut h = [0u8; BLOCK_HEADER];
+    h[0..4].copy_from_slice(&BLOCK_MAGIC);
+    h[4..8].copy_from_slice(&count.to_le_bytes());
+    h[8..12].copy_from_slice(&crc32c(body).to_le_bytes());
+    h
+}
+
 /// Decodes one block (either layout) at the start of `bytes`: its raw records and its encoded
 /// length. Records are not interpreted (see [`Record::decode`]).
 pub fn decode_block(bytes: &[u8]) -> Result<(Vec<RawRecord>, usize), String> {
@@ -503,6 +514,96 @@ pub struct TraceFile {
 /// Whether `bytes` start like a `.cst` file.
 pub fn sniff(bytes: &[u8]) -> bool {
     bytes.starts_with(&MAGIC)
+}
+
+/// Where a trace file's intact part ends, for completing it after its writer is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tail {
+    /// The header, as written.
+    pub header: Header,
+    /// The offset just past the last intact block (a block cut short by the writer's death, and
+    /// anything after it, lies beyond).
+    pub intact_len: u64,
+    /// The highest `rec_seq` of the intact blocks (0: none).
+    pub last_rec_seq: u64,
+}
+
+/// Finds a trace file's [`Tail`], reading block headers and the last intact block only.
+pub fn tail(path: &Path) -> Result<Tail, Error> {
+    use std::io::{Seek, SeekFrom};
+    let io = |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let mut first = vec![0u8; (len as usize).min(64 << 10)];
+    f.read_exact(&mut first).map_err(io)?;
+    let (header, header_len) = decode_header(&first).map_err(|e| match e {
+        HeaderError::NotATrace => Error::NotATrace {
+            path: path.to_owned(),
+        },
+        HeaderError::NewerVersion { found } => Error::NewerVersion {
+            path: path.to_owned(),
+            found,
+            supported: FORMAT_VERSION,
+        },
+        HeaderError::Bad(reason) => Error::BadHeader {
+            path: path.to_owned(),
+            reason,
+        },
+    })?;
+    let mut at = header_len as u64;
+    let mut last: Option<(u64, usize)> = None;
+    loop {
+        let mut h = [0u8; BLOCK_HEADER];
+        if at + BLOCK_HEADER as u64 > len {
+            break;
+        }
+        f.seek(SeekFrom::Start(at)).map_err(io)?;
+        f.read_exact(&mut h).map_err(io)?;
+        let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let body = match &h[..4] {
+            m if m == COMPACT_MAGIC => word(12) as u64,
+            m if m == BLOCK_MAGIC => u64::from(word(4)) * RECORD_SIZE as u64,
+            _ => break,
+        };
+        let total = BLOCK_HEADER as u64 + body;
+        if word(4) == 0 || at + total > len {
+            break;
+        }
+        last = Some((at, total as usize));
+        at += total;
+    }
+    // The last block must decode whole (its checksum holds); else the one before it is the end.
+    let mut intact_len = header_len as u64;
+    let mut last_rec_seq = 0;
+    if let Some((off, n)) = last {
+        let mut b = vec![0u8; n];
+        f.seek(SeekFrom::Start(off)).map_err(io)?;
+        f.read_exact(&mut b).map_err(io)?;
+        if let Ok((raws, _)) = decode_block(&b) {
+            intact_len = off + n as u64;
+            last_rec_seq = raws
+                .iter()
+                .map(|r| u64::from_le_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]))
+                .max()
+                .unwrap_or(0);
+        } else {
+            // Rare (a block torn mid-write): read the file to find the last good block.
+            let t = read_file(path)?;
+            return Ok(Tail {
+                header,
+                intact_len: off,
+                last_rec_seq: t.records.iter().map(Record::rec_seq).max().unwrap_or(0),
+            });
+        }
+    }
+    Ok(Tail {
+        header,
+        intact_len,
+        last_rec_seq,
+    })
 }
 
 /// Reads a trace file.

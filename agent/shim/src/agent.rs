@@ -103,6 +103,38 @@ impl Link {
     }
 }
 
+/// The registration with `commscope run`'s trace keeper (`COMMSCOPE_KEEPER_SOCKET`): it holds
+/// the ring and reads nothing while the process runs; when the process ends without writing its
+/// trace file out (SIGKILL), it appends what the file lacks. Tried at start, and twice more a
+/// second apart; kept open for the process's life.
+#[derive(Debug, Default)]
+pub struct KeeperLink {
+    stream: Option<UnixStream>,
+    tries: u8,
+    next_try: u64,
+}
+
+impl KeeperLink {
+    pub fn poll(&mut self, shim: &Shim) {
+        let Some(path) = &shim.config.keeper_socket else {
+            return;
+        };
+        if self.stream.is_some() || self.tries >= 3 || now_mono() < self.next_try {
+            return;
+        }
+        self.tries += 1;
+        self.next_try = now_mono() + RETRY_NS;
+        match register_at(shim, path) {
+            Ok(s) => self.stream = Some(s),
+            Err(e) if self.tries == 3 => util::warn(format_args!(
+                "cannot register with commscope run's trace keeper at {}: {e}; a SIGKILL would lose this process's last records",
+                path.display()
+            )),
+            Err(_) => {}
+        }
+    }
+}
+
 /// At exit, after the last records: the ring lives on only in a mapping of it, and this
 /// process is about to drop its own. A live agent holds one (it reads the rest after the exit,
 /// and copies what is not yet acknowledged into its spool). An agent that served this process
@@ -166,7 +198,13 @@ fn closed(s: &UnixStream) -> bool {
 }
 
 fn register(shim: &Shim) -> std::io::Result<UnixStream> {
-    let s = UnixStream::connect(&shim.config.agent_socket)?;
+    register_at(shim, &shim.config.agent_socket)
+}
+
+/// Registers the ring with whoever listens at `path` (the node agent, or the trace keeper of
+/// `commscope run`): the same handshake, the memfd attached.
+fn register_at(shim: &Shim, path: &std::path::Path) -> std::io::Result<UnixStream> {
+    let s = UnixStream::connect(path)?;
     s.set_write_timeout(Some(Duration::from_secs(1)))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let req = Request {

@@ -17,6 +17,7 @@ pub mod abi;
 pub mod agent;
 pub mod clock;
 pub mod cuda;
+pub mod ending;
 pub mod graphs;
 pub mod mpi;
 pub mod nccl;

@@ -184,6 +184,8 @@ pub struct Shim {
     pub local: Mutex<Option<crate::writer::LocalTrace>>,
     pub stop: AtomicBool,
     pub background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The background thread, for waking it without a lock (from a signal handler).
+    pub background_thread: std::sync::OnceLock<std::thread::Thread>,
     /// The registration, handed from the background thread to the exit path
     /// ([`crate::agent::hand_over`]).
     pub exit_link: Mutex<Option<crate::agent::Link>>,
@@ -307,11 +309,9 @@ fn install(result: std::thread::Result<Result<Shim, String>>) {
             }
             shim.announce();
             crate::writer::start(shim);
-            // SAFETY: registering plain extern "C" functions without arguments.
-            unsafe {
-                libc::atexit(at_exit);
-                libc::pthread_atfork(None, None, Some(in_forked_child));
-            }
+            crate::ending::install();
+            // SAFETY: registering a plain extern "C" function without arguments.
+            unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
         }
         Ok(Err(why)) => {
             set_life(life::OFF);
@@ -396,6 +396,7 @@ fn assemble(
         local: Mutex::new(None),
         stop: AtomicBool::new(false),
         background: Mutex::new(None),
+        background_thread: std::sync::OnceLock::new(),
         exit_link: Mutex::new(None),
     })
 }
@@ -494,13 +495,6 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-extern "C" fn at_exit() {
-    // An MPI process that exits without MPI_Finalize did not shut down cleanly; an NCCL-only
-    // process has nothing to finalize, and reaching exit() is its clean end.
-    let clean = shim().is_some_and(|s| !s.mpi);
-    let _ = std::panic::catch_unwind(|| shutdown(clean, EXIT_STATUS_UNKNOWN));
-}
-
 extern "C" fn in_forked_child() {
     // The child shares the parent's ring mapping; it must never write to it.
     if life() == life::ACTIVE {
@@ -508,9 +502,9 @@ extern "C" fn in_forked_child() {
     }
 }
 
-/// Stops recording and flushes everything: at `MPI_Finalize` (`clean`), at exit, or before
-/// `MPI_Abort`.
-pub fn shutdown(clean: bool, exit_status: i32) {
+/// Stops recording and flushes everything: at `MPI_Finalize`, at exit, or before `MPI_Abort`
+/// (`end` says which). An unclean end first records the calls then in flight.
+pub fn shutdown(end: crate::ending::End) {
     if LIFE
         .compare_exchange(
             life::ACTIVE,
@@ -528,9 +522,14 @@ pub fn shutdown(clean: bool, exit_status: i32) {
     // was full.
     crate::nccl::stop(shim, std::time::Duration::from_millis(300));
     crate::writer::stop(shim);
+    let clean = end == crate::ending::End::Clean;
+    if !clean {
+        crate::ending::record_in_flight(shim);
+    }
     let now = now_mono();
     shim.push_heartbeat(now, clean);
-    shim.push(&shim.process_record(ProcessEvent::Exit, now, exit_status, 0));
+    let (fl, status, signal) = end.fields();
+    shim.push(&shim.exit_record(now, now_real(), fl, status, signal));
     crate::writer::drain_local(shim);
     shim.shm.set_state(shm_state::FINALIZED);
     crate::agent::hand_over(shim);
@@ -565,6 +564,32 @@ impl Shim {
             flags: 0,
             signal: 0,
             step,
+        })
+    }
+
+    /// The `process` record of this process's end: `flags`, exit status and signal as
+    /// [`crate::ending::End::fields`] gives them.
+    pub fn exit_record(
+        &self,
+        t_mono: u64,
+        t_real: u64,
+        flags: u16,
+        status: i32,
+        signal: i32,
+    ) -> Record {
+        Record::Process(Process {
+            rec_seq: 0,
+            event: ProcessEvent::Exit,
+            t_mono,
+            t_real,
+            pid: self.pid,
+            exit_status: status,
+            start_time: self.start_time,
+            rank: self.rank,
+            world_size: self.world_size,
+            flags,
+            signal,
+            step: 0,
         })
     }
 
@@ -623,7 +648,19 @@ impl Shim {
         if let Some(n) = name {
             c.set_name(n);
         }
+        self.push_comm(c);
+    }
+
+    /// Appends a `comm` record; a communicator created (or failed) is written to the trace file
+    /// at once, not at the next flush: a rank that dies in its first milliseconds is still known
+    /// as a member. (The node agent maps the ring itself and needs no flush.) Communicators are
+    /// created rarely, by calls that are collective themselves.
+    pub fn push_comm(&self, c: Comm) {
+        let event = c.event;
         self.push(&Record::Comm(c));
+        if matches!(event, CommEvent::Created | CommEvent::Failed) {
+            crate::writer::drain_local(self);
+        }
     }
 
     /// A `comm` record of an entry (its id, rank, sizes and flags), stamped now.

@@ -103,6 +103,9 @@ pub struct Config {
     /// `COMMSCOPE_EXIT_WAIT_MS`: at exit, how long to wait for an agent that served this process
     /// and went away (restarting) to come back for the last records.
     pub exit_wait_ms: u64,
+    /// `COMMSCOPE_KEEPER_SOCKET` (set by `commscope run --trace-dir`): the trace keeper that
+    /// completes this process's trace file if it is killed.
+    pub keeper_socket: Option<std::path::PathBuf>,
 }
 
 /// The default agent socket.
@@ -126,6 +129,9 @@ impl Config {
             in_flight_slots: env_u64("COMMSCOPE_IN_FLIGHT_SLOTS", 1024, 1, 1 << 16) as u32,
             flush_ms: env_u64("COMMSCOPE_FLUSH_MS", 200, 10, 1000),
             exit_wait_ms: env_u64("COMMSCOPE_EXIT_WAIT_MS", 5000, 0, 60_000),
+            keeper_socket: env("COMMSCOPE_KEEPER_SOCKET")
+                .filter(|s| !s.trim().is_empty())
+                .map(Into::into),
         }
     }
 }

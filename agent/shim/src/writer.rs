@@ -5,8 +5,9 @@
 //! that behind, and a process killed while stuck in a call leaves `enter` records naming it.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use commscope_wire::cst;
@@ -63,6 +64,9 @@ impl LocalTrace {
     }
 }
 
+/// The background thread's kernel thread id (0 until it runs).
+static BACKGROUND_TID: AtomicU32 = AtomicU32::new(0);
+
 /// Opens the trace file (if asked for) and starts the background thread.
 pub fn start(shim: &'static Shim) {
     if let Some(dir) = &shim.config.trace_dir {
@@ -82,7 +86,10 @@ pub fn start(shim: &'static Shim) {
         .stack_size(256 << 10)
         .spawn(move || run(shim));
     match spawned {
-        Ok(h) => *shim.background.lock().unwrap_or_else(|p| p.into_inner()) = Some(h),
+        Ok(h) => {
+            let _ = shim.background_thread.set(h.thread().clone());
+            *shim.background.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+        }
         Err(e) => util::warn(format_args!(
             "cannot start the background thread: {e}; trace files are written at exit only"
         )),
@@ -110,9 +117,12 @@ struct Loop {
     /// Per in-flight slot, the (comm, seq, t_enter) already reported with an `enter` record.
     reported: Vec<(u64, u64, u64)>,
     agent: crate::agent::Link,
+    keeper: crate::agent::KeeperLink,
 }
 
 fn run(shim: &'static Shim) {
+    // SAFETY: gettid has no preconditions.
+    BACKGROUND_TID.store(unsafe { libc::gettid() } as u32, Ordering::Release);
     // Stay out of the application's way without starving: nice 19 (a weight of 15 against a
     // normal thread's 1024) rarely preempts a rank on wake-up and takes about 1.5 % of a core
     // from a thread it shares one with, far more than the few microseconds a tick needs. The
@@ -126,6 +136,7 @@ fn run(shim: &'static Shim) {
         last_beat: 0,
         reported: vec![(0, 0, 0); shim.shm.geometry().in_flight_slots as usize],
         agent: crate::agent::Link::new(),
+        keeper: Default::default(),
     };
     let period = Duration::from_millis(shim.config.flush_ms);
     // A tick that found the ring filling up comes back sooner: at the full period a ring of
@@ -159,6 +170,9 @@ fn tick(shim: &Shim, l: &mut Loop) -> u64 {
     report_stuck_calls(shim, l, now);
     let drained = drain_local(shim);
     l.agent.poll(shim);
+    if shim.local.lock().is_ok_and(|t| t.is_some()) {
+        l.keeper.poll(shim);
+    }
     drained
 }
 
@@ -185,6 +199,98 @@ fn report_stuck_calls(shim: &Shim, l: &mut Loop, now: u64) {
             commscope_wire::op::lib::MPI
         };
         shim.push(&Record::Enter(e.enter_record(shim.rank, lib)));
+    }
+}
+
+/// Records per block written from a signal handler (a stack buffer of about 2 KiB).
+const SIGNAL_BLOCK_RECORDS: usize = 16;
+/// How long a signal handler waits for the background thread to write the last records.
+const SIGNAL_WAIT_NS: u64 = 300_000_000;
+
+/// From a signal handler, before the process ends: moves what the ring holds into the trace
+/// file. Async-signal-safe: when the trace file is free (the lock taken without waiting), the
+/// records are written here as raw blocks from a stack buffer with `write(2)`; when the
+/// background thread is writing it, it is woken and given up to 300 ms to write them. Never
+/// allocates, never blocks on a lock.
+pub fn flush_from_signal(shim: &Shim) {
+    let target = shim.shm.head();
+    match shim.local.try_lock() {
+        Ok(mut guard) => {
+            if let Some(t) = guard.as_mut() {
+                write_raw(shim, t.writer.get_mut().as_raw_fd(), target);
+            }
+            return;
+        }
+        Err(std::sync::TryLockError::Poisoned(p)) => {
+            if let Some(t) = p.into_inner().as_mut() {
+                write_raw(shim, t.writer.get_mut().as_raw_fd(), target);
+            }
+            return;
+        }
+        Err(std::sync::TryLockError::WouldBlock) => {}
+    }
+    // The background thread holds the file. Wake it (it parks between rounds) unless it is
+    // this very thread, and wait until its cursor passes the last record.
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+    if BACKGROUND_TID.load(Ordering::Acquire) == me {
+        return;
+    }
+    if let Some(h) = shim.background_thread.get() {
+        h.unpark();
+    }
+    let deadline = now_mono() + SIGNAL_WAIT_NS;
+    while shim.shm.is_attached(Consumer::Local)
+        && shim.shm.cursor(Consumer::Local) < target
+        && now_mono() < deadline
+    {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        // SAFETY: sleeping 1 ms; nanosleep is async-signal-safe.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
+}
+
+/// Writes the ring from the local cursor to `target` into `fd` as raw blocks and moves the
+/// cursor (the caller holds the trace file's lock).
+fn write_raw(shim: &Shim, fd: i32, target: u64) {
+    let mut buf =
+        [0u8; cst::BLOCK_HEADER + SIGNAL_BLOCK_RECORDS * commscope_wire::record::RECORD_SIZE];
+    let mut from = shim.shm.cursor(Consumer::Local);
+    while from < target {
+        let mut n = 0usize;
+        let body = &mut buf[cst::BLOCK_HEADER..];
+        let end = shim.shm.read_from(from, SIGNAL_BLOCK_RECORDS, |r| {
+            let at = n * r.len();
+            body[at..at + r.len()].copy_from_slice(r);
+            n += 1;
+        });
+        if n == 0 {
+            break;
+        }
+        let len = n * commscope_wire::record::RECORD_SIZE;
+        let header =
+            cst::raw_block_header(&buf[cst::BLOCK_HEADER..cst::BLOCK_HEADER + len], n as u32);
+        buf[..cst::BLOCK_HEADER].copy_from_slice(&header);
+        let total = cst::BLOCK_HEADER + len;
+        let mut done = 0usize;
+        while done < total {
+            // SAFETY: writing initialized bytes of our buffer to the trace file's descriptor.
+            let w = unsafe { libc::write(fd, buf[done..total].as_ptr().cast(), total - done) };
+            if w <= 0 {
+                // SAFETY: reading this thread's errno.
+                if w < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                    continue;
+                }
+                shim.shm.count(Counter::TraceWriteErrors, 1);
+                return;
+            }
+            done += w as usize;
+        }
+        shim.shm.advance(Consumer::Local, end);
+        from = end;
     }
 }
 

@@ -1,16 +1,26 @@
-//! `dead-rank`: a process that ended without finalizing — killed by a signal, exited with an
-//! error, or (in a trace without exit records) whose heartbeats stopped.
+//! `dead-rank`: a process that ended without finalizing — exited without `MPI_Finalize`,
+//! called `MPI_Abort`, crashed on a fatal signal, was killed, or (in a trace without exit
+//! records) whose heartbeats stopped.
 //!
 //! Measures how each rank ended and when, and what the ranks still running were blocked in.
 //! Fires for the rank that ended *first*: when launchers (`mpirun`, `torchrun`, `srun`) take
 //! the rest of a job down after one rank dies, the ranks killed after it are consequences, not
-//! findings. The first is told by record order — the rank the others were blocked waiting for,
-//! which never entered their call — and otherwise by time: the kernel's exit times as the agent
-//! reports them (5 ms apart at least: a launcher takes milliseconds to react, a node's crash
-//! kills its processes within microseconds of each other), or, from heartbeats alone (one a
-//! second), a lead of a second and a half. A job that was already
-//! hung when its first process ended was taken down because it hung: the hang is the finding.
-//! A job taken down as a whole, with nothing to single a rank out, gives no finding.
+//! findings. In order:
+//! - a rank that ended *of its own doing* (an exit status, `MPI_Abort`, a fault; recorded by the
+//!   process as it ended, so its time is when it began to end) comes before ranks taken down
+//!   from outside (SIGTERM, SIGKILL) or merely gone silent around it — unless one of those
+//!   ended clearly before it — provided its end mattered: others waited for it, or were taken
+//!   down after it. A rank blocked waiting for a rank that ended earlier is never a root;
+//! - otherwise by record order — the rank the others were blocked waiting for, which never
+//!   entered their call;
+//! - otherwise by time: the kernel's exit times as the agent reports them (5 ms apart at least:
+//!   a launcher takes milliseconds to react, a node's crash kills its processes within
+//!   microseconds of each other), or, from heartbeats alone (one a second), a lead of a second
+//!   and a half.
+//!
+//! A job that was already hung when its first process ended was taken down because it hung:
+//! the hang is the finding. A job taken down as a whole, with nothing to single a rank out,
+//! gives no finding.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,14 +28,24 @@ use super::Liveness;
 use super::waits::{Root, Waits};
 use crate::view::{Ending, JobView};
 
-/// Exit times (the kernel's, seen by agents) closer than this are one event.
+/// Exit times seen by an observer that knows no more than when it noticed (an agent or trace
+/// keeper without the kernel's exit events: its thread woke some time after the exit) closer
+/// than this are one event.
 const OBSERVED_WINDOW_NS: u64 = 5_000_000;
+/// Exit times the kernel stamped (they come with the exit status or signal), or that the
+/// process recorded as it began to end, closer than this are one event. A launcher reacts
+/// within a fraction of a millisecond on its own node (Hydra killed the rest 0.4 ms after the
+/// first death), while the kernel orders a killed process with many threads at most tens of
+/// microseconds late (23 µs measured under Hydra).
+const PRECISE_WINDOW_NS: u64 = 250_000;
 /// Endings inferred from silence (heartbeats come once a second, at any phase) closer than
 /// this are one event.
 const INFERRED_WINDOW_NS: u64 = 1_500_000_000;
 /// A launcher takes a job down within this of its first death: waits that short, ended by the
 /// teardown, are record-order evidence even between endings inferred from silence.
 const TEARDOWN_NS: u64 = 3_000_000_000;
+/// Ranks that end within this after a rank ended of its own doing were taken down after it.
+const TAKEN_DOWN_NS: u64 = 5_000_000_000;
 
 /// Which ranks ended abnormally, and which of them are root causes.
 #[derive(Debug, Default)]
@@ -41,23 +61,66 @@ pub struct Deaths {
     pub hung_at: Option<u64>,
 }
 
-/// How a rank ended, for its finding's sentence.
-pub fn ending_phrase(e: &Ending) -> String {
-    match (e.signal, e.status) {
-        (Some(sig), _) => format!("was killed by signal {sig}{}", signal_name(sig)),
-        (None, Some(st)) if e.observed => format!("exited with status {st} without finalizing"),
-        _ if e.observed => "exited without finalizing".into(),
+/// How a rank ended, for its finding's sentence ("exited with status 3 without finalizing",
+/// "was killed by signal 9 (SIGKILL)"); `several`: said of several ranks ("were killed").
+pub fn ending_phrase(e: &Ending, several: bool) -> String {
+    let was = if several { "were" } else { "was" };
+    match (e.aborted, e.signal, e.status) {
+        (true, _, Some(code)) => format!("called MPI_Abort with error code {code}"),
+        (true, _, None) => "called MPI_Abort".into(),
+        (_, Some(sig), _) if e.by_itself() => {
+            format!("crashed on signal {sig}{}", signal_label(sig))
+        }
+        (_, Some(sig), _) => format!("{was} killed by signal {sig}{}", signal_label(sig)),
+        (_, None, Some(st)) => format!("exited with status {st} without finalizing"),
+        _ if e.recorded => "exited without finalizing".into(),
+        _ if e.observed => "ended without finalizing (its exit status was not seen)".into(),
         _ => "stopped (its heartbeats ended without a clean shutdown)".into(),
     }
 }
 
-fn signal_name(sig: i32) -> &'static str {
+/// What to look at next, for a rank that ended so, on `node`.
+pub fn ending_advice(e: &Ending, rank: i32, node: &str) -> String {
+    let node = if node.is_empty() { "its node" } else { node };
+    match (e.aborted, e.signal, e.status) {
+        (true, ..) => format!(
+            "look at rank {rank}'s output for the error the program reported before it called MPI_Abort"
+        ),
+        (_, Some(6), _) => format!(
+            "look at rank {rank}'s output for the failed assertion or abort message, and at its core dump"
+        ),
+        (_, Some(9), _) => format!(
+            "look at {node}'s kernel log for the OOM killer (`dmesg | grep -i 'killed process'`) or at whoever killed it"
+        ),
+        (_, Some(_), _) if e.by_itself() => format!(
+            "look at rank {rank}'s core dump or stack trace, and at {node}'s kernel log (`dmesg`) for the faulting address"
+        ),
+        (_, Some(sig), _) => {
+            format!("look at what sent it signal {sig} ({node}'s logs, the scheduler's)")
+        }
+        (_, None, Some(_)) => {
+            format!("look at rank {rank}'s output (stderr) for the error that made it exit")
+        }
+        _ => format!(
+            "look at {node}'s logs and kernel messages (OOM killer, segfault) for why it ended"
+        ),
+    }
+}
+
+/// " (SIGKILL)" for signal 9, and so on ("" for signals without a common name here).
+pub fn signal_label(sig: i32) -> &'static str {
     match sig {
+        1 => " (SIGHUP)",
+        2 => " (SIGINT)",
+        3 => " (SIGQUIT)",
+        4 => " (SIGILL)",
         6 => " (SIGABRT)",
+        7 => " (SIGBUS)",
+        8 => " (SIGFPE)",
         9 => " (SIGKILL)",
         11 => " (SIGSEGV)",
+        13 => " (SIGPIPE)",
         15 => " (SIGTERM)",
-        7 => " (SIGBUS)",
         _ => "",
     }
 }
@@ -117,6 +180,12 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
             .is_some_and(|e| e.at_ns <= first + TEARDOWN_NS)
     });
     if hung_before || (all_inside && taken_down) || hung_at.is_some_and(|t| t <= first) {
+        return d;
+    }
+    let own = by_own_end(view, &d.ended);
+    if !own.is_empty() {
+        d.roots = own;
+        d.how_found = "it ended on its own, and the others were blocked waiting for it or taken down after it";
         return d;
     }
     let by_order = by_record_order(view, &d.ended);
@@ -186,6 +255,111 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
     d
 }
 
+/// The ranks that ended of their own doing first (see the module documentation), or none.
+fn by_own_end(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
+    let none = BTreeSet::new();
+    // Blocked waiting for a rank that ended before them: consequences, whatever their end.
+    let waiting: BTreeSet<i32> = waits_on_ended(view, ended, 0)
+        .iter()
+        .map(|(w, _)| *w)
+        .collect();
+    let own: BTreeMap<i32, &Ending> = ended
+        .iter()
+        .filter(|(r, e)| e.by_itself() && !waiting.contains(r))
+        .map(|(r, e)| (*r, e))
+        .collect();
+    let Some(t0) = own.values().map(|e| e.at_ns).min() else {
+        return none;
+    };
+    // Another end clearly before it (a rank killed first, or silent long before): its own end
+    // may be a consequence; the other rules decide.
+    let before = ended
+        .iter()
+        .filter(|(r, _)| !own.contains_key(r) && !waiting.contains(r))
+        .any(|(_, e)| e.at_ns + window(e) <= t0);
+    if before {
+        return none;
+    }
+    let roots: BTreeSet<i32> = own
+        .iter()
+        .filter(|(_, e)| e.at_ns <= t0 + PRECISE_WINDOW_NS)
+        .map(|(r, _)| *r)
+        .collect();
+    if 2 * roots.len() > view.ranks.len().max(2) {
+        return none;
+    }
+    // Its end mattered: the others waited for it, or ended after it (taken down).
+    let waited_for = waits_on_ended(view, ended, 0)
+        .iter()
+        .any(|(_, x)| roots.contains(x))
+        || blocked_on(view, &roots);
+    let taken_down = ended
+        .iter()
+        .any(|(r, e)| !roots.contains(r) && e.at_ns <= t0 + TAKEN_DOWN_NS);
+    if waited_for || taken_down {
+        roots
+    } else {
+        none
+    }
+}
+
+/// Whether a rank still running is blocked in a call one of `roots` never entered.
+fn blocked_on(view: &JobView, roots: &BTreeSet<i32>) -> bool {
+    let none = BTreeSet::new();
+    let waits = Waits {
+        view,
+        explained: &none,
+    };
+    view.ranks
+        .values()
+        .filter(|r| r.ended.is_none() && !r.finalized && !roots.contains(&r.rank))
+        .any(|r| {
+            r.in_flight.iter().filter(|c| !c.posted).any(|c| {
+                waits
+                    .roots(r.rank, c)
+                    .iter()
+                    .any(|x| matches!(x, Root::Rank(x) if roots.contains(x)))
+            })
+        })
+}
+
+/// (waiter, waited for): a rank blocked in a call (in flight at least `min_age_ns`) that a
+/// rank which ended before it never entered.
+fn waits_on_ended(
+    view: &JobView,
+    ended: &BTreeMap<i32, Ending>,
+    min_age_ns: u64,
+) -> Vec<(i32, i32)> {
+    let none = BTreeSet::new();
+    let waits = Waits {
+        view,
+        explained: &none,
+    };
+    let mut out = Vec::new();
+    for r in view.ranks.values() {
+        let until = ended.get(&r.rank).map_or(view.now_ns, |e| e.at_ns);
+        for c in r
+            .in_flight
+            .iter()
+            .filter(|c| !c.posted && c.age_ns >= min_age_ns)
+        {
+            let torn_down = ended.contains_key(&r.rank) && c.age_ns <= TEARDOWN_NS;
+            for root in waits.roots(r.rank, c) {
+                if let Root::Rank(x) = root
+                    && x != r.rank
+                    && let Some(e) = ended.get(&x)
+                    && !view.ranks.get(&x).is_some_and(|p| p.busy_unseen)
+                    && (ended_before(e, until)
+                        || (torn_down && e.at_ns + OBSERVED_WINDOW_NS <= until))
+                {
+                    out.push((r.rank, x));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Among ranks that ended, those the others were blocked waiting for when they ended: ranks
 /// that never entered a call the others sat in for a while (at least 100 ms, and longer than any
 /// call completed on the communicator), and that ended clearly before the rank waiting.
@@ -219,6 +393,21 @@ fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i3
             }
         }
     }
+    // A rank waited for that itself ended clearly after another one waited for was taken down
+    // in the teardown the first started (ranks of another communicator wait for it as well).
+    let first = roots
+        .iter()
+        .filter_map(|r| ended.get(r))
+        .filter(|e| e.observed)
+        .map(|e| e.at_ns)
+        .min();
+    if let Some(first) = first {
+        roots.retain(|r| {
+            ended
+                .get(r)
+                .is_some_and(|e| !e.observed || e.at_ns <= first + window(e))
+        });
+    }
     roots
 }
 
@@ -236,7 +425,9 @@ fn ended_before(e: &Ending, until: u64) -> bool {
 
 /// Endings closer than this are one event.
 fn window(e: &Ending) -> u64 {
-    if e.observed {
+    if e.recorded || (e.observed && (e.status.is_some() || e.signal.is_some())) {
+        PRECISE_WINDOW_NS
+    } else if e.observed {
         OBSERVED_WINDOW_NS
     } else {
         INFERRED_WINDOW_NS

@@ -375,7 +375,8 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         .iter()
         .filter_map(|r| deaths.ended.get(r).map(|e| (r, e)))
         .min_by_key(|(_, e)| e.at_ns);
-    let how = first.map_or_else(String::new, |(_, e)| ending_phrase(e));
+    let several = ranks.len() > 1;
+    let how = first.map_or_else(String::new, |(_, e)| ending_phrase(e, several));
     let who = match (ranks.as_slice(), view.ranks.get(&ranks[0])) {
         ([r], Some(p)) if !p.node.is_empty() => format!("rank {r} on {} (pid {})", p.node, p.pid),
         _ if nodes.is_empty() => ranks_phrase(&ranks),
@@ -393,47 +394,91 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         &roots.iter().map(|r| Root::Rank(*r)).collect::<Vec<_>>(),
     );
     let mut summary = format!("{who} {how}");
+    // What the culprit itself was inside when it ended (a crash in the library).
+    if let [r] = ranks.as_slice()
+        && let Some(c) = view.ranks.get(r).and_then(|p| p.in_flight.first())
+    {
+        summary += &format!(" inside {}", call_phrase(view, c));
+    }
+    let they = if waiting.len() == 1 { "it" } else { "they" };
     if let Some(c) = call {
+        // The calls they were blocked in: one, or the longest-waited one and how many more.
+        let calls: BTreeSet<(u64, u64, bool)> = victims
+            .iter()
+            .filter(|v| !roots.contains(&v.rank))
+            .map(|v| (v.call.comm, v.call.seq, v.call.op.is_p2p()))
+            .collect();
+        let more = match calls.len() {
+            0 | 1 => String::new(),
+            2 => " and one other call".into(),
+            n => format!(" and {} other calls", n - 1),
+        };
         summary += &format!(
-            "; {} {} blocked in {} waiting for it",
+            "; {} {} blocked waiting for {} in {}{more}",
             others(waiting.len()),
-            if view.live && after.is_empty() {
-                "are"
-            } else {
-                "were"
+            match (view.live && after.is_empty(), waiting.len() == 1) {
+                (true, true) => "is",
+                (true, false) => "are",
+                (false, true) => "was",
+                (false, false) => "were",
             },
-            call_phrase(view, c)
+            if several { "them" } else { "it" },
+            call_phrase(view, c),
         );
     }
     if !after.is_empty() {
+        // How long the teardown took, from the endings whose time is known (a silent rank's
+        // records stop before its end, by up to a flush period).
         let last = after
             .iter()
             .filter_map(|r| deaths.ended.get(r))
+            .filter(|e| e.observed)
             .map(|e| e.at_ns)
-            .max()
-            .unwrap_or(0);
-        let within = last.saturating_sub(first.map_or(last, |(_, e)| e.at_ns)) as f64 / 1e9;
-        summary += &if after.len() <= 4 {
-            format!(", and {} ended after it", ranks_phrase(&after))
+            .max();
+        let within =
+            last.map(|last| last.saturating_sub(first.map_or(last, |(_, e)| e.at_ns)) as f64 / 1e9);
+        let all_waiting = !waiting.is_empty() && after.iter().all(|r| waiting.contains(r));
+        let whom = if all_waiting {
+            they.to_owned()
+        } else if after.len() <= 4 {
+            ranks_phrase(&after)
         } else {
-            format!(", and the {} other ranks ended after it", after.len())
+            format!("the {} other ranks", after.len())
         };
-        summary += &if within < 1.0 {
-            format!(" (within {:.0} ms: taken down with the job)", within * 1e3)
-        } else if within <= 3.0 {
-            format!(" (within {within:.1} s: taken down with the job)")
+        let were = if whom == "it" || (after.len() == 1 && !all_waiting) {
+            "was"
         } else {
-            format!(" ({within:.1} s later)")
+            "were"
         };
+        // How the launcher ended them, when it was one signal for all.
+        let signals: BTreeSet<Option<i32>> = after
+            .iter()
+            .filter_map(|r| deaths.ended.get(r))
+            .map(|e| e.signal)
+            .collect();
+        let by = match signals.iter().next() {
+            Some(Some(sig)) if signals.len() == 1 => {
+                format!(", by signal {sig}{}", super::dead_rank::signal_label(*sig))
+            }
+            _ => String::new(),
+        };
+        let when = match within {
+            Some(w) if w < 1.0 => format!("within {:.0} ms", w * 1e3),
+            Some(w) => format!("within {w:.1} s"),
+            // Killed without writing a last record (as a launcher's SIGKILL does).
+            None => "their records stop there".into(),
+        };
+        let joiner = if call.is_some() { "; " } else { ", and " };
+        let after_whom = if several { "them" } else { "it" };
+        summary += &format!("{joiner}{whom} {were} taken down after {after_whom} ({when}{by})");
     }
+    let node = view.node(ranks[0]).to_owned();
+    let advice = first.map_or_else(String::new, |(r, e)| {
+        super::dead_rank::ending_advice(e, *r, &node)
+    });
     summary += &format!(
-        " — it is the first rank to stop ({}): look at {}'s logs and kernel messages (OOM killer, segfault) for why it ended, then restart the job from its last checkpoint",
-        deaths.how_found,
-        if nodes.is_empty() {
-            "its node".to_owned()
-        } else {
-            nodes.join(", ")
-        }
+        " — {} the first to stop: {advice}, then restart the job from its last checkpoint",
+        if several { "they are" } else { "it is" },
     );
     let in_call = roots
         .iter()
@@ -478,7 +523,7 @@ fn rank_evidence(view: &JobView, r: i32, deaths: &Deaths) -> Value {
             json!({
                 "rank": r, "node": p.node, "pid": p.pid,
                 "ended_at_ns": deaths.ended.get(&r).map(|e| e.at_ns),
-                "exit": deaths.ended.get(&r).map(|e| json!({"status": e.status, "signal": e.signal, "observed": e.observed})),
+                "exit": deaths.ended.get(&r).map(|e| json!({"how": ending_phrase(e, false), "status": e.status, "signal": e.signal, "aborted": e.aborted, "recorded_by_the_process": e.recorded, "observed": e.observed})),
                 "last_heard_ns": p.last_heard_ns,
                 "in_flight": p.in_flight.iter().map(|c| json!({"comm": format_comm_id(c.comm), "seq": c.seq, "op": c.op.name()})).collect::<Vec<_>>(),
             }),

@@ -461,6 +461,7 @@ fn teardown_names_the_rank_the_others_waited_for() {
             observed: true,
             status: None,
             signal: Some(if r == 5 { 9 } else { 15 }),
+            ..Default::default()
         });
         if r != 5 {
             inside(&mut v, r, WORLD, 10, S / 2);
@@ -488,6 +489,7 @@ fn a_job_taken_down_as_a_whole_singles_nobody_out() {
             observed: true,
             status: None,
             signal: Some(15),
+            ..Default::default()
         });
     }
     assert!(run(&v).is_empty());
@@ -504,6 +506,7 @@ fn a_dead_rank_and_an_unrelated_hang_are_two_findings() {
         observed: true,
         status: None,
         signal: Some(9),
+        ..Default::default()
     });
     for r in [0, 2, 3] {
         inside(&mut v, r, 0x200, 5, 25 * S);
@@ -545,6 +548,7 @@ fn live_a_hang_ends_when_its_processes_end() {
             observed: true,
             status: None,
             signal: Some(9),
+            ..Default::default()
         });
     }
     let f = run(&v);
@@ -563,6 +567,7 @@ fn a_trace_of_a_frozen_rank_killed_with_the_rest_names_it() {
             observed: true,
             status: None,
             signal: Some(9),
+            ..Default::default()
         });
     }
     rank(&mut v, 1).last_heard_ns = NOW - 30 * S;
@@ -579,6 +584,7 @@ fn ended_at(v: &mut JobView, ms: &[f64], signal: i32) {
             observed: true,
             status: None,
             signal: Some(signal),
+            ..Default::default()
         });
     }
 }

@@ -84,10 +84,17 @@ impl Waits<'_> {
         {
             return vec![];
         }
+        // A member that completed the instance and then ended is not waited for: the instance
+        // went through on its side (a launcher's teardown often finds ranks still leaving a
+        // barrier the first to die had left). A member that called something else (mismatched)
+        // is waited for whether or not its own call completed.
+        let left_after = |m: i32| {
+            v.done(call.comm, m, call.seq) && v.ranks.get(&m).is_some_and(|p| p.ended.is_some())
+        };
         let gone: Vec<Root> = members
             .iter()
             .copied()
-            .filter(|m| self.explained.contains(m))
+            .filter(|m| self.explained.contains(m) && !left_after(*m))
             .map(Root::Rank)
             .collect();
         if !gone.is_empty() {

@@ -23,7 +23,7 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use commscope_wire::op::{Op, flags};
-use commscope_wire::record::{CommEvent, EXIT_STATUS_UNKNOWN};
+use commscope_wire::record::CommEvent;
 
 use super::collectives::{
     NO_DATA, alltoallv_info, bcast_info, gathered, gatherv_info, mixed_info, reduce_info,
@@ -431,7 +431,7 @@ fortran!(init_thread INIT_THREAD (required: F, provided: FM, ierr: FM) always |r
 
 fortran!(finalize FINALIZE (ierr: FM) always |real| {
     if life() == state::life::ACTIVE {
-        let _ = std::panic::catch_unwind(|| shutdown(true, EXIT_STATUS_UNKNOWN));
+        let _ = std::panic::catch_unwind(|| shutdown(crate::ending::End::Clean));
     }
     real();
 });
@@ -439,7 +439,7 @@ fortran!(finalize FINALIZE (ierr: FM) always |real| {
 fortran!(abort ABORT (comm: F, code: F, ierr: FM) always |real| {
     if life() == state::life::ACTIVE {
         let code = v(code);
-        let _ = std::panic::catch_unwind(|| shutdown(false, code));
+        let _ = std::panic::catch_unwind(|| shutdown(crate::ending::End::Aborted(code)));
     }
     real();
 });

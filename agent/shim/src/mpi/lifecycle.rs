@@ -3,9 +3,8 @@
 
 use std::ffi::{c_char, c_int};
 
-use commscope_wire::record::EXIT_STATUS_UNKNOWN;
-
 use crate::abi::{H, pmpi};
+use crate::ending::End;
 use crate::state::{activate, active_mpi, life, shielded, shutdown};
 
 pmpi! {
@@ -56,7 +55,7 @@ pub unsafe extern "C" fn MPI_Init_thread(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
     if crate::state::life() == life::ACTIVE {
-        let _ = std::panic::catch_unwind(|| shutdown(true, EXIT_STATUS_UNKNOWN));
+        let _ = std::panic::catch_unwind(|| shutdown(End::Clean));
     }
     // SAFETY: no arguments.
     unsafe { PMPI_Finalize() }
@@ -65,7 +64,7 @@ pub unsafe extern "C" fn MPI_Finalize() -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn MPI_Abort(comm: H, code: c_int) -> c_int {
     if crate::state::life() == life::ACTIVE {
-        let _ = std::panic::catch_unwind(|| shutdown(false, code));
+        let _ = std::panic::catch_unwind(|| shutdown(End::Aborted(code)));
     }
     // SAFETY: the application's arguments, passed through.
     unsafe { PMPI_Abort(comm, code) }

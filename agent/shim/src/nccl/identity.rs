@@ -6,9 +6,7 @@ use std::ffi::{CStr, c_char, c_int};
 
 use commscope_wire::nccl_hash::Version;
 use commscope_wire::op::flags;
-use commscope_wire::record::{
-    Call, Comm as CommRec, CommEvent, RECORD_SIZE, Record, encode_call, kind,
-};
+use commscope_wire::record::{Call, Comm as CommRec, CommEvent, RECORD_SIZE, encode_call, kind};
 
 use crate::cuda::{self};
 use crate::state::{self, Shim, Slot};
@@ -126,7 +124,7 @@ impl Shim {
         if let Some(n) = name {
             c.set_name(n);
         }
-        self.push(&Record::Comm(c));
+        self.push_comm(c);
     }
 
     /// A communicator that could not be created: a `comm` record with event `failed`, whose
@@ -146,7 +144,7 @@ impl Shim {
         c.status = status;
         c.device = current_device();
         c.set_name(&last_error(0));
-        self.push(&Record::Comm(c));
+        self.push_comm(c);
     }
 
     /// An asynchronous error on a live communicator, reported once.
@@ -168,7 +166,7 @@ impl Shim {
             c.status = err;
             drop(live);
             c.set_name(&last_error(handle));
-            self.push(&Record::Comm(c));
+            self.push_comm(c);
         }
     }
 
