@@ -171,6 +171,9 @@ pub struct HangCause<'a> {
     /// Where a culprit inside the library is blocked ("it is blocked inside recv from rank 1
     /// (tag 8) on MPI_COMM_WORLD …"); empty when unknown.
     pub inside_note: String,
+    /// The culprits shut down (`MPI_Finalize`) while the others wait: their program ended
+    /// early there. Empty otherwise.
+    pub finalize_note: String,
     /// Where the culprits' records end, cut short by a damaged trace: whether they entered is
     /// unknown. Empty when their records are whole.
     pub cut_note: String,
@@ -250,6 +253,7 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             match (c.in_library, c.live, c.state_note.is_empty()) {
                 _ if !c.cut_note.is_empty() => c.cut_note.clone(),
                 _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
+                _ if !c.finalize_note.is_empty() => c.finalize_note.clone(),
                 (true, _, _) if !c.inside_note.is_empty() => c.inside_note.clone(),
                 (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),
                 (false, false, _) => "it was outside the communication library: look at what that rank was doing then (its logs, the code after the previous collective)".to_owned(),

@@ -9,8 +9,9 @@
  *   exit     calls exit(3) without MPI_Finalize
  *   return   returns 3 from main without MPI_Finalize
  *   segv     dereferences NULL (SIGSEGV)
- *   segvh    dereferences NULL with a SIGSEGV handler of its own installed after MPI_Init; the
- *            handler writes "own handler" to stderr and exits with status 42
+ *   segvh    dereferences NULL with a SIGSEGV handler of its own, installed before MPI_Init
+ *            (so the MPI library's and commscope's handlers come after it); the handler writes
+ *            "own handler" to stderr and exits with status 42
  *   kill     sends itself SIGKILL
  *   abort    calls MPI_Abort(MPI_COMM_WORLD, 7)
  *   root     broadcasts on the world communicator from root 1, where every other rank
@@ -50,6 +51,7 @@ static void own_handler(int sig) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "segvh") == 0) signal(SIGSEGV, own_handler);
     MPI_Init(&argc, &argv);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -63,7 +65,6 @@ int main(int argc, char **argv) {
     MPI_Comm_set_name(tp, "tensor-parallel");
     MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &dp);
     MPI_Comm_set_name(dp, "data-parallel");
-    if (strcmp(mode, "segvh") == 0 && rank == bad) signal(SIGSEGV, own_handler);
     double grad[256];
     for (int i = 0; i < 256; i++) grad[i] = rank + i;
     for (int step = 0; step < steps; step++) {

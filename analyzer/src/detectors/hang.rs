@@ -282,22 +282,21 @@ fn merge<T: Ord>(mut sets: Vec<BTreeSet<T>>) -> Vec<BTreeSet<T>> {
 /// most of them, entered first (the same in a live view and a trace); else the one waiting
 /// longest.
 fn anchor<'a>(victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
-    // The call that waits on the most of the roots directly, entered first.
+    // The call that waits on the most of the roots directly, entered first. Calls entered
+    // within 50 ms of the first are ordered by communicator and instance instead: live, entry
+    // times move by microseconds as each rank's clock alignment is refined, and the finding's
+    // id (which names the call) must not flip between two calls entered together.
+    const TOGETHER_NS: u64 = 50_000_000;
     let covered = |v: &Victim| roots.iter().filter(|r| v.direct.contains(r)).count();
-    let key = |v: &&Victim| {
-        (
-            std::cmp::Reverse(covered(v)),
-            v.call.entered_ns,
-            v.call.comm,
-            v.call.seq,
-            v.rank,
-        )
-    };
-    victims
-        .iter()
-        .filter(|v| covered(v) > 0)
-        .min_by_key(key)
-        .or_else(|| victims.iter().max_by_key(|v| v.call.age_ns))
+    let most = victims.iter().map(covered).max().unwrap_or(0);
+    if most == 0 {
+        return victims.iter().max_by_key(|v| v.call.age_ns).map(|v| v.call);
+    }
+    let best: Vec<&Victim> = victims.iter().filter(|v| covered(v) == most).collect();
+    let first = best.iter().map(|v| v.call.entered_ns).min().unwrap_or(0);
+    best.into_iter()
+        .filter(|v| v.call.entered_ns <= first + TOGETHER_NS)
+        .min_by_key(|v| (v.call.comm, v.call.seq, v.rank))
         .map(|v| v.call)
 }
 
@@ -879,6 +878,24 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
     let waiting = victim_ranks(victims, culprits);
     let gpu_note = gpu_note(view, culprits);
     let inside_note = inside_note(view, culprits, &waiting);
+    // Shut down while the others wait: its program left the loop they are still in.
+    let finalize_note = if culprits.iter().all(|r| {
+        view.ranks
+            .get(r)
+            .is_some_and(|p| p.finalized && p.ended.is_none())
+    }) {
+        format!(
+            "{} called MPI_Finalize instead: the program ended early there (an uncaught exception, an early return); look at {} output for why",
+            if culprits.len() == 1 { "it" } else { "they" },
+            if culprits.len() == 1 {
+                format!("rank {}'s", culprits.iter().next().copied().unwrap_or(-1))
+            } else {
+                "their".to_owned()
+            }
+        )
+    } else {
+        String::new()
+    };
     let (cut_note, unknown_note) = cut_short_notes(view, culprits, victims);
     let cut = !cut_note.is_empty();
     hang_finding(HangCause {
@@ -904,6 +921,7 @@ fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -
         state_note,
         gpu_note,
         inside_note,
+        finalize_note,
         cut_note,
         unknown_note,
         host_view: !victims.is_empty() && victims.iter().all(|v| v.call.issued_only),
