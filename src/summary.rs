@@ -235,6 +235,7 @@ pub fn summarize(job: &JobTrace) -> anyhow::Result<Summary> {
     for proc in job.processes.iter().filter(|p| !p.header.is_transport()) {
         ranks.insert(proc.header.rank);
         let mut completed: HashSet<(u64, u64)> = HashSet::new();
+        let mut listed: HashSet<(u64, u8, u64)> = HashSet::new();
         let mut last_beat = 0u64;
         let mut clean = false;
         for r in &proc.records {
@@ -346,7 +347,13 @@ pub fn summarize(job: &JobTrace) -> anyhow::Result<Summary> {
                     e.gpu_wait_ns += l.gpu_wait_ns;
                     e.peer_wait_ns += l.peer_wait_ns;
                 }
-                Record::Enter(c) if !completed.contains(&(c.comm_id, c.t_enter)) => {
+                // One call in flight is one entry, however many `enter` records name it (the
+                // background thread's, then the one written as the process ended, then its
+                // observer's).
+                Record::Enter(c)
+                    if !completed.contains(&(c.comm_id, c.t_enter))
+                        && listed.insert((c.comm_id, c.op, c.t_enter)) =>
+                {
                     let op = c.op();
                     in_flight.push(InFlight {
                         rank: c.rank,

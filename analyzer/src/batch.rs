@@ -171,7 +171,7 @@ impl Evaluator {
     pub(crate) fn finish(
         mut self,
         det: &mut Detectors,
-        unfinished: Vec<(i32, u64, u64, Shape)>,
+        unfinished: Vec<(i32, u64, u64, Shape, usize)>,
         end_ns: u64,
     ) -> Vec<Finding> {
         // After the last record (a hung job's trace goes on with heartbeats only), evaluate
@@ -246,14 +246,15 @@ pub(crate) fn conclude(
     th: &Thresholds,
 ) -> Analysis {
     // Collectives never completed join the mismatch check at the end.
-    let unfinished: Vec<(i32, u64, u64, Shape)> = view
+    let comms = &view.comms;
+    let unfinished: Vec<(i32, u64, u64, Shape, usize)> = view
         .ranks
         .values()
         .flat_map(|r| {
-            r.in_flight
-                .iter()
-                .filter(|x| !x.op.is_p2p())
-                .map(move |x| (r.rank, x.comm, x.seq, x.shape))
+            r.in_flight.iter().filter(|x| !x.op.is_p2p()).map(move |x| {
+                let size = comms.get(&x.comm).map_or(0, |c| c.members.len());
+                (r.rank, x.comm, x.seq, x.shape, size)
+            })
         })
         .collect();
     let instance = ev.finish(&mut det, unfinished, view.now_ns);
@@ -357,6 +358,98 @@ mod tests {
             t_real: at,
             ..Default::default()
         })
+    }
+
+    /// Every rank completed instances 0..3 and is blocked in instance 3, entered as `signature`
+    /// says for it (the whole signature, as `enter` records carry it now).
+    fn blocked_in(signature: impl Fn(i32) -> Call) -> Vec<ProcessTrace> {
+        (0..4)
+            .map(|r| {
+                let mut recs: Vec<Record> = (0..3).map(|s| call(r, s, Op::Allreduce)).collect();
+                recs.push(Record::Enter(Call {
+                    comm_id: WORLD,
+                    seq: 3,
+                    rank: r,
+                    comm_rank: r,
+                    comm_size: 4,
+                    t_enter: 3 * S,
+                    ..signature(r)
+                }));
+                recs.push(beat(20 * S));
+                proc(r, recs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reduction_or_a_root_that_differs_is_a_mismatch_while_every_rank_blocks() {
+        use commscope_wire::op::{dtype, red_op};
+        let reduce = |r: i32| Call {
+            op: Op::Allreduce as u8,
+            bytes: 2048,
+            count: 256,
+            dtype: dtype::DOUBLE,
+            red_op: if r == 2 { red_op::MAX } else { red_op::SUM },
+            peer: -1,
+            ..Default::default()
+        };
+        let f = analyze("j", &blocked_in(reduce), &Thresholds::default());
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(
+            (f[0].kind, f[0].ranks.as_slice()),
+            (Kind::Mismatch, &[2][..])
+        );
+        assert!(
+            f[0].summary
+                .contains("rank 2 called allreduce of 2048 B (double, max)"),
+            "{}",
+            f[0].summary
+        );
+        let bcast = |r: i32| Call {
+            op: Op::Broadcast as u8,
+            bytes: 256,
+            count: 64,
+            dtype: dtype::INT,
+            peer: if r == 3 { 1 } else { 0 },
+            ..Default::default()
+        };
+        let f = analyze("j", &blocked_in(bcast), &Thresholds::default());
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(
+            (f[0].kind, f[0].ranks.as_slice()),
+            (Kind::Mismatch, &[3][..])
+        );
+        assert!(f[0].summary.contains("rooted at 1"), "{}", f[0].summary);
+    }
+
+    #[test]
+    fn an_enter_record_without_the_signature_is_compared_on_what_it_says() {
+        use commscope_wire::op::{dtype, red_op};
+        // Ranks 0, 1 and 3 completed instance 3 (double, sum); rank 2's `enter` record was
+        // written before calls in flight carried datatype and reduction: it is slow, not
+        // mismatched. (Its peers completed: nobody waits for it, no finding at all.)
+        let procs: Vec<ProcessTrace> = (0..4)
+            .map(|r| {
+                let mut recs: Vec<Record> = (0..3).map(|s| call(r, s, Op::Allreduce)).collect();
+                let full = Call {
+                    dtype: dtype::DOUBLE,
+                    red_op: red_op::SUM,
+                    ..match call(r, 3, Op::Allreduce) {
+                        Record::Call(c) => c,
+                        _ => unreachable!("a call"),
+                    }
+                };
+                if r == 2 {
+                    recs.push(enter(r, 3, 3 * S));
+                } else {
+                    recs.push(Record::Call(full));
+                }
+                recs.push(beat(4 * S));
+                proc(r, recs)
+            })
+            .collect();
+        let f = analyze("j", &procs, &Thresholds::default());
+        assert!(f.iter().all(|f| f.kind != Kind::Mismatch), "{f:#?}");
     }
 
     #[test]

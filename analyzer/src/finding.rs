@@ -225,7 +225,22 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
             "ranks"
         }
     );
-    let wait = if c.live { "wait" } else { "waited" };
+    let wait = match (c.live, c.victims.len()) {
+        (false, _) => "waited",
+        (true, 1) => "waits",
+        (true, _) => "wait",
+    };
+    let stacks = if c.culprits.len() == 1 {
+        "its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)"
+    } else {
+        "their nodes' agents take their stacks into this finding's evidence (or run py-spy dump / gdb on them)"
+    };
+    // One culprit is "it", several "they".
+    let (it, is, was) = if c.culprits.len() == 1 {
+        ("it", "is", "was")
+    } else {
+        ("they", "are", "were")
+    };
     let summary = {
         let entered = match (c.live, c.culprits.len(), w.seq.is_some()) {
             (_, 1, true) if !c.cut_note.is_empty() => "has no record of entering",
@@ -255,12 +270,13 @@ pub fn hang_finding(c: HangCause<'_>) -> Finding {
                 _ if !c.gpu_note.is_empty() => c.gpu_note.clone(),
                 _ if !c.finalize_note.is_empty() => c.finalize_note.clone(),
                 (true, _, _) if !c.inside_note.is_empty() => c.inside_note.clone(),
-                (true, _, _) => "it is blocked in another communication call: look at that call's peers".to_owned(),
-                (false, false, _) => "it was outside the communication library: look at what that rank was doing then (its logs, the code after the previous collective)".to_owned(),
-                (false, true, true) => "it is outside the communication library: its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)".to_owned(),
+                (true, _, _) => format!("{it} {is} blocked in another communication call: look at that call's peers"),
+                (false, false, _) if c.culprits.len() == 1 => "it was outside the communication library: look at what that rank was doing then (its logs, the code after the previous collective)".to_owned(),
+                (false, false, _) => format!("{it} {was} outside the communication library: look at what those ranks were doing then (their logs, the code after the previous collective)"),
+                (false, true, true) => format!("{it} {is} outside the communication library: {stacks}"),
                 (false, true, false) => format!(
-                    "it is outside the communication library ({}): its node's agent takes its stacks into this finding's evidence (or run py-spy dump / gdb on it)",
-                    c.state_note
+                    "{it} {is} outside the communication library ({}): {stacks}",
+                    c.state_note,
                 ),
             },
             if c.unknown_note.is_empty() {
@@ -309,7 +325,9 @@ pub struct Tracker {
 impl Tracker {
     /// Takes the findings of one evaluation at `at_ns`; returns what opened and resolved.
     pub fn update(&mut self, now: Vec<Finding>, at_ns: u64) -> Vec<Change> {
-        let now: BTreeMap<String, Finding> = now.into_iter().map(|f| (f.id.clone(), f)).collect();
+        let mut now: BTreeMap<String, Finding> =
+            now.into_iter().map(|f| (f.id.clone(), f)).collect();
+        self.carry_over(&mut now);
         let mut changes = Vec::new();
         let gone: Vec<String> = self
             .open
@@ -345,6 +363,33 @@ impl Tracker {
             }
         }
         changes
+    }
+
+    /// A finding found again under another id — the same kind and root ranks of the same job,
+    /// anchored to another call (live, two calls entered within microseconds of each other can
+    /// trade places as clock alignment refines their entry times) — is the open one it
+    /// replaces, not a new cause: it keeps that one's id (and when it opened).
+    fn carry_over(&self, now: &mut BTreeMap<String, Finding>) {
+        let fresh: Vec<String> = now
+            .keys()
+            .filter(|id| !self.open.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in fresh {
+            let Some(f) = now.get(&id) else { continue };
+            if f.ranks.is_empty() {
+                continue;
+            }
+            let old = self.open.values().find(|o| {
+                !now.contains_key(&o.id) && o.kind == f.kind && o.job == f.job && o.ranks == f.ranks
+            });
+            if let Some(old_id) = old.map(|o| o.id.clone())
+                && let Some(mut f) = now.remove(&id)
+            {
+                f.id = old_id.clone();
+                now.insert(old_id, f);
+            }
+        }
     }
 
     /// Every finding, open and resolved, in the order they opened.
@@ -394,5 +439,47 @@ mod tests {
         assert_eq!(v["class"], "communication-hang");
         assert_eq!(v["state"], "open");
         assert!(v["comm"].is_null());
+    }
+
+    fn hang(ranks: &[i32], comm: u64) -> Finding {
+        Finding {
+            id: finding_id(Kind::Hang, "j", Some(comm), ranks, Some(20)),
+            kind: Kind::Hang,
+            class: Class::CommunicationHang,
+            state: State::Open,
+            job: "j".into(),
+            comm: Some(format_comm_id(comm)),
+            seq: Some(20),
+            ranks: ranks.to_vec(),
+            nodes: vec![],
+            link: None,
+            opened_at: 0,
+            resolved_at: None,
+            confidence: 0.9,
+            summary: String::new(),
+            evidence: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn a_hang_anchored_to_another_call_is_the_same_finding_not_a_new_one() {
+        // A receive cycle between ranks 2 and 5 holds up two data-parallel halves, entered
+        // within microseconds: from one evaluation to the next the finding names the other.
+        let mut t = Tracker::default();
+        let first = hang(&[2, 5], 0xa);
+        let opened = t.update(vec![first.clone()], 1);
+        assert_eq!(opened.len(), 1);
+        let changes = t.update(vec![hang(&[2, 5], 0xb)], 2);
+        assert!(changes.is_empty(), "{changes:?}");
+        assert_eq!(t.open.len(), 1);
+        assert_eq!(
+            t.open.values().next().map(|f| &f.comm),
+            Some(&Some("0xb".to_owned()))
+        );
+        assert!(t.open.contains_key(&first.id));
+        assert!(t.resolved.is_empty());
+        // Other root ranks are another cause.
+        let changes = t.update(vec![hang(&[3], 0xb)], 3);
+        assert_eq!(changes.len(), 2, "{changes:?}");
     }
 }

@@ -148,23 +148,43 @@ impl Shape {
         }
     }
 
-    /// The fields every one of `shapes` knows: a field one of them lacks is left out of all,
-    /// so a call whose record says less is compared on what it says. (Where the op has no such
-    /// field every member of that op lacks it; members of another op differ in `op` anyway.)
+    /// The fields every one of `shapes` whose op has them knows: a field one of them lacks
+    /// (an `enter` record written before calls in flight carried their whole signature) is left
+    /// out of all, so a call whose record says less is compared on what it says. A field an op
+    /// does not have (a broadcast's reduction) leaves the others' alone.
     fn known_to_all<'a>(shapes: impl IntoIterator<Item = &'a Shape>) -> [bool; 4] {
         let mut known = [true; 4];
         for s in shapes {
+            let op = Op::from_code(s.op);
+            let fixed = Shape::of(op, 0, 0, dtype::BYTE, 0).bytes.is_some();
             let has = [
-                s.bytes.is_some(),
-                s.root.is_some(),
-                s.dtype.is_some(),
-                s.red_op.is_some(),
+                (fixed, s.bytes.is_some()),
+                (op.is_rooted(), s.root.is_some()),
+                (fixed, s.dtype.is_some()),
+                (op.is_reducing(), s.red_op.is_some()),
             ];
-            for (k, h) in known.iter_mut().zip(has) {
-                *k &= h;
+            for (k, (applies, h)) in known.iter_mut().zip(has) {
+                if applies && !h {
+                    *k = false;
+                }
             }
         }
         known
+    }
+
+    /// The same call as far as both say (a field one of them lacks is not compared).
+    pub fn agrees_with(&self, other: &Shape) -> bool {
+        fn same<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+        }
+        self.op == other.op
+            && same(self.bytes, other.bytes)
+            && same(self.root, other.root)
+            && same(self.dtype, other.dtype)
+            && same(self.red_op, other.red_op)
     }
 
     fn keeping(self, known: [bool; 4]) -> Shape {
@@ -709,19 +729,29 @@ impl Detectors {
 impl Detectors {
     /// Calls entered and not completed (in-flight) join the shape check: a rank that called
     /// another collective where its peers wait is a mismatch even though the instance never
-    /// completes. `calls`: (rank, comm, seq, shape).
-    pub fn in_flight_shapes(&mut self, calls: impl IntoIterator<Item = (i32, u64, u64, Shape)>) {
-        let mut by: HashMap<(u64, u64), Vec<(i32, Shape)>> = HashMap::new();
-        for (r, comm, seq, s) in calls {
-            by.entry((comm, seq)).or_default().push((r, s));
+    /// completes. `calls`: (rank, comm, seq, shape, the communicator's size or 0). An instance
+    /// is judged once every member is seen in it (entered, or completed): live, the members'
+    /// snapshots arrive one by one, and the first disagreement seen is kept — judged on two of
+    /// eight members, it would be a tie that names the wrong rank.
+    pub fn in_flight_shapes(
+        &mut self,
+        calls: impl IntoIterator<Item = (i32, u64, u64, Shape, usize)>,
+    ) {
+        /// Per instance: the communicator's size, and each member's call.
+        type Calls = (usize, Vec<(i32, Shape)>);
+        let mut by: HashMap<(u64, u64), Calls> = HashMap::new();
+        for (r, comm, seq, s, size) in calls {
+            let e = by.entry((comm, seq)).or_default();
+            e.0 = e.0.max(size);
+            e.1.push((r, s));
         }
-        for (key, calls) in by {
+        for (key, (comm_size, calls)) in by {
             if self.mismatches.contains_key(&key) {
                 continue;
             }
             let mut members: Vec<(i32, Shape)> = Vec::new();
             let mut seen: BTreeSet<i32> = BTreeSet::new();
-            let size = self.pending.get(&key).map_or(0, |p| p.size);
+            let size = self.pending.get(&key).map_or(0, |p| p.size).max(comm_size);
             if let Some(p) = self.pending.get(&key) {
                 for e in &p.entries {
                     if seen.insert(e.member.rank) {
@@ -733,6 +763,9 @@ impl Detectors {
                 if seen.insert(r) {
                     members.push((r, s));
                 }
+            }
+            if seen.len() < size {
+                continue;
             }
             let shapes = Shape::group(&members);
             if shapes.len() > 1 && self.mismatches.len() < MAX_MISMATCHES {

@@ -474,13 +474,15 @@ impl JobState {
     pub fn instance_findings(&mut self, now: u64) -> Vec<commscope_analyzer::Finding> {
         let reached = self.release(now);
         self.detectors.advance(reached);
-        let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape)> = self
+        let comms = &self.comms;
+        let calls: Vec<(i32, u64, u64, commscope_analyzer::stream::Shape, usize)> = self
             .ranks
             .values()
             .flat_map(|r| r.live_in_flight().iter())
             .filter_map(|c| {
                 let op = Op::from_name(&c.op)?;
-                (!op.is_p2p()).then(|| (c.rank, c.comm_id, c.seq, c.shape(op)))
+                let size = comms.get(&c.comm_id).map_or(0, |m| m.size.max(0) as usize);
+                (!op.is_p2p()).then(|| (c.rank, c.comm_id, c.seq, c.shape(op), size))
             })
             .collect();
         self.detectors.in_flight_shapes(calls);

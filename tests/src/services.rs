@@ -417,14 +417,24 @@ pub fn run_with_agent(
     cmd: &[std::ffi::OsString],
     extra_env: &[(&str, &str)],
 ) -> std::process::Output {
+    run_with_agent_traced(socket, None, job, cmd, extra_env)
+}
+
+/// [`run_with_agent`], with `--trace-dir DIR` too when given (the shim's own trace files, and
+/// `run`'s trace keeper that completes those of ranks killed before writing them out).
+pub fn run_with_agent_traced(
+    socket: &Path,
+    trace_dir: Option<&Path>,
+    job: &str,
+    cmd: &[std::ffi::OsString],
+    extra_env: &[(&str, &str)],
+) -> std::process::Output {
     let mut c = commscope();
-    c.arg("run")
-        .arg("--agent-socket")
-        .arg(socket)
-        .arg("--job-id")
-        .arg(job)
-        .arg("--")
-        .args(cmd);
+    c.arg("run").arg("--agent-socket").arg(socket);
+    if let Some(d) = trace_dir {
+        c.arg("--trace-dir").arg(d);
+    }
+    c.arg("--job-id").arg(job).arg("--").args(cmd);
     for (k, v) in extra_env {
         c.env(k, v);
     }

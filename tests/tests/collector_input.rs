@@ -214,7 +214,9 @@ async fn the_collector_refuses_garbage_and_malformed_messages_and_keeps_serving(
 #[test]
 fn shims_of_another_layout_version_are_refused_clearly() {
     let mut svc = Services::start("node-ver", &[], &[]);
-    for layout in [0u16, 2] {
+    // The one before this version's, and the one after.
+    let current = commscope_wire::shm::LAYOUT_VERSION as u16;
+    for layout in [current - 1, current + 1] {
         let s = std::os::unix::net::UnixStream::connect(&svc.socket).expect("connect");
         let req = Request {
             version: 1,
@@ -237,7 +239,7 @@ fn shims_of_another_layout_version_are_refused_clearly() {
         );
     }
     let agent = svc.agent();
-    agent.wait_log("layout 2", Duration::from_secs(5));
+    agent.wait_log(&format!("layout {}", current + 1), Duration::from_secs(5));
     let log = agent.log();
     assert!(
         log.contains("different commscope versions"),

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{Services, run_with_agent};
+use commscope_tests::services::{Services, run_with_agent_traced};
 use commscope_tests::{Flavour, analyze_json, assert_ok, build, ip, launch, summary_json, wait};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -199,14 +199,12 @@ fn run_case(flavour: Flavour, c: Case) {
     let cst_dir = tmp.path().join("cst");
     let cst = cst_dir.to_string_lossy().into_owned();
     let runner = std::thread::spawn(move || {
-        run_with_agent(
+        run_with_agent_traced(
             &socket,
+            Some(Path::new(&cst)),
             &j,
             &cmd,
-            &[
-                ("FAULTS_PIDFILE", pf.as_str()),
-                ("COMMSCOPE_TRACE_DIR", cst.as_str()),
-            ],
+            &[("FAULTS_PIDFILE", pf.as_str())],
         )
     });
     if let Some(t) = &throttle {
@@ -344,17 +342,6 @@ fn run_case(flavour: Flavour, c: Case) {
             // From each trace: exactly one finding, of the kind (or the trace's alternative),
             // naming exactly the culprit.
             for (what, found) in [("collector's trace", &batch), (".cst files", &from_cst)] {
-                // The shim's own files lose what it had not written when the process was
-                // killed (up to a flush period, 200 ms): a launcher's teardown faster than that
-                // (Hydra's: milliseconds) leaves nothing there to tell the first death from
-                // the rest. No finding is then the right answer; a wrong one never is.
-                if c.mode == "kill" && what == ".cst files" && found.is_empty() {
-                    eprintln!(
-                        "kill ({}): the .cst files cannot tell the first death",
-                        flavour.name()
-                    );
-                    continue;
-                }
                 assert_eq!(found.len(), 1, "analyze {what}:\n{}", show(found));
                 let g = &found[0];
                 assert!(

@@ -895,6 +895,33 @@ mod tests {
         assert_eq!(header().file_name(), "node-a-4242-3.cst");
     }
 
+    #[test]
+    fn the_tail_of_a_file_is_its_last_intact_block_and_a_raw_block_reads_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.cst");
+        let whole = write(&[recs(0..3), recs(3..10)]);
+        std::fs::write(&path, &whole).expect("write");
+        let t = tail(&path).expect("tail");
+        assert_eq!((t.intact_len, t.last_rec_seq), (whole.len() as u64, 10));
+        assert_eq!(t.header, header());
+        // A writer killed mid-block: the torn block is past the intact end.
+        let torn = &whole[..whole.len() - 5];
+        std::fs::write(&path, torn).expect("write");
+        let t = tail(&path).expect("tail");
+        let first_two = write(&[recs(0..3)]);
+        assert_eq!((t.intact_len, t.last_rec_seq), (first_two.len() as u64, 3));
+        // What a signal handler writes: a raw block from a stack buffer, its header apart.
+        let body: Vec<u8> = recs(3..5).concat();
+        let mut raw = raw_block_header(&body, 2).to_vec();
+        raw.extend_from_slice(&body);
+        assert_eq!(raw, encode_raw_block(&recs(3..5)));
+        let mut bytes = first_two;
+        bytes.extend_from_slice(&raw);
+        let parsed = parse(Path::new("t.cst"), &bytes).expect("parse");
+        assert_eq!(parsed.records.len(), 5);
+        assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    }
+
     /// A training-like stream: calls on three communicators interleaved, p2p, heartbeats.
     fn realistic(n: u64) -> Vec<RawRecord> {
         let comms = [

@@ -40,6 +40,8 @@ thread_local! {
     static SLOT_HINT: Cell<usize> = const { Cell::new(0) };
     /// The last predefined datatype seen: (normalized handle, size, code).
     static TYPE_CACHE: Cell<(u64, u64, u16)> = const { Cell::new((0, 0, 0)) };
+    /// The last reduction operation seen: (normalized handle, code).
+    static OP_CACHE: Cell<(u64, u8)> = const { Cell::new((0, 0)) };
     /// This thread's home in-flight slot for blocking calls (usize::MAX: none yet).
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
 }
@@ -840,6 +842,20 @@ impl Shim {
             TYPE_CACHE.with(|c| c.set((key, size, code)));
         }
         (size, code)
+    }
+
+    /// The [`commscope_wire::op::red_op`] code of a reduction operation. Programs reduce with
+    /// one or two operations, so the last one is cached per thread.
+    #[inline]
+    pub fn red_op_code(&self, op: H) -> u8 {
+        let key = self.abi.norm(op);
+        let (k, code) = OP_CACHE.with(Cell::get);
+        if k == key && k != 0 {
+            return code;
+        }
+        let code = self.abi.red_op_code(op);
+        OP_CACHE.with(|c| c.set((key, code)));
+        code
     }
 
     /// The size in bytes of one element of a datatype (0 for a null or invalid type).

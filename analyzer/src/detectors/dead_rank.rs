@@ -248,6 +248,9 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
     });
     // The first to end are a few, not most of the job (that is a job taken down as a whole).
     let few = 2 * early.len() <= view.ranks.len().max(2);
+    // Others going on is no evidence by itself: a rank none of whose peers waited for it (and
+    // whose end took nobody down) is not a culprit.
+    let alive = alive && blocked_on(view, &early);
     if few && (alive || apart) {
         d.roots = early;
         d.how_found = "it ended first";

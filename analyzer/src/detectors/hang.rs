@@ -282,21 +282,22 @@ fn merge<T: Ord>(mut sets: Vec<BTreeSet<T>>) -> Vec<BTreeSet<T>> {
 /// most of them, entered first (the same in a live view and a trace); else the one waiting
 /// longest.
 fn anchor<'a>(victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
-    // The call that waits on the most of the roots directly, entered first. Calls entered
-    // within 50 ms of the first are ordered by communicator and instance instead: live, entry
-    // times move by microseconds as each rank's clock alignment is refined, and the finding's
-    // id (which names the call) must not flip between two calls entered together.
-    const TOGETHER_NS: u64 = 50_000_000;
+    // The call that waits on the most of the roots directly, entered first.
     let covered = |v: &Victim| roots.iter().filter(|r| v.direct.contains(r)).count();
-    let most = victims.iter().map(covered).max().unwrap_or(0);
-    if most == 0 {
-        return victims.iter().max_by_key(|v| v.call.age_ns).map(|v| v.call);
-    }
-    let best: Vec<&Victim> = victims.iter().filter(|v| covered(v) == most).collect();
-    let first = best.iter().map(|v| v.call.entered_ns).min().unwrap_or(0);
-    best.into_iter()
-        .filter(|v| v.call.entered_ns <= first + TOGETHER_NS)
-        .min_by_key(|v| (v.call.comm, v.call.seq, v.rank))
+    let key = |v: &&Victim| {
+        (
+            std::cmp::Reverse(covered(v)),
+            v.call.entered_ns,
+            v.call.comm,
+            v.call.seq,
+            v.rank,
+        )
+    };
+    victims
+        .iter()
+        .filter(|v| covered(v) > 0)
+        .min_by_key(key)
+        .or_else(|| victims.iter().max_by_key(|v| v.call.age_ns))
         .map(|v| v.call)
 }
 

@@ -49,14 +49,10 @@ pub fn majority(m: &Mismatch, siblings: &[Shape]) -> Option<Shape> {
     }
 }
 
-/// Whether a sibling's call is `s` (a call known only from the in-flight table carries no root
-/// or datatype: then op and size decide).
+/// Whether a sibling's call is `s`, as far as both records say (a call known only from an
+/// older `enter` record carries no datatype or reduction: then the rest decides).
 fn same_call(s: &Shape, sibling: &Shape) -> bool {
-    s == sibling
-        || (s.root.is_none()
-            && s.dtype.is_none()
-            && s.op == sibling.op
-            && (s.bytes.is_none() || s.bytes == sibling.bytes))
+    s.agrees_with(sibling)
 }
 
 /// The finding of a mismatched instance; `siblings`: what sibling communicators called at the
@@ -222,6 +218,26 @@ mod tests {
             ranks(&m, &[shape(Op::Allreduce), shape(Op::Allreduce)]),
             [5]
         );
+    }
+
+    #[test]
+    fn siblings_vote_on_what_both_records_say() {
+        // The pair's shapes come compared without the reduction (a broadcast has none); the
+        // siblings' all-reduces carry theirs: they still vote for the all-reduce.
+        use commscope_wire::op::red_op;
+        let m = pair(Op::Allreduce, Op::Broadcast);
+        let sib = vec![shape(Op::Allreduce).reducing(red_op::SUM); 3];
+        assert_eq!(ranks(&m, &sib), [5]);
+        // A sibling that reduced otherwise does not vote for it.
+        let sib = vec![shape(Op::Allreduce).reducing(red_op::SUM)];
+        let m = Mismatch {
+            shapes: BTreeMap::from([
+                (shape(Op::Allreduce).reducing(red_op::MAX), vec![4]),
+                (shape(Op::Broadcast), vec![5]),
+            ]),
+            ..pair(Op::Allreduce, Op::Broadcast)
+        };
+        assert_eq!(ranks(&m, &sib), [4, 5]);
     }
 
     #[test]

@@ -1062,3 +1062,231 @@ fn a_rank_whose_records_end_in_damage_is_named_as_unknown_when_the_others_wait_o
     assert!(f[0].confidence < 0.9, "{:?}", f[0].confidence);
     assert_eq!(f[0].evidence["culprits"][0]["records_cut_short"], true);
 }
+
+// ----- how a rank ended: its own doing before the launcher's teardown -------------------------
+
+/// Rank `r` ended as `e` says, `ms` milliseconds after `NOW - S`.
+fn ends(v: &mut JobView, r: i32, ms: f64, e: Ending) {
+    rank(v, r).ended = Some(Ending {
+        at_ns: NOW - S + (ms * 1e6) as u64,
+        ..e
+    });
+}
+
+/// An ending the process recorded itself: `exit(status)` without finalizing.
+fn exited(status: i32) -> Ending {
+    Ending {
+        observed: true,
+        recorded: true,
+        status: Some(status),
+        ..Default::default()
+    }
+}
+
+/// An ending the kernel reported: killed by `sig`.
+fn killed(sig: i32) -> Ending {
+    Ending {
+        observed: true,
+        signal: Some(sig),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_rank_that_exited_by_itself_comes_before_the_ranks_the_launcher_killed() {
+    // Rank 4 exited with status 3 in its compute; the others sat in the next all-reduce it never
+    // entered until Open MPI's launcher sent them SIGTERM a second later.
+    let mut v = job(8, 10, true);
+    ends(&mut v, 4, 0.0, exited(3));
+    for r in (0..8).filter(|r| *r != 4) {
+        inside(&mut v, r, WORLD, 10, S);
+        ends(&mut v, r, 1000.0 + f64::from(r), killed(15));
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![4])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(s.contains("exited with status 3 without finalizing"), "{s}");
+    assert!(
+        s.contains("7 other ranks were blocked waiting for it"),
+        "{s}"
+    );
+    assert!(s.contains("by signal 15 (SIGTERM)"), "{s}");
+    assert!(s.contains("look at rank 4's output"), "{s}");
+}
+
+#[test]
+fn an_own_end_stands_against_silences_around_it_in_a_trace() {
+    // MPICH's Hydra killed the rest with SIGKILL within milliseconds: their files end at their
+    // last flush, before rank 6's own record of its segfault. Nobody's wait was recorded.
+    let mut v = job(8, 10, false);
+    ends(
+        &mut v,
+        6,
+        300.0,
+        Ending {
+            signal: Some(11),
+            ..exited(0)
+        },
+    );
+    rank(&mut v, 6).ended.as_mut().expect("ended").status = None;
+    for r in (0..8).filter(|r| *r != 6) {
+        rank(&mut v, r).last_heard_ns = NOW - S + 150_000_000 + r as u64 * 10_000_000;
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![6])], "{f:#?}");
+    assert!(
+        f[0].summary.contains("crashed on signal 11 (SIGSEGV)"),
+        "{}",
+        f[0].summary
+    );
+    // Without its own record, the silences tell nothing: no finding rather than a guess.
+    rank(&mut v, 6).ended = None;
+    rank(&mut v, 6).last_heard_ns = NOW - S + 120_000_000;
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}
+
+#[test]
+fn a_rank_that_exits_unfinalized_while_the_rest_finish_is_no_finding() {
+    // Nobody waited for rank 5 and nobody was taken down after it: the job finished.
+    let mut v = job(4, 10, false);
+    ends(&mut v, 5 - 2, 0.0, exited(0));
+    for r in [0, 1, 2] {
+        rank(&mut v, r).finalized = true;
+    }
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}
+
+#[test]
+fn a_kill_clearly_before_an_error_exit_is_the_first_death() {
+    // Rank 1 was OOM-killed; 100 ms later the others' MPI calls failed and they exited with
+    // status 1 of their own doing, one after another.
+    let mut v = job(4, 10, true);
+    ends(&mut v, 1, 0.0, killed(9));
+    for r in [0, 2, 3] {
+        ends(&mut v, r, 100.0 + f64::from(r), exited(1));
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![1])], "{f:#?}");
+    assert!(f[0].summary.contains("OOM killer"), "{}", f[0].summary);
+}
+
+#[test]
+fn a_rank_killed_in_the_teardown_is_not_a_root_though_others_waited_for_it() {
+    // Hydra: rank 2 was killed; 1 ms later so was rank 5, which the other data-parallel half
+    // was waiting for (it had not reached the all-reduce yet). Only rank 2 is the root.
+    let even = 0x200;
+    let odd = 0x300;
+    let mut v = job(8, 10, false);
+    comm(&mut v, even, &[0, 2, 4, 6], 40);
+    comm(&mut v, odd, &[1, 3, 5, 7], 40);
+    ends(&mut v, 2, 0.0, killed(9));
+    ends(&mut v, 5, 1.0, killed(9));
+    for r in [0, 4, 6] {
+        inside(&mut v, r, even, 40, 3 * S / 10);
+        ends(&mut v, r, 2.0 + f64::from(r), killed(9));
+    }
+    for r in [1, 3, 7] {
+        inside(&mut v, r, odd, 40, 3 * S / 10);
+        ends(&mut v, r, 2.0 + f64::from(r), killed(9));
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![2])], "{f:#?}");
+}
+
+#[test]
+fn a_rank_that_crashed_inside_a_collective_is_named_with_that_call() {
+    // Rank 3 segfaulted inside the all-reduce (the others inside it too); a second later the
+    // launcher killed the rest. The others' records stop at their last flush.
+    let mut v = job(4, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, S / 2);
+    }
+    ends(
+        &mut v,
+        3,
+        0.0,
+        Ending {
+            observed: true,
+            recorded: true,
+            signal: Some(7),
+            ..Default::default()
+        },
+    );
+    for r in 0..3 {
+        ends(&mut v, r, 1000.0, killed(15));
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![3])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.contains("crashed on signal 7 (SIGBUS) inside allreduce #10"),
+        "{s}"
+    );
+}
+
+#[test]
+fn two_ranks_that_end_together_are_one_finding_said_in_the_plural() {
+    // Two ranks of one node were OOM-killed together; the others waited for both.
+    let mut v = job(8, 10, true);
+    ends(&mut v, 2, 0.0, killed(9));
+    ends(&mut v, 3, 0.1, killed(9));
+    for r in [0, 1, 4, 5, 6, 7] {
+        inside(&mut v, r, WORLD, 10, S);
+        ends(&mut v, r, 1000.0, killed(15));
+    }
+    let f = run(&v);
+    assert_eq!(kinds(&f), [(Kind::DeadRank, vec![2, 3])], "{f:#?}");
+    let s = &f[0].summary;
+    assert!(
+        s.contains("ranks 2 and 3 on n0 were killed by signal 9"),
+        "{s}"
+    );
+    assert!(s.contains("waiting for them"), "{s}");
+    assert!(s.contains("they are the first to stop"), "{s}");
+}
+
+#[test]
+fn an_ending_recorded_by_the_process_merges_with_what_the_kernel_saw() {
+    let own_abort = Ending {
+        at_ns: 10,
+        observed: true,
+        recorded: true,
+        status: Some(7),
+        aborted: true,
+        ..Default::default()
+    };
+    // The launcher then killed the aborting process: it still aborted, at its own time.
+    let m = own_abort.merged(Ending {
+        at_ns: 20,
+        ..killed(9)
+    });
+    assert_eq!(
+        (m.at_ns, m.aborted, m.status, m.signal),
+        (10, true, Some(7), None)
+    );
+    assert!(m.by_itself());
+    // An exit whose status the process could not know takes the kernel's.
+    let unknown = Ending {
+        at_ns: 10,
+        observed: true,
+        recorded: true,
+        ..Default::default()
+    };
+    let m = unknown.merged(Ending {
+        at_ns: 12,
+        observed: true,
+        status: Some(2),
+        ..Default::default()
+    });
+    assert_eq!((m.at_ns, m.status), (10, Some(2)));
+    // A launcher's SIGTERM the process recorded is not its own doing.
+    assert!(
+        !Ending {
+            recorded: true,
+            ..killed(15)
+        }
+        .by_itself()
+    );
+}

@@ -156,7 +156,7 @@ impl CollInfo {
     /// The same call, reducing with MPI operation `op`.
     pub(crate) fn reducing(self, s: &Shim, op: H) -> CollInfo {
         CollInfo {
-            red_op: s.abi.red_op_code(op),
+            red_op: s.red_op_code(op),
             ..self
         }
     }
