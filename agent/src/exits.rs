@@ -81,13 +81,8 @@ impl ExitWatcher {
         }
         let deadline = Instant::now() + wait;
         loop {
-            if let Some((_, e, at)) = self
-                .seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&pid)
-            {
-                return Some((*e, *at));
+            if let Some(seen) = self.seen(pid) {
+                return Some(seen);
             }
             if Instant::now() >= deadline {
                 return None;
@@ -98,6 +93,15 @@ impl ExitWatcher {
 }
 
 impl ExitWatcher {
+    /// How `pid` ended and the kernel's time of it, if the event came.
+    fn seen(&self, pid: u32) -> Option<(Ending, u64)> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&pid)
+            .map(|(_, e, at)| (*e, *at))
+    }
+
     /// [`ExitWatcher::ending`] for a caller outside the runtime (the trace keeper's threads).
     pub fn ending_blocking(&self, pid: u32, wait: Duration) -> Option<(Ending, u64)> {
         if !self.active {
@@ -105,13 +109,8 @@ impl ExitWatcher {
         }
         let deadline = Instant::now() + wait;
         loop {
-            if let Some((_, e, at)) = self
-                .seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&pid)
-            {
-                return Some((*e, *at));
+            if let Some(seen) = self.seen(pid) {
+                return Some(seen);
             }
             if Instant::now() >= deadline {
                 return None;

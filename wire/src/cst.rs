@@ -539,20 +539,7 @@ pub fn tail(path: &Path) -> Result<Tail, Error> {
     let len = f.metadata().map_err(io)?.len();
     let mut first = vec![0u8; (len as usize).min(64 << 10)];
     f.read_exact(&mut first).map_err(io)?;
-    let (header, header_len) = decode_header(&first).map_err(|e| match e {
-        HeaderError::NotATrace => Error::NotATrace {
-            path: path.to_owned(),
-        },
-        HeaderError::NewerVersion { found } => Error::NewerVersion {
-            path: path.to_owned(),
-            found,
-            supported: FORMAT_VERSION,
-        },
-        HeaderError::Bad(reason) => Error::BadHeader {
-            path: path.to_owned(),
-            reason,
-        },
-    })?;
+    let (header, header_len) = decode_header(&first).map_err(|e| e.at(path))?;
     let mut at = header_len as u64;
     let mut last: Option<(u64, usize)> = None;
     loop {
@@ -627,6 +614,22 @@ pub enum HeaderError {
     NewerVersion { found: u16 },
     /// Damaged.
     Bad(String),
+}
+
+impl HeaderError {
+    /// The file-level error for the file at `path`.
+    fn at(self, path: &Path) -> Error {
+        let path = path.to_owned();
+        match self {
+            HeaderError::NotATrace => Error::NotATrace { path },
+            HeaderError::NewerVersion { found } => Error::NewerVersion {
+                path,
+                found,
+                supported: FORMAT_VERSION,
+            },
+            HeaderError::Bad(reason) => Error::BadHeader { path, reason },
+        }
+    }
 }
 
 /// Decodes a header at the start of `bytes`; returns it with its encoded length.
@@ -709,20 +712,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<(Header, usize), HeaderError> {
 
 /// Parses the bytes of a trace file.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<TraceFile, Error> {
-    let (header, header_len) = decode_header(bytes).map_err(|e| match e {
-        HeaderError::NotATrace => Error::NotATrace {
-            path: path.to_owned(),
-        },
-        HeaderError::NewerVersion { found } => Error::NewerVersion {
-            path: path.to_owned(),
-            found,
-            supported: FORMAT_VERSION,
-        },
-        HeaderError::Bad(reason) => Error::BadHeader {
-            path: path.to_owned(),
-            reason,
-        },
-    })?;
+    let (header, header_len) = decode_header(bytes).map_err(|e| e.at(path))?;
     let mut records = Vec::new();
     let mut warnings = Vec::new();
     let mut undecodable = 0usize;

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::Liveness;
 use super::waits::{Root, Waits};
-use crate::view::{Ending, JobView};
+use crate::view::{Ending, InFlight, JobView};
 
 /// Exit times seen by an observer that knows no more than when it noticed (an agent or trace
 /// keeper without the kernel's exit events: its thread woke some time after the exit) closer
@@ -262,7 +262,8 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
 fn by_own_end(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
     let none = BTreeSet::new();
     // Blocked waiting for a rank that ended before them: consequences, whatever their end.
-    let waiting: BTreeSet<i32> = waits_on_ended(view, ended, 0)
+    let blocked = |c: &InFlight| !c.posted;
+    let waiting: BTreeSet<i32> = waits_on_ended(view, ended, blocked)
         .iter()
         .map(|(w, _)| *w)
         .collect();
@@ -292,7 +293,7 @@ fn by_own_end(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
         return none;
     }
     // Its end mattered: the others waited for it, or ended after it (taken down).
-    let waited_for = waits_on_ended(view, ended, 0)
+    let waited_for = waits_on_ended(view, ended, blocked)
         .iter()
         .any(|(_, x)| roots.contains(x))
         || blocked_on(view, &roots);
@@ -326,12 +327,12 @@ fn blocked_on(view: &JobView, roots: &BTreeSet<i32>) -> bool {
         })
 }
 
-/// (waiter, waited for): a rank blocked in a call (in flight at least `min_age_ns`) that a
-/// rank which ended before it never entered.
+/// (waiter, waited for): a rank blocked in a call (one `counts`) that a rank which ended
+/// before it never entered.
 fn waits_on_ended(
     view: &JobView,
     ended: &BTreeMap<i32, Ending>,
-    min_age_ns: u64,
+    counts: impl Fn(&InFlight) -> bool,
 ) -> Vec<(i32, i32)> {
     let none = BTreeSet::new();
     let waits = Waits {
@@ -341,16 +342,15 @@ fn waits_on_ended(
     let mut out = Vec::new();
     for r in view.ranks.values() {
         let until = ended.get(&r.rank).map_or(view.now_ns, |e| e.at_ns);
-        for c in r
-            .in_flight
-            .iter()
-            .filter(|c| !c.posted && c.age_ns >= min_age_ns)
-        {
+        for c in r.in_flight.iter().filter(|c| counts(c)) {
+            // A short wait ended by the teardown: the rank it waited for stopped first if its
+            // records end before the waiter's (the waiter's `enter` proves it was alive).
             let torn_down = ended.contains_key(&r.rank) && c.age_ns <= TEARDOWN_NS;
             for root in waits.roots(r.rank, c) {
                 if let Root::Rank(x) = root
                     && x != r.rank
                     && let Some(e) = ended.get(&x)
+                    // Inside some call we have no record of: not shown to be elsewhere.
                     && !view.ranks.get(&x).is_some_and(|p| p.busy_unseen)
                     && (ended_before(e, until)
                         || (torn_down && e.at_ns + OBSERVED_WINDOW_NS <= until))
@@ -367,35 +367,14 @@ fn waits_on_ended(
 /// that never entered a call the others sat in for a while (at least 100 ms, and longer than any
 /// call completed on the communicator), and that ended clearly before the rank waiting.
 fn by_record_order(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
-    let none = BTreeSet::new();
-    let waits = Waits {
-        view,
-        explained: &none,
+    let long_enough = |c: &InFlight| {
+        let longest = view.comms.get(&c.comm).map_or(0, |x| x.longest_ns);
+        c.age_ns >= (100_000_000u64).max(longest)
     };
-    let mut roots = BTreeSet::new();
-    for r in view.ranks.values() {
-        let until = ended.get(&r.rank).map_or(view.now_ns, |e| e.at_ns);
-        for c in &r.in_flight {
-            let longest = view.comms.get(&c.comm).map_or(0, |x| x.longest_ns);
-            if c.age_ns < (100_000_000u64).max(longest) {
-                continue;
-            }
-            // A short wait ended by the teardown: the rank it waited for stopped first if its
-            // records end before the waiter's (the waiter's `enter` proves it was alive).
-            let torn_down = ended.contains_key(&r.rank) && c.age_ns <= TEARDOWN_NS;
-            for root in waits.roots(r.rank, c) {
-                if let Root::Rank(x) = root
-                    && let Some(e) = ended.get(&x)
-                    // Inside some call we have no record of: not shown to be elsewhere.
-                    && !view.ranks.get(&x).is_some_and(|p| p.busy_unseen)
-                    && (ended_before(e, until)
-                        || (torn_down && e.at_ns + OBSERVED_WINDOW_NS <= until))
-                {
-                    roots.insert(x);
-                }
-            }
-        }
-    }
+    let mut roots: BTreeSet<i32> = waits_on_ended(view, ended, long_enough)
+        .into_iter()
+        .map(|(_, x)| x)
+        .collect();
     // A rank waited for that itself ended clearly after another one waited for was taken down
     // in the teardown the first started (ranks of another communicator wait for it as well).
     let first = roots
