@@ -325,9 +325,7 @@ pub struct Tracker {
 impl Tracker {
     /// Takes the findings of one evaluation at `at_ns`; returns what opened and resolved.
     pub fn update(&mut self, now: Vec<Finding>, at_ns: u64) -> Vec<Change> {
-        let mut now: BTreeMap<String, Finding> =
-            now.into_iter().map(|f| (f.id.clone(), f)).collect();
-        self.carry_over(&mut now);
+        let now: BTreeMap<String, Finding> = now.into_iter().map(|f| (f.id.clone(), f)).collect();
         let mut changes = Vec::new();
         let gone: Vec<String> = self
             .open
@@ -363,33 +361,6 @@ impl Tracker {
             }
         }
         changes
-    }
-
-    /// A finding found again under another id — the same kind and root ranks of the same job,
-    /// anchored to another call (live, two calls entered within microseconds of each other can
-    /// trade places as clock alignment refines their entry times) — is the open one it
-    /// replaces, not a new cause: it keeps that one's id (and when it opened).
-    fn carry_over(&self, now: &mut BTreeMap<String, Finding>) {
-        let fresh: Vec<String> = now
-            .keys()
-            .filter(|id| !self.open.contains_key(*id))
-            .cloned()
-            .collect();
-        for id in fresh {
-            let Some(f) = now.get(&id) else { continue };
-            if f.ranks.is_empty() {
-                continue;
-            }
-            let old = self.open.values().find(|o| {
-                !now.contains_key(&o.id) && o.kind == f.kind && o.job == f.job && o.ranks == f.ranks
-            });
-            if let Some(old_id) = old.map(|o| o.id.clone())
-                && let Some(mut f) = now.remove(&id)
-            {
-                f.id = old_id.clone();
-                now.insert(old_id, f);
-            }
-        }
     }
 
     /// Every finding, open and resolved, in the order they opened.
@@ -439,47 +410,5 @@ mod tests {
         assert_eq!(v["class"], "communication-hang");
         assert_eq!(v["state"], "open");
         assert!(v["comm"].is_null());
-    }
-
-    fn hang(ranks: &[i32], comm: u64) -> Finding {
-        Finding {
-            id: finding_id(Kind::Hang, "j", Some(comm), ranks, Some(20)),
-            kind: Kind::Hang,
-            class: Class::CommunicationHang,
-            state: State::Open,
-            job: "j".into(),
-            comm: Some(format_comm_id(comm)),
-            seq: Some(20),
-            ranks: ranks.to_vec(),
-            nodes: vec![],
-            link: None,
-            opened_at: 0,
-            resolved_at: None,
-            confidence: 0.9,
-            summary: String::new(),
-            evidence: serde_json::json!({}),
-        }
-    }
-
-    #[test]
-    fn a_hang_anchored_to_another_call_is_the_same_finding_not_a_new_one() {
-        // A receive cycle between ranks 2 and 5 holds up two data-parallel halves, entered
-        // within microseconds: from one evaluation to the next the finding names the other.
-        let mut t = Tracker::default();
-        let first = hang(&[2, 5], 0xa);
-        let opened = t.update(vec![first.clone()], 1);
-        assert_eq!(opened.len(), 1);
-        let changes = t.update(vec![hang(&[2, 5], 0xb)], 2);
-        assert!(changes.is_empty(), "{changes:?}");
-        assert_eq!(t.open.len(), 1);
-        assert_eq!(
-            t.open.values().next().map(|f| &f.comm),
-            Some(&Some("0xb".to_owned()))
-        );
-        assert!(t.open.contains_key(&first.id));
-        assert!(t.resolved.is_empty());
-        // Other root ranks are another cause.
-        let changes = t.update(vec![hang(&[3], 0xb)], 3);
-        assert_eq!(changes.len(), 2, "{changes:?}");
     }
 }

@@ -281,23 +281,29 @@ fn merge<T: Ord>(mut sets: Vec<BTreeSet<T>>) -> Vec<BTreeSet<T>> {
 /// The call a finding names: of those waiting directly on its roots, the one that waits on the
 /// most of them, entered first (the same in a live view and a trace); else the one waiting
 /// longest.
-fn anchor<'a>(victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
-    // The call that waits on the most of the roots directly, entered first.
+/// Live, calls entered within this of the first are taken as entered together.
+const TOGETHER_NS: u64 = 50_000_000;
+
+fn anchor<'a>(view: &JobView, victims: &[Victim<'a>], roots: &[Root]) -> Option<&'a InFlight> {
+    // The call that waits on the most of the roots directly, entered first. Live, calls
+    // entered within 50 ms of the first are ordered by communicator and instance instead:
+    // there entry times move by microseconds as each rank's clock alignment is refined, and
+    // the finding's id (which names the call) must not flip between two calls entered
+    // together (a receive cycle holding up two communicators). A trace's times stay put.
     let covered = |v: &Victim| roots.iter().filter(|r| v.direct.contains(r)).count();
-    let key = |v: &&Victim| {
-        (
-            std::cmp::Reverse(covered(v)),
-            v.call.entered_ns,
-            v.call.comm,
-            v.call.seq,
-            v.rank,
-        )
-    };
-    victims
-        .iter()
-        .filter(|v| covered(v) > 0)
-        .min_by_key(key)
-        .or_else(|| victims.iter().max_by_key(|v| v.call.age_ns))
+    let most = victims.iter().map(covered).max().unwrap_or(0);
+    if most == 0 {
+        return victims.iter().max_by_key(|v| v.call.age_ns).map(|v| v.call);
+    }
+    let best = victims.iter().filter(|v| covered(v) == most);
+    if !view.live {
+        return best
+            .min_by_key(|v| (v.call.entered_ns, v.call.comm, v.call.seq, v.rank))
+            .map(|v| v.call);
+    }
+    let first = best.clone().map(|v| v.call.entered_ns).min().unwrap_or(0);
+    best.filter(|v| v.call.entered_ns <= first + TOGETHER_NS)
+        .min_by_key(|v| (v.call.comm, v.call.seq, v.rank))
         .map(|v| v.call)
 }
 
@@ -390,6 +396,7 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
         .filter(|r| !roots.contains(r))
         .collect();
     let call = anchor(
+        view,
         victims,
         &roots.iter().map(|r| Root::Rank(*r)).collect::<Vec<_>>(),
     );
@@ -553,7 +560,7 @@ fn frozen_finding(view: &JobView, p: &RankView, victims: &[Victim]) -> Finding {
     let inside = call.map_or(String::new(), |c| {
         format!(" inside {}", call_phrase(view, c))
     });
-    let wait = anchor(victims, &[Root::Rank(p.rank)]);
+    let wait = anchor(view, victims, &[Root::Rank(p.rank)]);
     let summary = format!(
         "rank {} on {} (pid {}) {state}{inside}; its heartbeats stopped {silent_s:.1} s ago{} — {}",
         p.rank,
@@ -844,7 +851,7 @@ fn explain(m: &mut Finding, victims: &[Victim]) {
 
 fn plain_finding(view: &JobView, culprits: &BTreeSet<i32>, victims: &[Victim]) -> Finding {
     let roots: Vec<Root> = culprits.iter().map(|r| Root::Rank(*r)).collect();
-    let call = anchor(victims, &roots).expect("a stuck call leads to every culprit");
+    let call = anchor(view, victims, &roots).expect("a stuck call leads to every culprit");
     // What a rank only issued (seen from the host) does not put it inside the library.
     let in_library = culprits
         .iter()

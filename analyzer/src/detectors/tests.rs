@@ -1290,3 +1290,27 @@ fn an_ending_recorded_by_the_process_merges_with_what_the_kernel_saw() {
         .by_itself()
     );
 }
+
+#[test]
+fn a_live_hang_names_the_same_call_whichever_of_two_was_entered_a_hair_first() {
+    // Rank 2 never entered: its data-parallel half waits in all-reduce #20, its tensor-parallel
+    // partner in the pair's, entered within a microsecond of each other. Live, entry times move
+    // by microseconds as clock alignment is refined: the finding (its id names the call) must
+    // stay on one call.
+    let (half, pair) = (0x200, 0x300);
+    let named = |pair_first: bool, live: bool| {
+        let mut v = job(8, 19, live);
+        comm(&mut v, half, &[0, 2, 4, 6], 20);
+        comm(&mut v, pair, &[2, 3], 20);
+        for r in [0, 4, 6] {
+            inside(&mut v, r, half, 20, 10 * S + u64::from(!pair_first) * 1000);
+        }
+        inside(&mut v, 3, pair, 20, 10 * S + u64::from(pair_first) * 1000);
+        let f = run(&v);
+        assert_eq!(kinds(&f), [(Kind::Hang, vec![2])], "{f:#?}");
+        f[0].comm.clone()
+    };
+    assert_eq!(named(true, true), named(false, true));
+    // A trace's entry times stay put: there the call entered first is named.
+    assert_ne!(named(true, false), named(false, false));
+}
