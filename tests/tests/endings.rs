@@ -373,6 +373,19 @@ fn mpich_sigkill_late_is_the_dead_rank() {
     ));
 }
 
+#[test]
+fn open_mpi_sigkill_late_is_the_dead_rank() {
+    run_case(c_case(
+        Flavour::OpenMpi,
+        "kill",
+        2,
+        150,
+        "dead-rank",
+        &[2],
+        "killed by signal 9 (SIGKILL)",
+    ));
+}
+
 // ----- MPI_Abort -------------------------------------------------------------------------------
 
 #[test]
@@ -458,6 +471,67 @@ fn mpich_rank_spinning_in_its_own_code_is_a_hang() {
             "spin",
             3,
             150,
+            "hang",
+            &[3],
+            "outside the communication library",
+        )
+    });
+}
+
+#[test]
+fn open_mpi_broadcast_from_another_root_late_is_a_mismatch_while_every_rank_blocks() {
+    run_case(Case {
+        hangs: true,
+        ..c_case(
+            Flavour::OpenMpi,
+            "root",
+            3,
+            150,
+            "mismatch",
+            &[3],
+            "rooted at 1",
+        )
+    });
+}
+
+#[test]
+fn mpich_broadcast_from_another_root_late_is_a_mismatch() {
+    run_case(c_case(
+        Flavour::Mpich,
+        "root",
+        3,
+        150,
+        "mismatch",
+        &[3],
+        "rooted at 1",
+    ));
+}
+
+#[test]
+fn open_mpi_receive_cycle_late_is_one_hang_naming_both_ranks() {
+    run_case(Case {
+        hangs: true,
+        ..c_case(
+            Flavour::OpenMpi,
+            "cycle",
+            2,
+            150,
+            "hang",
+            &[2, 5],
+            "recv from rank",
+        )
+    });
+}
+
+#[test]
+fn open_mpi_rank_spinning_in_its_own_code_early_is_a_hang() {
+    run_case(Case {
+        hangs: true,
+        ..c_case(
+            Flavour::OpenMpi,
+            "spin",
+            3,
+            20,
             "hang",
             &[3],
             "outside the communication library",
