@@ -282,6 +282,11 @@ fn http_findings(
     serde_json::from_value(v["findings"].clone()).context("findings in the contract's shape")
 }
 
+/// Unacknowledged record bytes beyond which the simulated job waits for the collector.
+const BACK_OFF_BYTES: usize = 256 << 20;
+/// Generation per turn of the loop, at most (then ship, snapshot, poll).
+const STEP_FOR: Duration = Duration::from_millis(250);
+
 async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     let epoch = now_real();
     let mut local = None;
@@ -388,14 +393,33 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     let mut last_poll = Instant::now();
     let duration = Duration::from_secs_f64(a.duration);
     let mut finished = false;
+    let mut was_backed_off = false;
     loop {
         let el = start.elapsed();
         if el >= duration && !finished {
             finished = true;
         }
-        // Run the job ahead to real time.
+        // Run the job ahead to real time — for a while at most, so that what was made is
+        // shipped as it goes, and not while the collector has too much of it unacknowledged:
+        // then the job waits (an agent's backpressure), and falls behind real time rather
+        // than dropping anything.
         let g_now = el.as_nanos() as u64;
-        while !finished && !sim.stuck() && sim.now() <= g_now {
+        let stepping = Instant::now();
+        let backed_off = links.held_bytes() > BACK_OFF_BYTES;
+        if backed_off && !was_backed_off {
+            println!(
+                "  {:>6.1} s  the collector is behind ({} MiB unacknowledged): the job waits for it",
+                el.as_secs_f64(),
+                links.held_bytes() >> 20
+            );
+        }
+        was_backed_off = backed_off;
+        while !finished
+            && !backed_off
+            && !sim.stuck()
+            && sim.now() <= g_now
+            && stepping.elapsed() < STEP_FOR
+        {
             for (i, (_, _, at)) in want.iter().enumerate() {
                 if onset[i].is_none() && sim.step == *at {
                     onset[i] = Some(sim.now() as f64 / 1e9);
@@ -403,10 +427,18 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             }
             sim.step();
         }
-        if finished {
-            sim.finish(g_now);
+        // The job's own clock: real time while it keeps up (or while it is stuck, when time
+        // passes with nothing to make); else only as far as it was made. Heartbeats and
+        // snapshots never claim more than the records say.
+        let g_job = if sim.stuck() {
+            g_now
         } else {
-            sim.beat_all(g_now);
+            g_now.min(sim.now())
+        };
+        if finished {
+            sim.finish(g_job);
+        } else {
+            sim.beat_all(g_job);
         }
         // Sampling rates the nodes' streams brought, applied as each node's agent would.
         while let Ok((n, list)) = rates_rx.try_recv() {
@@ -477,7 +509,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                     agent_send_ns: now_real(),
                     payload: Some(Payload::InFlight(InFlightSnapshot {
                         process: Some(header.clone()),
-                        t_mono_ns: sim.mono(r, g_now),
+                        t_mono_ns: sim.mono(r, g_job),
                         entries: vec![InFlightEntry {
                             comm_id: c.comm_id,
                             seq: c.seq,

@@ -192,6 +192,7 @@ fn summary(job: &str, cut: &[ProcessTrace], a: &Analysis) -> JobSummary {
             .iter()
             .filter(|f| f.state == commscope_analyzer::finding::State::Open)
             .count() as u32,
+        contact_note: String::new(),
     }
 }
 

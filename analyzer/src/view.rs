@@ -22,6 +22,9 @@ pub struct JobView {
     /// Nodes whose agent the collector lost contact with (live only): their ranks are out of
     /// sight, and their silence is no evidence about them.
     pub lost: BTreeMap<String, LostContact>,
+    /// Nodes whose stream is open but whose data lags the job's other nodes (live only): their
+    /// ranks are not judged until it catches up.
+    pub behind: BTreeSet<String>,
     /// Network links the transport view shows dead: data sent and retransmitted with nothing
     /// acknowledged ([`crate::flows::FlowLinks::dead_links`]).
     pub dead_links: Vec<DeadLink>,
@@ -48,6 +51,9 @@ pub struct LostContact {
     pub since_ns: u64,
     /// How its last stream ended (the transport's error, or that it ended).
     pub why: String,
+    /// Not heard from since the collector (re)started, within the time agents take to come
+    /// back: nothing is known of it yet, its failure included.
+    pub awaited: bool,
 }
 
 /// One rank's process.
@@ -257,14 +263,14 @@ impl JobView {
         }
     }
 
-    /// Ranks on nodes out of contact.
+    /// Ranks on nodes out of contact, or behind.
     pub fn out_of_sight(&self) -> BTreeSet<i32> {
-        if self.lost.is_empty() {
+        if self.lost.is_empty() && self.behind.is_empty() {
             return BTreeSet::new();
         }
         self.ranks
             .values()
-            .filter(|r| self.lost.contains_key(&r.node))
+            .filter(|r| self.lost.contains_key(&r.node) || self.behind.contains(&r.node))
             .map(|r| r.rank)
             .collect()
     }

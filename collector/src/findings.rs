@@ -14,6 +14,7 @@ use commscope_analyzer::view::{
 use commscope_wire::op::Op;
 use serde_json::json;
 
+use crate::contact::Contact;
 use crate::shards::Shards;
 use crate::state::{JobState, RankInfo, RankStatus, State, now_ns};
 
@@ -31,6 +32,88 @@ pub struct Engine {
     /// Per shard, per job: the liveness findings of the last evaluation (kept while ranks are
     /// ending, when a rank that only followed could look like the first to die).
     last: Vec<Mutex<HashMap<String, Vec<Finding>>>>,
+    /// How each running job stood with its nodes at the last evaluation.
+    standing: BTreeMap<String, JobStanding>,
+}
+
+/// How a running job stands with the nodes its ranks run on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JobStanding {
+    /// The time its liveness is judged at (realtime ns): its nodes' data, never ahead of it.
+    pub as_of_ns: u64,
+    /// How far that is behind the wall clock (ns).
+    pub behind_ns: u64,
+    /// Nodes whose stream is open but whose data lags the others: their ranks are not judged.
+    pub nodes_behind: Vec<String>,
+    /// Nodes with no agent stream open: their ranks are out of sight.
+    pub out_of_contact: Vec<String>,
+}
+
+impl JobStanding {
+    /// Something of the job cannot be seen now: findings naming it are held open.
+    pub fn partial(&self) -> bool {
+        !self.nodes_behind.is_empty() || !self.out_of_contact.is_empty()
+    }
+
+    /// Its verdicts wait for data: behind by more than [`BEHIND_NS`], or nodes left out.
+    pub fn behind(&self) -> bool {
+        self.behind_ns > BEHIND_NS || self.partial()
+    }
+
+    /// One line for the log, the API and the TUI.
+    pub fn phrase(&self) -> String {
+        let mut parts = Vec::new();
+        if self.behind_ns > BEHIND_NS {
+            parts.push(format!(
+                "judged {:.1} s behind the wall clock (its data arrives late: the collector or its agents are behind)",
+                self.behind_ns as f64 / 1e9
+            ));
+        }
+        if !self.out_of_contact.is_empty() {
+            parts.push(format!(
+                "{} out of contact (no agent stream)",
+                nodes_phrase(&self.out_of_contact)
+            ));
+        }
+        if !self.nodes_behind.is_empty() {
+            parts.push(format!(
+                "{} behind the others (their ranks are not judged until they catch up)",
+                nodes_phrase(&self.nodes_behind)
+            ));
+        }
+        if parts.is_empty() {
+            "current".into()
+        } else {
+            parts.join("; ")
+        }
+    }
+}
+
+/// A job judged more than this behind the wall clock is reported behind.
+pub const BEHIND_NS: u64 = 5_000_000_000;
+
+fn nodes_phrase(nodes: &[String]) -> String {
+    const SHOWN: usize = 4;
+    let shown = nodes
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    match nodes.len() {
+        1 => format!("node {shown}"),
+        n if n <= SHOWN => format!("nodes {shown}"),
+        n => format!("{n} nodes ({shown}, …)"),
+    }
+}
+
+/// What the collector can see of its running jobs now.
+#[derive(Clone, Debug, Default)]
+pub struct Standing {
+    /// Per job judged behind: by how much (ns).
+    pub behind_ns: BTreeMap<String, u64>,
+    /// Nodes of running jobs out of contact.
+    pub out_of_contact: std::collections::BTreeSet<String>,
 }
 
 impl Engine {
@@ -45,43 +128,168 @@ impl Engine {
                 ..Default::default()
             },
             last: Vec::new(),
+            standing: BTreeMap::new(),
+        }
+    }
+
+    /// Findings a previous run left for jobs it still holds: the open ones stay open (held
+    /// until the nodes they name are back and current, then judged again), the resolved ones
+    /// stay in the job's list.
+    pub fn restore(&mut self, found: Vec<Finding>) {
+        for f in found {
+            match f.state {
+                commscope_analyzer::finding::State::Open => {
+                    self.tracker.open.insert(f.id.clone(), f);
+                }
+                commscope_analyzer::finding::State::Resolved => self.tracker.resolved.push(f),
+            }
+        }
+    }
+
+    /// How a job stood at the last evaluation.
+    pub fn job_standing(&self, job: &str) -> Option<&JobStanding> {
+        self.standing.get(job)
+    }
+
+    /// What the collector could see of its running jobs at the last evaluation.
+    pub fn standing(&self) -> Standing {
+        Standing {
+            behind_ns: self
+                .standing
+                .iter()
+                .filter(|(_, s)| s.behind())
+                .map(|(j, s)| (j.clone(), s.behind_ns))
+                .collect(),
+            out_of_contact: self
+                .standing
+                .values()
+                .flat_map(|s| s.out_of_contact.iter().cloned())
+                .collect(),
         }
     }
 
     /// Re-evaluates every job, the shards in parallel; returns what opened and what resolved.
-    /// `lost`: nodes whose agent is out of contact now.
-    pub fn tick(&mut self, shards: &Shards, lost: &BTreeMap<String, LostContact>) -> Vec<Change> {
+    /// `contact`: what the collector can see of each node now.
+    pub fn tick(&mut self, shards: &Shards, contact: &Contact) -> Vec<Change> {
         let t = now_ns();
         self.last.resize_with(shards.len(), Default::default);
+        let lost = contact.lost(t);
         let (liveness, last) = (&self.liveness, &self.last);
         let found = shards.par_map(|i, state| {
             let mut last = last[i].lock().unwrap_or_else(|p| p.into_inner());
-            evaluate(state, liveness, &mut last, t, lost)
+            evaluate(state, liveness, &mut last, t, contact, &lost)
         });
-        self.tracker
-            .update(found.into_iter().flatten().collect(), t)
+        let mut now = Vec::new();
+        let mut standing = BTreeMap::new();
+        for (f, s) in found {
+            now.extend(f);
+            standing.extend(s);
+        }
+        for (job, s) in &standing {
+            let was = self.standing.get(job);
+            if was.is_none_or(|w| w.behind() != s.behind() || w.partial() != s.partial()) {
+                if s.behind() {
+                    tracing::warn!("job {job}: {}", s.phrase());
+                } else if was.is_some() {
+                    tracing::info!("job {job}: caught up; its nodes are current again");
+                }
+            }
+        }
+        self.standing = standing;
+        self.hold_unseen(&mut now);
+        self.tracker.update(now, t)
+    }
+
+    /// Open findings the detectors no longer make, of jobs part of which cannot be seen now:
+    /// kept open, marked as held (their evidence's `contact`), never resolved by what is
+    /// missing.
+    fn hold_unseen(&self, now: &mut Vec<Finding>) {
+        let made: std::collections::HashSet<String> = now.iter().map(|f| f.id.clone()).collect();
+        for (id, f) in &self.tracker.open {
+            if made.contains(id) {
+                continue;
+            }
+            let Some(s) = self.standing.get(&f.job).filter(|s| s.partial()) else {
+                continue;
+            };
+            now.push(held(f, s));
+        }
     }
 }
 
-/// Every job of one shard: what the detectors find now.
+/// A finding held open while part of its job cannot be seen.
+fn held(f: &Finding, s: &JobStanding) -> Finding {
+    let mut g = f.clone();
+    let base = f.evidence["contact"]["summary"]
+        .as_str()
+        .map_or_else(|| f.summary.clone(), str::to_owned);
+    let mut why = Vec::new();
+    if !s.out_of_contact.is_empty() {
+        why.push(format!(
+            "{} out of contact",
+            nodes_phrase(&s.out_of_contact)
+        ));
+    }
+    if !s.nodes_behind.is_empty() {
+        why.push(format!("{} behind", nodes_phrase(&s.nodes_behind)));
+    }
+    g.summary = format!(
+        "{base} [held open: {}; it is judged again once they are back and current]",
+        why.join(", ")
+    );
+    g.evidence["contact"] = json!({
+        "held": true,
+        "out_of_contact": s.out_of_contact,
+        "behind": s.nodes_behind,
+        "summary": base,
+    });
+    g
+}
+
+/// Every job of one shard: what the detectors find now, and how each job stands with its
+/// nodes.
 fn evaluate(
     state: &mut State,
     liveness_cfg: &Liveness,
     last: &mut HashMap<String, Vec<Finding>>,
     t: u64,
+    contact: &Contact,
     lost: &BTreeMap<String, LostContact>,
-) -> Vec<Finding> {
+) -> (Vec<Finding>, Vec<(String, JobStanding)>) {
     let mut now = Vec::new();
+    let mut standing = Vec::new();
     last.retain(|j, _| state.jobs.contains_key(j));
     for job in state.jobs.values_mut() {
         let (mut mismatches, rest): (Vec<Finding>, Vec<Finding>) = job
             .instance_findings(t)
             .into_iter()
             .partition(|f| f.kind == Kind::Mismatch);
+        let running: std::collections::BTreeSet<&str> = job
+            .ranks
+            .values()
+            .filter(|r| r.status == RankStatus::Running && !r.finalized)
+            .map(|r| r.node.as_str())
+            .collect();
+        let clock = contact.job_clock(running.iter().copied(), t);
+        if job.ended.is_none() {
+            standing.push((
+                job.job.clone(),
+                JobStanding {
+                    as_of_ns: clock.as_of_ns,
+                    behind_ns: t.saturating_sub(clock.as_of_ns),
+                    nodes_behind: clock.behind.clone(),
+                    out_of_contact: running
+                        .iter()
+                        .filter(|n| lost.contains_key(**n))
+                        .map(|n| (*n).to_owned())
+                        .collect(),
+                },
+            ));
+        }
         let found = if job.in_flux() {
             last.get(&job.job).cloned().unwrap_or_default()
         } else {
-            let v = view(job, t, lost);
+            let v = view(job, clock.as_of_ns, lost, &clock.behind);
             let f = liveness(&v, liveness_cfg, &mut mismatches);
             last.insert(job.job.clone(), f.clone());
             f
@@ -93,7 +301,7 @@ fn evaluate(
         attach_attribution(job, &mut job_now);
         now.extend(job_now);
     }
-    now
+    (now, standing)
 }
 
 /// `evidence.attribution` on a job's findings, when its agents attributed it: the job's
@@ -123,8 +331,14 @@ fn attach_attribution(job: &JobState, found: &mut [Finding]) {
     }
 }
 
-/// The job as the detectors see it now.
-pub fn view(job: &JobState, now: u64, lost: &BTreeMap<String, LostContact>) -> JobView {
+/// The job as the detectors see it at `now` (its nodes' data, never the wall clock ahead of
+/// it), with the nodes out of contact and those `behind`.
+pub fn view(
+    job: &JobState,
+    now: u64,
+    lost: &BTreeMap<String, LostContact>,
+    behind: &[String],
+) -> JobView {
     let mut comms: HashMap<u64, CommView> = HashMap::with_capacity(job.comms.len());
     for (id, c) in &job.comms {
         comms.insert(
@@ -162,6 +376,7 @@ pub fn view(job: &JobState, now: u64, lost: &BTreeMap<String, LostContact>) -> J
         ranks,
         comms,
         lost,
+        behind: behind.iter().cloned().collect(),
         dead_links: job.detectors.dead_links(now),
     }
 }
@@ -188,12 +403,16 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
             + i128::from(offset))
         .max(0) as u64
     };
-    // Ages grow from the snapshot while the process runs; an ended one's stop at its end.
-    let since = match (ended, r.snapshot_at) {
-        (None, Some(t)) => t.elapsed().as_nanos() as u64,
+    // Ages grow from the snapshot to the time the job is judged at while the process runs
+    // (a snapshot newer than that counts back to it); an ended one's stop at its end.
+    let since: i128 = match (ended, r.snapshot_at) {
+        (None, Some(t)) => match to_real(r.snapshot_mono) {
+            0 => t.elapsed().as_nanos() as i128,
+            snap => i128::from(now) - i128::from(snap),
+        },
         (Some(e), _) => match to_real(r.snapshot_mono) {
             0 => 0,
-            snap => e.at_ns.saturating_sub(snap).min(60_000_000_000),
+            snap => i128::from(e.at_ns.saturating_sub(snap).min(60_000_000_000)),
         },
         _ => 0,
     };
@@ -224,7 +443,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
                 peer,
                 tag: c.tag,
                 entered_ns: to_real(c.t_enter),
-                age_ns: (c.for_s * 1e9) as u64 + since,
+                age_ns: ((c.for_s * 1e9) as i128 + since).max(0) as u64,
                 stream: stream_lib || issued_only,
                 issued_only,
                 posted: c.posted,

@@ -200,6 +200,18 @@ impl History {
             .is_some_and(|l| l.state == "ended")
     }
 
+    /// The stored findings of one job as they were last written (open ones still open), oldest
+    /// first: what a restarted collector takes back for a job it holds again.
+    pub fn of_job(&self, job: &str) -> Vec<Finding> {
+        let jobs = self.lock();
+        let mut out: Vec<Finding> = jobs
+            .get(job)
+            .map(|e| e.findings.values().cloned().collect())
+            .unwrap_or_default();
+        out.sort_by(|a, b| (a.opened_at, &a.id).cmp(&(b.opened_at, &b.id)));
+        out
+    }
+
     /// Stored findings of jobs not live (all jobs when `job` is None), oldest first. A job that
     /// is not live has ended, so a finding still open in its file (the collector stopped before
     /// it could resolve it) is reported resolved when the job was last heard of.
@@ -290,6 +302,7 @@ mod tests {
             first_seen_ns: 10,
             last_seen_ns: 5_000,
             attribution: crate::state::JobAttribution::default(),
+            contact: None,
         }
     }
 

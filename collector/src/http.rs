@@ -144,6 +144,10 @@ pub struct JobLine {
     /// none is known).
     #[serde(default, skip_serializing_if = "JobAttribution::is_empty")]
     pub attribution: JobAttribution,
+    /// While it runs: what the collector can see of it (how far behind it is judged, nodes
+    /// behind or out of contact; `note` says it in a sentence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contact: Option<serde_json::Value>,
 }
 
 /// Summary line of a job.
@@ -161,6 +165,7 @@ pub fn job_line(j: &JobState) -> JobLine {
         first_seen_ns: j.first_seen_ns,
         last_seen_ns: j.last_seen_ns,
         attribution: j.attribution.clone(),
+        contact: None,
     }
 }
 
@@ -215,10 +220,23 @@ pub fn all_jobs(s: &Shared) -> Vec<JobLine> {
         .iter()
         .flat_map(|st| st.jobs.values().map(job_line).collect::<Vec<_>>())
         .collect();
+    for line in &mut v {
+        line.contact = contact_of(s, &line.job);
+    }
     let live: std::collections::HashSet<String> = v.iter().map(|j| j.job.clone()).collect();
     v.extend(s.history.jobs(&|j| live.contains(j)));
     v.sort_by(|a, b| a.job.cmp(&b.job));
     v
+}
+
+/// What the collector can see of a running job, as the API says it.
+pub fn contact_of(s: &Shared, job: &str) -> Option<serde_json::Value> {
+    let e = s.findings.lock().unwrap_or_else(|p| p.into_inner());
+    let st = e.job_standing(job)?;
+    let mut v = serde_json::to_value(st).ok()?;
+    v["behind"] = serde_json::Value::Bool(st.behind());
+    v["note"] = serde_json::Value::String(st.phrase());
+    Some(v)
 }
 
 /// Every finding: the live engine's, and those stored for jobs no longer in memory.
@@ -396,7 +414,8 @@ async fn job(
         st.jobs.get(&name).map(job_detail)
     };
     let findings = all_findings(&s, Some(&name));
-    if let Some(d) = live {
+    if let Some(mut d) = live {
+        d.line.contact = contact_of(&s, &name);
         let mut v = serde_json::to_value(d).unwrap_or_default();
         v["findings"] = serde_json::to_value(findings).unwrap_or_default();
         return axum::Json(v).into_response();

@@ -545,6 +545,9 @@ fn handle(
                             if let Some(a) = &attribution {
                                 st.attribute(&header, a);
                             }
+                            let heard = st.heard_ns(&header);
+                            drop(st);
+                            shared.arrived(&header.node, heard);
                             (ended, new)
                         };
                         // Late records of a job that ended before this collector restarted (or
@@ -616,10 +619,14 @@ fn handle(
                 wchan: s.wchan.chars().take(64).collect(),
                 cpu_ns: s.cpu_ns,
             });
-            shared
-                .state
-                .of(&header.job)
-                .snapshot(&header, s.t_mono_ns, calls, proc);
+            let taken = shared.state.of(&header.job).snapshot(
+                &header,
+                s.t_mono_ns,
+                s.last_beat_ns,
+                calls,
+                proc,
+            );
+            shared.arrived(&header.node, taken);
             Ok(ready(ack(id, recv_ns)))
         }
         Payload::Exit(_) => Ok(ready(ack(id, recv_ns))),

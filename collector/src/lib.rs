@@ -7,9 +7,11 @@
 //! - [`ingest`]: the agent stream.
 //! - [`query`]: the gRPC query service (the TUI's view).
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`, `/api/v1/...`.
-//! - [`findings`]: the live findings engine.
+//! - [`findings`]: the live findings engine; [`contact`]: what it can see of each node, and
+//!   how far behind.
 
 pub mod auth;
+pub mod contact;
 pub mod findings;
 pub mod history;
 pub mod http;
@@ -200,8 +202,8 @@ pub struct Shared {
     /// sends its node's when they change).
     pub sampling: Mutex<sampling::Policy>,
     pub rates: tokio::sync::watch::Sender<Arc<sampling::ByNode>>,
-    /// Per node: its agent's streams ([`AgentLink`]).
-    pub agents: Mutex<std::collections::BTreeMap<String, AgentLink>>,
+    /// Per node: its agent's streams and how recent its data is ([`contact`]).
+    pub contact: Mutex<contact::Contact>,
     /// Per node: what its agent sent, for the per-agent bounds.
     pub agent_usage: Mutex<ingest::AgentUsage>,
     /// The other replicas (`--peers`).
@@ -245,71 +247,43 @@ impl Shared {
     }
 }
 
-/// A node's agent as its streams show it.
-#[derive(Clone, Debug, Default)]
-pub struct AgentLink {
-    /// Streams open now.
-    pub streams: u32,
-    /// When the last stream opened or the last one ended (collector time, ns).
-    pub since_ns: u64,
-    /// Why its last stream ended, when none is open: the transport's error, or `its stream
-    /// ended` (closed by the agent, or by the collector when its keepalive pings went
-    /// unanswered: the two look alike from here).
-    pub ended: Option<String>,
-}
-
 /// How often the collector pings an agent's connection, and how long it waits for the answer:
 /// a node whose network failed is known within their sum.
 pub const KEEPALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 
 impl Shared {
+    fn contact(&self) -> std::sync::MutexGuard<'_, contact::Contact> {
+        self.contact.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// An agent's stream said hello.
     pub fn agent_connected(&self, node: &str, now_ns: u64) {
-        let mut a = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-        let l = a.entry(node.to_owned()).or_default();
-        l.streams += 1;
-        l.since_ns = now_ns;
-        l.ended = None;
+        self.contact().connected(node, now_ns);
     }
 
     /// An agent's stream ended: `why` is the transport's error, if there was one.
     pub fn agent_stream_ended(&self, node: &str, why: Option<&str>, now_ns: u64) {
-        let mut a = self.agents.lock().unwrap_or_else(|p| p.into_inner());
-        let l = a.entry(node.to_owned()).or_default();
-        l.streams = l.streams.saturating_sub(1);
-        if l.streams == 0 {
-            l.since_ns = now_ns;
-            let why = why.unwrap_or("its stream ended");
-            l.ended = Some(why.to_owned());
+        if self.contact().stream_ended(node, why, now_ns) {
             tracing::warn!(
-                "no stream from node {node}'s agent any more ({why}): its ranks are out of sight until it reconnects"
+                "no stream from node {node}'s agent any more ({}): its ranks are out of contact until it reconnects",
+                why.unwrap_or("its stream ended")
             );
         }
     }
-}
 
-impl Shared {
+    /// Data of `node` up to `content_ns` (realtime) was applied just now.
+    pub fn arrived(&self, node: &str, content_ns: u64) {
+        if content_ns > 0 {
+            self.contact().arrived(node, content_ns, state::now_ns());
+        }
+    }
+
     /// Nodes whose agent has no stream open now, with when and how the last one ended.
     pub fn lost_nodes(
         &self,
     ) -> std::collections::BTreeMap<String, commscope_analyzer::view::LostContact> {
-        self.agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|(_, l)| l.streams == 0)
-            .filter_map(|(node, l)| {
-                let why = l.ended.clone()?;
-                Some((
-                    node.clone(),
-                    commscope_analyzer::view::LostContact {
-                        since_ns: l.since_ns,
-                        why,
-                    },
-                ))
-            })
-            .collect()
+        self.contact().lost(state::now_ns())
     }
 
     /// Asks the agents of these ranks of `job` for their processes' stacks (once per process).
@@ -494,7 +468,7 @@ pub async fn start(config: Config) -> Result<Running> {
         registry: std::sync::OnceLock::new(),
         otlp_findings: Mutex::new(Vec::new()),
         history,
-        agents: Mutex::new(Default::default()),
+        contact: Mutex::new(Default::default()),
         agent_usage: Mutex::new(Default::default()),
         ingest_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib(&config))),
         peers: peers::Peers::new(
@@ -503,6 +477,7 @@ pub async fn start(config: Config) -> Result<Running> {
             config.tls.clone(),
         ),
     });
+    take_back(&shared);
     let registry = metrics::registry(Arc::downgrade(&shared))?;
     let _ = shared.registry.set(registry);
     for w in recovered.warnings.iter().chain(&history_warnings) {
@@ -692,14 +667,50 @@ pub async fn start(config: Config) -> Result<Running> {
     })
 }
 
+/// After recovery: the nodes of the running jobs the logs brought back are out of contact
+/// until their agents reconnect, and those jobs' findings are taken back (the open ones held
+/// open until their nodes are current again), so that a restart neither forgets a finding nor
+/// judges silence it could not see.
+fn take_back(sh: &Shared) {
+    let now = state::now_ns();
+    let mut jobs = Vec::new();
+    for st in sh.state.iter() {
+        for j in st.jobs.values().filter(|j| j.ended.is_none()) {
+            jobs.push(j.job.clone());
+            let mut c = sh.contact();
+            for r in j.ranks.values() {
+                c.recovered(&r.node, r.last_heard_ns, now);
+            }
+        }
+    }
+    let mut engine = sh.findings.lock().unwrap_or_else(|p| p.into_inner());
+    let mut open = 0;
+    for job in &jobs {
+        let found = sh.history.of_job(job);
+        open += found
+            .iter()
+            .filter(|f| f.state == commscope_analyzer::finding::State::Open)
+            .count();
+        engine.restore(found);
+    }
+    if !jobs.is_empty() {
+        tracing::info!(
+            "recovery: {} running job(s) and {} node(s) taken back, {open} open finding(s) held until their agents reconnect and catch up",
+            jobs.len(),
+            sh.contact().nodes().len()
+        );
+    }
+}
+
 /// Re-evaluates every job's findings; logs what opened and resolved.
 fn findings_tick(sh: &Shared) {
-    let lost = sh.lost_nodes();
+    // A copy: ingest updates the nodes' contact on every batch, the evaluation takes a while.
+    let contact = sh.contact().clone();
     let changes = sh
         .findings
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .tick(&sh.state, &lost);
+        .tick(&sh.state, &contact);
     for c in &changes {
         match c {
             findings::Change::Opened(f) => {

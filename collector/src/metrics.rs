@@ -124,6 +124,21 @@ static AGENT_CONNECTED: Def = Def::gauge(
     "1 while a node's agent has a stream open; 0 once its last stream ended (the collector's log says why: a keepalive unanswered means the node or its network is gone).",
     &["node"],
 );
+static NODE_LAG: Def = Def::gauge(
+    "commscope_collector_node_lag_seconds",
+    "How far behind the wall clock the newest data applied from a node's agent is, while its stream is open: the agent's spool replaying, its stream queued behind this collector's storage, or a node with nothing to send.",
+    &["node"],
+);
+static JOB_BEHIND: Def = Def::gauge(
+    "commscope_collector_job_behind_seconds",
+    "How far behind the wall clock a running job is judged: its hang and dead-rank verdicts are made as of its nodes' data, never ahead of it. Large while the collector or the agents are behind (overload, a restart catching up).",
+    &["job"],
+);
+static NODES_OUT_OF_CONTACT: Def = Def::gauge(
+    "commscope_collector_nodes_out_of_contact",
+    "Nodes of running jobs with no agent stream open: their ranks are out of sight, and findings naming them are held open.",
+    &[],
+);
 static STREAMS_TOTAL: Def = Def::counter(
     "commscope_collector_streams_total",
     "Agent streams accepted.",
@@ -332,6 +347,9 @@ static RANK_LAST_SEEN: Def = Def::gauge(
 pub static CATALOG: &[&Def] = &[
     &UP,
     &AGENT_CONNECTED,
+    &NODE_LAG,
+    &JOB_BEHIND,
+    &NODES_OUT_OF_CONTACT,
     &UPTIME,
     &RECEIVED,
     &RECORDS,
@@ -459,13 +477,35 @@ fn ingest(s: &Shared, o: &mut Sink) {
     o.value(&STREAMS, &[], load(&m.streams_open));
     o.value(&BUDGET_HELD, &[], s.budget_held_bytes() as f64);
     o.value(&BUDGET_WAITS, &[], load(&m.budget_waits));
-    let agents = s.agents.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for (node, l) in &agents {
+    let now = crate::state::now_ns();
+    let nodes = s
+        .contact
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .nodes()
+        .clone();
+    for (node, l) in &nodes {
         o.value(
             &AGENT_CONNECTED,
             &[node],
             f64::from(u8::from(l.streams > 0)),
         );
+        if l.streams > 0 {
+            o.value(&NODE_LAG, &[node], l.lag_ns(now) as f64 / 1e9);
+        }
+    }
+    let standing = s
+        .findings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .standing();
+    o.value(
+        &NODES_OUT_OF_CONTACT,
+        &[],
+        standing.out_of_contact.len() as f64,
+    );
+    for (job, behind_ns) in &standing.behind_ns {
+        o.value(&JOB_BEHIND, &[job], *behind_ns as f64 / 1e9);
     }
     let refusals: Vec<(&'static str, u64)> = m
         .refusals

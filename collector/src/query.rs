@@ -38,6 +38,7 @@ fn summary(j: &JobState) -> JobSummary {
         dropped: j.dropped(),
         flavour: j.flavour.clone(),
         open_findings: 0,
+        contact_note: String::new(),
     }
 }
 
@@ -56,6 +57,7 @@ fn stored_summary(l: &crate::http::JobLine) -> JobSummary {
         dropped: l.dropped,
         flavour: l.flavour.clone(),
         open_findings: 0,
+        contact_note: String::new(),
     }
 }
 
@@ -147,8 +149,17 @@ fn with_findings(shared: &crate::Shared, d: &mut JobDetail) {
         .map(finding)
         .collect();
     let open = d.findings.iter().filter(|f| f.state == "open").count() as u32;
+    let note = shared
+        .findings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .job_standing(&job)
+        .filter(|s| s.behind())
+        .map(|s| s.phrase())
+        .unwrap_or_default();
     if let Some(s) = d.summary.as_mut() {
         s.open_findings = open;
+        s.contact_note = note;
     }
 }
 

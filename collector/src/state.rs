@@ -1015,24 +1015,40 @@ impl State {
         }
     }
 
-    /// Replaces a process's in-flight view with an agent's snapshot.
+    /// Replaces a process's in-flight view with an agent's snapshot, taken at host time
+    /// `t_mono`, when the process's last heartbeat was at `last_beat` (host mono; 0: not
+    /// known). Returns the snapshot's time on the collector's clock (0 when the process is not
+    /// known here): how recent the data of its node now is.
     pub fn snapshot(
         &mut self,
         header: &Header,
         t_mono: u64,
+        last_beat: u64,
         calls: Vec<InFlightCall>,
         proc: Option<ProcSample>,
-    ) {
+    ) -> u64 {
         let now = now_ns();
         // A snapshot updates a process the records made known; it makes no job known itself
         // (one of a job this collector no longer holds would bring it back empty).
         let Some(job) = self.jobs.get_mut(&header.job) else {
-            return;
+            return 0;
         };
         job.last_touch = Instant::now();
         let key = ProcessKey::of(header);
-        if let Some(r) = job.ranks.get_mut(&key) {
+        let Some(r) = job.ranks.get_mut(&key) else {
+            return 0;
+        };
+        let offset = r.clock.map_or(0, |c| c.offset_ns);
+        let taken = event_time(header, offset, now, t_mono);
+        {
             r.last_seen_ns = now;
+            // The agent read the process's heartbeat from its shared memory: alive then,
+            // whatever records are still on their way.
+            if last_beat > 0 && r.status == RankStatus::Running {
+                r.last_heard_ns = r
+                    .last_heard_ns
+                    .max(event_time(header, offset, now, last_beat).min(taken));
+            }
             if r.status == RankStatus::Running {
                 r.in_flight = calls;
                 r.snapshot_mono = t_mono;
@@ -1045,6 +1061,15 @@ impl State {
                 }
             }
         }
+        taken
+    }
+
+    /// Realtime (collector clock) of the newest record of a process (0: not known).
+    pub fn heard_ns(&self, header: &Header) -> u64 {
+        self.jobs
+            .get(&header.job)
+            .and_then(|j| j.ranks.get(&ProcessKey::of(header)))
+            .map_or(0, |r| r.last_heard_ns)
     }
 
     /// Stores the stacks an agent took of a process.

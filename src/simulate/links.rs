@@ -252,6 +252,11 @@ impl Links {
         }
     }
 
+    /// Bytes of record batches not yet acknowledged.
+    pub fn held_bytes(&self) -> usize {
+        lock(&self.state).held_bytes
+    }
+
     /// Record batches not yet acknowledged.
     pub fn held(&self) -> usize {
         lock(&self.state).nodes.iter().map(|n| n.held.len()).sum()

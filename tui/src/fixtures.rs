@@ -29,6 +29,7 @@ fn summary(job: &str, state: &str, ranks: u32, per_node: u32, open: u32) -> JobS
         dropped: 0,
         flavour: "openmpi".into(),
         open_findings: open,
+        contact_note: String::new(),
     }
 }
 

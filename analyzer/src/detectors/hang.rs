@@ -77,6 +77,7 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
         // nothing about it.
         .filter(|r| {
             !view.lost.contains_key(&r.node)
+                && !view.behind.contains(&r.node)
                 && r.observed_age_ns.is_none_or(|a| a < th.unseen_after_ns)
         })
         .filter(|r| {
@@ -191,7 +192,9 @@ pub fn findings(
         let victims = by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default();
         out.push(frozen_finding(view, &view.ranks[r], &victims));
     }
-    for (node, lost) in &view.lost {
+    // A node not yet back since the collector started is unknown, not lost: nothing is said
+    // of it (what waits on it is held with it).
+    for (node, lost) in view.lost.iter().filter(|(_, l)| !l.awaited) {
         let ranks: BTreeSet<i32> = out_of_sight
             .iter()
             .copied()

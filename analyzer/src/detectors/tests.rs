@@ -718,6 +718,7 @@ fn lose_n1(v: &mut JobView) {
         crate::view::LostContact {
             since_ns: NOW - 15 * S,
             why: "its stream ended".into(),
+            awaited: false,
         },
     );
     for r in 4..8 {
@@ -728,6 +729,42 @@ fn lose_n1(v: &mut JobView) {
             ps.cpu_advancing = false;
         }
     }
+}
+
+#[test]
+fn a_node_not_back_since_the_collector_started_is_unknown_not_lost() {
+    // The same wait, but n1's agent has not reconnected since the collector restarted: nothing
+    // is known of n1 yet, and nothing is said.
+    let mut v = job(8, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    lose_n1(&mut v);
+    v.lost.get_mut("n1").expect("n1").awaited = true;
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+}
+
+#[test]
+fn ranks_on_a_node_behind_are_neither_blamed_nor_frozen() {
+    // n1's stream is open but its data lags the others: its ranks' silence is the lag. Rank 5
+    // looks silent and stopped, ranks 0–3 wait for n1's ranks: no finding.
+    let mut v = job(8, 10, true);
+    for r in 0..4 {
+        inside(&mut v, r, WORLD, 10, 20 * S);
+    }
+    for r in 4..8 {
+        rank(&mut v, r).last_heard_ns = NOW - 15 * S;
+    }
+    if let Some(p) = rank(&mut v, 5).process.as_mut() {
+        p.cpu_advancing = false;
+    }
+    v.behind.insert("n1".into());
+    let f = run(&v);
+    assert!(f.is_empty(), "{f:#?}");
+    // Caught up, the same state is a finding (what the lag hid).
+    v.behind.clear();
+    assert!(!run(&v).is_empty());
 }
 
 #[test]

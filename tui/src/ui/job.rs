@@ -73,6 +73,18 @@ fn header(f: &mut Frame, area: Rect, app: &App, d: &JobDetail) {
             Span::styled("no open finding", Style::default().fg(palette::GREEN))
         },
     ]);
+    // Part of the job cannot be seen now: say what, before anyone reads the findings.
+    let l2 = if s.contact_note.is_empty() {
+        l2
+    } else {
+        let mut l = l2;
+        l.spans.push(Span::raw(" · "));
+        l.spans.push(Span::styled(
+            s.contact_note.clone(),
+            palette::finding("open"),
+        ));
+        l
+    };
     f.render_widget(Paragraph::new(vec![l1, l2]), area);
 }
 

@@ -317,6 +317,11 @@ pub struct JobSummary {
     /// Findings open now.
     #[prost(uint32, tag = "12")]
     pub open_findings: u32,
+    /// While it runs and part of it cannot be seen now — its data arriving late (the collector or
+    /// its agents behind), nodes behind the others, or out of contact — what, in a sentence; its
+    /// hang and dead-rank verdicts wait and open findings naming it are held. Empty when current.
+    #[prost(string, tag = "13")]
+    pub contact_note: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
