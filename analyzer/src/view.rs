@@ -77,6 +77,9 @@ pub struct RankView {
     /// last record is not evidence (it is never taken for dead or frozen), and no call is
     /// taken to be in flight.
     pub data_lost: bool,
+    /// Live: its own data (records, snapshots) lags the time the job is judged at — still on
+    /// its way (a stream reopened, batches resent): it is not judged until it catches up.
+    pub behind: bool,
     /// The process as its node's agent sees it (live only).
     pub process: Option<ProcessState>,
     /// How long ago its agent last reported on it (live, while it runs; None: not yet, or a
@@ -263,14 +266,13 @@ impl JobView {
         }
     }
 
-    /// Ranks on nodes out of contact, or behind.
+    /// Ranks on nodes out of contact or behind, and ranks whose own data is behind.
     pub fn out_of_sight(&self) -> BTreeSet<i32> {
-        if self.lost.is_empty() && self.behind.is_empty() {
-            return BTreeSet::new();
-        }
         self.ranks
             .values()
-            .filter(|r| self.lost.contains_key(&r.node) || self.behind.contains(&r.node))
+            .filter(|r| {
+                r.behind || self.lost.contains_key(&r.node) || self.behind.contains(&r.node)
+            })
             .map(|r| r.rank)
             .collect()
     }

@@ -89,6 +89,11 @@ impl JobStanding {
     }
 }
 
+/// A running rank whose own data (records, snapshots) ends more than this before the time its
+/// job is judged at is behind: its data is still on its way, and it is not judged. (Records
+/// come at least with each heartbeat, once a second.)
+const RANK_BEHIND_NS: u64 = 3_000_000_000;
+
 /// A job judged more than this behind the wall clock is reported behind.
 pub const BEHIND_NS: u64 = 5_000_000_000;
 
@@ -461,6 +466,10 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
         in_flight,
         busy_unseen: false,
         data_lost: false,
+        behind: ended.is_none()
+            && !r.finalized
+            && r.last_heard_ns.max(r.snapshot_real) > 0
+            && r.last_heard_ns.max(r.snapshot_real) + RANK_BEHIND_NS < now,
         observed_age_ns: ended
             .is_none()
             .then(|| r.snapshot_at.map(|t| t.elapsed().as_nanos() as u64))

@@ -212,6 +212,9 @@ pub struct RankInfo {
     /// Realtime (collector clock, ns) of the last record the process itself wrote.
     pub last_heard_ns: u64,
     pub snapshot_mono: u64,
+    /// The latest snapshot's time on the collector's clock (realtime ns; 0: none): with
+    /// `last_heard_ns`, how far its data is complete.
+    pub snapshot_real: u64,
     /// When the latest snapshot arrived (ages grow from there).
     pub snapshot_at: Option<Instant>,
     /// Its latest completed calls (at most [`RECENT_CALLS`]), oldest first.
@@ -709,6 +712,7 @@ impl State {
             in_flight: Vec::new(),
             last_heard_ns: 0,
             snapshot_mono: 0,
+            snapshot_real: 0,
             snapshot_at: None,
             recent: std::collections::VecDeque::new(),
             proc: None,
@@ -1052,6 +1056,7 @@ impl State {
             if r.status == RankStatus::Running {
                 r.in_flight = calls;
                 r.snapshot_mono = t_mono;
+                r.snapshot_real = r.snapshot_real.max(taken);
                 r.snapshot_at = Some(Instant::now());
                 if let Some(p) = proc {
                     if r.proc.as_ref().is_none_or(|old| p.cpu_ns > old.cpu_ns) {

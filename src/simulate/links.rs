@@ -240,13 +240,18 @@ impl Links {
         s.flush(n);
     }
 
-    /// An in-flight snapshot of node `n`: sent if its stream is up and takes it now.
+    /// An in-flight snapshot of node `n`: sent if its stream is up, has taken every record
+    /// batch made before it (a snapshot never overtakes the records it follows, as an agent's
+    /// never does), and takes it now.
     pub fn send_snapshot(&self, n: usize, req: IngestRequest) {
         let mut s = lock(&self.state);
-        let sent = s.nodes[n]
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.try_send(req).is_ok());
+        let node = &s.nodes[n];
+        let caught_up = node.held.range(node.sent_now + 1..).next().is_none();
+        let sent = caught_up
+            && node
+                .tx
+                .as_ref()
+                .is_some_and(|tx| tx.try_send(req).is_ok());
         if sent {
             s.totals.sent += 1;
         }

@@ -78,6 +78,7 @@ pub fn frozen(view: &JobView, th: &Liveness, deaths: &Deaths) -> BTreeSet<i32> {
         .filter(|r| {
             !view.lost.contains_key(&r.node)
                 && !view.behind.contains(&r.node)
+                && !r.behind
                 && r.observed_age_ns.is_none_or(|a| a < th.unseen_after_ns)
         })
         .filter(|r| {
