@@ -282,6 +282,9 @@ fn http_findings(
     serde_json::from_value(v["findings"].clone()).context("findings in the contract's shape")
 }
 
+/// What a rank's in-flight snapshot shows: communicator, instance, process state.
+type SnapKey = (u64, u64, &'static str);
+
 /// Unacknowledged record bytes beyond which the simulated job waits for the collector.
 const BACK_OFF_BYTES: usize = 256 << 20;
 /// Generation per turn of the loop, at most (then ship, snapshot, poll).
@@ -385,6 +388,9 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     let mut opened_job: Vec<Option<f64>> = vec![None; want.len()];
     let mut onset: Vec<Option<f64>> = vec![None; want.len()];
     let mut last_snap = Instant::now();
+    // Per rank: the call (communicator, instance, process state) its last snapshot showed, and
+    // when it was sent.
+    let mut snapped: Vec<Option<(SnapKey, Instant)>> = vec![None; topo.ranks()];
     // Each simulated agent sends its processes' records this often (a real agent batches by
     // time too): one message per process per interval keeps the collector's message rate near
     // 8,000/s whatever the size of the job.
@@ -495,7 +501,8 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 }
             }
         }
-        // In-flight snapshots of blocked ranks, every 250 ms.
+        // In-flight snapshots of blocked ranks, as an agent sends them: when the call a rank is
+        // in changed, and at least once a second while it stays in it.
         if last_snap.elapsed() >= Duration::from_millis(250) && !finished {
             last_snap = Instant::now();
             for (r, header) in headers.iter().enumerate() {
@@ -503,6 +510,13 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 let Some(state) = sim.proc_state(r) else {
                     continue;
                 };
+                let key = (c.comm_id, c.seq, state);
+                match &snapped[r] {
+                    Some((k, at)) if *k == key && at.elapsed() < Duration::from_secs(1) => {
+                        continue;
+                    }
+                    _ => snapped[r] = Some((key, Instant::now())),
+                }
                 batch_id += 1;
                 let req = IngestRequest {
                     batch_id,

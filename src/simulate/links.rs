@@ -247,11 +247,7 @@ impl Links {
         let mut s = lock(&self.state);
         let node = &s.nodes[n];
         let caught_up = node.held.range(node.sent_now + 1..).next().is_none();
-        let sent = caught_up
-            && node
-                .tx
-                .as_ref()
-                .is_some_and(|tx| tx.try_send(req).is_ok());
+        let sent = caught_up && node.tx.as_ref().is_some_and(|tx| tx.try_send(req).is_ok());
         if sent {
             s.totals.sent += 1;
         }
