@@ -124,6 +124,16 @@ impl Ending {
             }
     }
 
+    /// Its observer saw it exit with status 0, and the process recorded no unclean end of its
+    /// own: a normal end for a process that has nothing to finalize.
+    pub fn clean_exit(&self) -> bool {
+        self.observed
+            && !self.recorded
+            && !self.aborted
+            && self.signal.is_none()
+            && self.status == Some(0)
+    }
+
     /// Says how it ended (else only when).
     fn says_how(&self) -> bool {
         self.aborted || self.status.is_some() || self.signal.is_some()

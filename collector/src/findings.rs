@@ -202,7 +202,27 @@ impl Engine {
         }
         self.standing = standing;
         self.hold_unseen(&mut now);
+        self.mark_behind(&mut now);
         self.tracker.update(now, t)
+    }
+
+    /// Findings of a job judged behind say so in their evidence (`contact`): made from data
+    /// that arrives late — diagnosis may be slower then, never different.
+    fn mark_behind(&self, now: &mut [Finding]) {
+        for f in now
+            .iter_mut()
+            .filter(|f| f.evidence.get("contact").is_none())
+        {
+            if let Some(s) = self.standing.get(&f.job).filter(|s| s.behind()) {
+                f.evidence["contact"] = json!({
+                    "held": false,
+                    "behind_s": s.behind_ns as f64 / 1e9,
+                    "out_of_contact": s.out_of_contact,
+                    "behind": s.nodes_behind,
+                    "note": s.phrase(),
+                });
+            }
+        }
     }
 
     /// Open findings the detectors no longer make, of jobs part of which cannot be seen now:

@@ -590,6 +590,36 @@ fn ended_at(v: &mut JobView, ms: &[f64], signal: i32) {
 }
 
 #[test]
+fn processes_seen_to_exit_0_with_nothing_to_finalize_end_normally() {
+    // NCCL ranks traced without the preload (nothing to finalize): all four exit 0 within a
+    // millisecond and a half, two of them first. A normal end, in a trace as live.
+    for live in [true, false] {
+        let mut v = job(4, 10, live);
+        for (r, t) in [(0, 1.01), (1, 0.0), (2, 1.17), (3, 0.12)] {
+            rank(&mut v, r).ended = Some(Ending {
+                at_ns: NOW - S + (t * 1e6) as u64,
+                observed: true,
+                status: Some(0),
+                ..Default::default()
+            });
+        }
+        let f = run(&v);
+        assert!(f.is_empty(), "live {live}: {f:#?}");
+        // Under the preload, a rank that recorded exiting 0 without finalizing, the others
+        // taken down after it (SIGTERM), is the dead rank.
+        for r in [0, 2, 3] {
+            if let Some(e) = rank(&mut v, r).ended.as_mut() {
+                (e.status, e.signal) = (None, Some(15));
+            }
+        }
+        if let Some(e) = rank(&mut v, 1).ended.as_mut() {
+            e.recorded = true;
+        }
+        assert_eq!(kinds(&run(&v)), [(Kind::DeadRank, vec![1])], "live {live}");
+    }
+}
+
+#[test]
 fn a_launcher_teardown_in_milliseconds_names_the_first_death() {
     // Hydra: rank 3 killed; 8 ms later the launcher kills the rest within microseconds.
     let mut v = job(8, 10, true);
