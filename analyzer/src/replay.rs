@@ -21,6 +21,11 @@ pub fn view(job: &str, processes: &[ProcessTrace]) -> JobView {
     let mut v = JobView {
         job: job.to_owned(),
         live: false,
+        mpi: processes.iter().any(|p| {
+            p.records.iter().any(|r| {
+                matches!(r, commscope_wire::record::Record::Call(c) if c.lib == commscope_wire::op::lib::MPI)
+            })
+        }),
         ..Default::default()
     };
     // The agents' transport records are not a rank's.

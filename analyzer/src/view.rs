@@ -13,6 +13,9 @@ pub struct JobView {
     pub job: String,
     /// Built from a running job (present tense, process states known) rather than a trace.
     pub live: bool,
+    /// Its processes call MPI, which they must finalize (NCCL alone has nothing to finalize:
+    /// an exit 0 is a normal end).
+    pub mpi: bool,
     /// Now, on the records' realtime clock (ns since the epoch). From a trace: the latest
     /// heartbeat of any process.
     pub now_ns: u64,

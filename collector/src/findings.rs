@@ -397,6 +397,7 @@ pub fn view(
     JobView {
         job: job.job.clone(),
         live: true,
+        mpi: !stream,
         now_ns: now,
         ranks,
         comms,

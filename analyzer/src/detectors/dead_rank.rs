@@ -135,10 +135,10 @@ pub fn ended(view: &JobView) -> BTreeMap<i32, Ending> {
         .filter(|r| !r.finalized && !r.data_lost)
         .filter_map(|r| {
             if let Some(e) = r.ended {
-                // Seen to exit with status 0, and nothing recorded otherwise: a process with
-                // no finalize to call (NCCL alone, traced without the preload) ending normally.
-                // (Under the preload, an MPI rank that exits 0 without finalizing records so.)
-                return (!e.clean_exit()).then_some((r.rank, e));
+                // Seen to exit with status 0, and nothing recorded otherwise, in a job without
+                // MPI: a process with no finalize to call (NCCL alone, traced without the
+                // preload) ending normally.
+                return (view.mpi || !e.clean_exit()).then_some((r.rank, e));
             }
             (r.last_heard_ns > 0 && !view.live).then_some((
                 r.rank,
