@@ -17,7 +17,7 @@
 //!   this collector started): its ranks are out of sight, and their silence says nothing.
 //!
 //! An open finding that names a node behind or out of contact is held open — neither resolved
-//! nor judged again — and says so in its evidence ([`Hold`]).
+//! nor judged again — and says so in its evidence (`crate::findings`).
 
 use std::collections::BTreeMap;
 
@@ -80,15 +80,6 @@ pub struct JobClock {
     /// Nodes with running ranks whose stream is open but whose data lags the rest by more than
     /// [`BEHIND_AFTER_NS`]: their ranks are not judged.
     pub behind: Vec<String>,
-}
-
-/// Why a finding is held open: nodes it names are out of contact or behind.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Hold {
-    pub out_of_contact: Vec<String>,
-    pub behind: Vec<String>,
-    /// Since when (realtime ns): the earliest of those nodes' loss of contact.
-    pub since_ns: u64,
 }
 
 impl Contact {
@@ -189,27 +180,6 @@ impl Contact {
         }
     }
 
-    /// Whether a finding naming `nodes` must be held, and why.
-    pub fn hold(&self, nodes: &[String], behind: &[String]) -> Option<Hold> {
-        let mut h = Hold::default();
-        for n in nodes {
-            if let Some(l) = self.nodes.get(n)
-                && l.streams == 0
-                && l.ended.is_some()
-            {
-                h.out_of_contact.push(n.clone());
-                h.since_ns = if h.since_ns == 0 {
-                    l.since_ns
-                } else {
-                    h.since_ns.min(l.since_ns)
-                };
-            } else if behind.contains(n) {
-                h.behind.push(n.clone());
-            }
-        }
-        (!h.out_of_contact.is_empty() || !h.behind.is_empty()).then_some(h)
-    }
-
     /// Every node, as it stands.
     pub fn nodes(&self) -> &BTreeMap<String, NodeContact> {
         &self.nodes
@@ -248,14 +218,13 @@ mod tests {
         c.recovered("a", 50 * S, 100 * S);
         assert!(c.lost(101 * S)["a"].awaited);
         assert!(!c.lost(100 * S + AWAIT_AGENTS_NS)["a"].awaited);
-        let h = c.hold(&["a".into()], &[]).expect("held");
-        assert_eq!(h.out_of_contact, vec!["a".to_owned()]);
-        assert_eq!(h.since_ns, 100 * S);
+        let lost = c.lost(101 * S);
+        assert_eq!(lost.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(lost["a"].since_ns, 100 * S);
         // The recovered watermark does not count: only a stream's data does.
         assert_eq!(c.job_clock(["a"], 101 * S).as_of_ns, 101 * S);
         c.connected("a", 102 * S);
         assert!(c.lost(102 * S).is_empty());
-        assert!(c.hold(&["a".into()], &[]).is_none());
         assert_eq!(c.nodes()["a"].reopened, 0);
         assert!(c.stream_ended("a", None, 103 * S));
         c.connected("a", 104 * S);

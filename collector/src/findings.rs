@@ -432,7 +432,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
     // Ages grow from the snapshot to the time the job is judged at while the process runs
     // (a snapshot newer than that counts back to it); an ended one's stop at its end.
     let since: i128 = match (ended, r.snapshot_at) {
-        (None, Some(t)) => match to_real(r.snapshot_mono) {
+        (None, Some(t)) => match r.snapshot_real {
             0 => t.elapsed().as_nanos() as i128,
             snap => i128::from(now) - i128::from(snap),
         },

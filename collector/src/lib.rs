@@ -279,13 +279,6 @@ impl Shared {
         }
     }
 
-    /// Nodes whose agent has no stream open now, with when and how the last one ended.
-    pub fn lost_nodes(
-        &self,
-    ) -> std::collections::BTreeMap<String, commscope_analyzer::view::LostContact> {
-        self.contact().lost(state::now_ns())
-    }
-
     /// Asks the agents of these ranks of `job` for their processes' stacks (once per process).
     pub fn ask_for_stacks(&self, job: &str, ranks: &[i32]) {
         let wanted: Vec<(String, commscope_wire::grpc::ProbeRequest)> = {

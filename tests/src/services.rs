@@ -291,6 +291,14 @@ impl Services {
         findings_at(self.http, job, state)
     }
 
+    /// Every finding the collector holds for `job`, open and resolved.
+    pub fn every_finding(&self, job: &str) -> Vec<serde_json::Value> {
+        self.findings(job, "open")
+            .into_iter()
+            .chain(self.findings(job, "resolved"))
+            .collect()
+    }
+
     /// Waits until the collector says the job ended; returns its detail.
     pub fn wait_job_ended(&self, job: &str, timeout: Duration) -> serde_json::Value {
         let t = Instant::now();
@@ -524,4 +532,17 @@ pub async fn ingest_stream(
         out.push(a);
     }
     out
+}
+
+/// Findings as lines for assertion messages: kind, class, state, ranks and sentence.
+pub fn show_findings(v: &[serde_json::Value]) -> String {
+    v.iter()
+        .map(|f| {
+            format!(
+                "{} {} {} {} {}",
+                f["kind"], f["class"], f["state"], f["ranks"], f["summary"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

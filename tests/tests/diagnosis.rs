@@ -28,18 +28,7 @@ fn analyze(dir: &Path) -> Vec<serde_json::Value> {
     found
 }
 
-/// Findings as lines for assertion messages.
-fn show(v: &[serde_json::Value]) -> String {
-    v.iter()
-        .map(|f| {
-            format!(
-                "{} {} {} {}",
-                f["kind"], f["class"], f["ranks"], f["summary"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use commscope_tests::services::show_findings as show;
 
 /// Waits for an open live finding of `kind`. On a timeout the failure shows what the collector
 /// had instead — its findings, open and resolved, the job with its ranks, and its log — so that

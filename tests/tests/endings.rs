@@ -46,17 +46,7 @@ struct Case {
     hangs: bool,
 }
 
-fn show(v: &[serde_json::Value]) -> String {
-    v.iter()
-        .map(|f| {
-            format!(
-                "{} {} {} {}",
-                f["kind"], f["state"], f["ranks"], f["summary"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use commscope_tests::services::show_findings as show;
 
 /// The launch command and extra environment of a case.
 fn command(c: &Case) -> (Vec<OsString>, Vec<(String, String)>) {
@@ -95,14 +85,6 @@ fn run(svc: &Services, trace_dir: &Path, job: &str, c: &Case) -> Output {
         .args(&cmd)
         .envs(env);
     r.output().expect("run commscope")
-}
-
-/// Every finding the collector ever had for `job`, open or resolved.
-fn all_live(svc: &Services, job: &str) -> Vec<serde_json::Value> {
-    svc.findings(job, "open")
-        .into_iter()
-        .chain(svc.findings(job, "resolved"))
-        .collect()
 }
 
 fn check(what: &str, found: &[serde_json::Value], c: &Case, context: &str) {
@@ -175,11 +157,11 @@ fn run_case(c: Case) {
     // before it judges the endings: wait for its verdict, then three more rounds, so that a
     // second (wrong) finding would show too.
     let t = Instant::now();
-    while all_live(&svc, &job).is_empty() && t.elapsed() < Duration::from_secs(20) {
+    while svc.every_finding(&job).is_empty() && t.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_secs(3));
-    let live = all_live(&svc, &job);
+    let live = svc.every_finding(&job);
     let context = format!(
         "--- {job}: {:?} after {:.1} s\n{}",
         out.status,

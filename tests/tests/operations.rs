@@ -62,25 +62,11 @@ impl Sim {
     }
 }
 
-/// Every finding the collector holds for `job`, open and resolved.
 fn all(svc: &Services, job: &str) -> Vec<serde_json::Value> {
-    svc.findings(job, "open")
-        .into_iter()
-        .chain(svc.findings(job, "resolved"))
-        .collect()
+    svc.every_finding(job)
 }
 
-fn show(v: &[serde_json::Value]) -> String {
-    v.iter()
-        .map(|f| {
-            format!(
-                "{} {} {} {}",
-                f["kind"], f["state"], f["ranks"], f["summary"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use commscope_tests::services::show_findings as show;
 
 /// Waits until `job` has a finding, at most `timeout`.
 fn wait_finding(svc: &Services, job: &str, timeout: Duration) {
