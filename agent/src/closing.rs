@@ -69,15 +69,20 @@ pub fn closing_records(shm: &Shm, who: Who, seen: Seen, now: (u64, u64)) -> Vec<
         out.push(Record::Enter(c));
         rec_seq += 1;
     }
-    let (status, signal) = match seen.ending {
-        Some(Ending::Exited(c)) => (c, 0),
-        Some(Ending::Signaled(sig)) => (EXIT_STATUS_UNKNOWN, sig),
-        None => (EXIT_STATUS_UNKNOWN, 0),
+    let (status, signal, sender) = match seen.ending {
+        Some(Ending::Exited(c)) => (c, 0, None),
+        Some(Ending::Signaled(sig, by)) => (EXIT_STATUS_UNKNOWN, sig, by),
+        None => (EXIT_STATUS_UNKNOWN, 0, None),
+    };
+    let sent = match sender {
+        Some(s) if s.launcher => flags::SENDER_KNOWN | flags::SENT_BY_LAUNCHER,
+        Some(_) => flags::SENDER_KNOWN,
+        None => 0,
     };
     out.push(Record::Process(Process {
         rec_seq,
         event: ProcessEvent::Exit,
-        flags: flags::OBSERVED,
+        flags: flags::OBSERVED | sent,
         t_mono: seen.t_mono,
         t_real: seen.t_real,
         pid: who.pid,
@@ -86,7 +91,7 @@ pub fn closing_records(shm: &Shm, who: Who, seen: Seen, now: (u64, u64)) -> Vec<
         rank: who.rank,
         world_size: who.world_size,
         signal,
-        step: 0,
+        step: sender.map_or(0, |s| u64::from(s.pid)),
     }));
     out
 }

@@ -845,6 +845,7 @@ impl Pump {
         let read_pos = shm.cursor(Consumer::Agent);
         let id = self.next_source;
         self.next_source += 1;
+        self.exits.watch(req.pid);
         match crate::exits::pidfd(req.pid) {
             Ok(fd) => {
                 // The exit is awaited on the runtime; the task owns the fd.
@@ -1555,7 +1556,11 @@ impl Pump {
         );
         let how = match ending {
             Some(Ending::Exited(c)) => format!("exited with status {c}"),
-            Some(Ending::Signaled(sig)) => format!("was killed by signal {sig}"),
+            Some(Ending::Signaled(sig, None)) => format!("was killed by signal {sig}"),
+            Some(Ending::Signaled(sig, Some(by))) => format!(
+                "was killed by signal {sig}, sent by {}",
+                by.describe(s.process.pid)
+            ),
             None => "ended (status unknown)".into(),
         };
         let finalized = shm.state() == commscope_wire::shm::state::FINALIZED;

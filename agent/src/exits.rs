@@ -12,8 +12,37 @@ use std::time::{Duration, Instant};
 pub enum Ending {
     /// `exit(code)`.
     Exited(i32),
-    /// Killed by a signal.
-    Signaled(i32),
+    /// Killed by a signal, and by whom when that was seen ([`crate::kills`]).
+    Signaled(i32, Option<Sender>),
+}
+
+/// Who sent the signal that ended a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sender {
+    /// The sending process; 0: the kernel, on its own behalf (the OOM killer, a terminal).
+    pub pid: u32,
+    /// The sender was an ancestor of the process: its launcher taking the job down.
+    pub launcher: bool,
+    /// The sending task's name (NUL-padded).
+    pub comm: [u8; 16],
+}
+
+impl Sender {
+    /// The sending task's name.
+    pub fn name(&self) -> String {
+        let end = self.comm.iter().position(|b| *b == 0).unwrap_or(16);
+        String::from_utf8_lossy(&self.comm[..end]).into_owned()
+    }
+
+    /// For a log line: "the kernel", "itself", "its launcher hydra_pmi_proxy (pid 12)".
+    pub fn describe(&self, killed: u32) -> String {
+        match (self.pid, self.launcher) {
+            (0, _) => "the kernel".into(),
+            (p, _) if p == killed => "itself".into(),
+            (p, true) => format!("its launcher {} (pid {p})", self.name()),
+            (p, false) => format!("{} (pid {p})", self.name()),
+        }
+    }
 }
 
 /// Opens a pidfd for `pid` (readable once the process has exited).
@@ -31,12 +60,14 @@ pub fn pidfd(pid: u32) -> std::io::Result<OwnedFd> {
 /// in ns).
 type Seen = Arc<Mutex<HashMap<u32, (Instant, Ending, u64)>>>;
 
-/// Exit statuses reported by the kernel, by pid, kept for a minute.
+/// Exit statuses reported by the kernel, by pid, kept for a minute; with the senders of the
+/// signals that ended them where the eBPF watch loaded.
 #[derive(Clone, Debug, Default)]
 pub struct ExitWatcher {
     seen: Seen,
     /// Whether the connector is listening (else statuses are unknown).
     pub active: bool,
+    kills: Option<Arc<crate::kills::Kills>>,
 }
 
 const NETLINK_CONNECTOR: i32 = 11;
@@ -49,8 +80,32 @@ const CN_MSG_HDR: usize = 20;
 
 impl ExitWatcher {
     /// Starts listening; without the privilege (or the connector) it stays inactive, and every
-    /// status is unknown — a warning says so.
+    /// status is unknown — a warning says so. Likewise who sent a fatal signal.
     pub fn start() -> (ExitWatcher, Option<String>) {
+        let (mut w, warn) = ExitWatcher::listen();
+        match crate::kills::Kills::start() {
+            Ok(k) => w.kills = Some(Arc::new(k)),
+            Err(e) => {
+                let also = format!(
+                    "who sent the signal that killed a process is unknown ({e}); endings are ordered by time"
+                );
+                return (
+                    w,
+                    Some(warn.map_or(also.clone(), |w| format!("{w}; {also}"))),
+                );
+            }
+        }
+        (w, warn)
+    }
+
+    /// Watches `pid` from now on (who may send it a fatal signal).
+    pub fn watch(&self, pid: u32) {
+        if let Some(k) = &self.kills {
+            k.watch(pid);
+        }
+    }
+
+    fn listen() -> (ExitWatcher, Option<String>) {
         let mut w = ExitWatcher::default();
         match open_connector() {
             Ok(fd) => {
@@ -95,11 +150,12 @@ impl ExitWatcher {
 impl ExitWatcher {
     /// How `pid` ended and the kernel's time of it, if the event came.
     fn seen(&self, pid: u32) -> Option<(Ending, u64)> {
-        self.seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&pid)
-            .map(|(_, e, at)| (*e, *at))
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, e, at) = seen.get_mut(&pid)?;
+        if let (Ending::Signaled(sig, by @ None), Some(k)) = (&mut *e, &self.kills) {
+            *by = k.sender(pid, *sig);
+        }
+        Some((*e, *at))
     }
 
     /// [`ExitWatcher::ending`] for a caller outside the runtime (the trace keeper's threads).
@@ -235,7 +291,7 @@ fn parse_exit(cn: &[u8]) -> Option<(u32, Ending, u64)> {
         if sig == 0 {
             Ending::Exited(((code >> 8) & 0xff) as i32)
         } else {
-            Ending::Signaled(sig as i32)
+            Ending::Signaled(sig as i32, None)
         },
         at,
     ))
@@ -248,10 +304,9 @@ mod tests {
     #[tokio::test]
     async fn the_kernel_reports_exit_codes_and_signals() {
         let (w, warn) = ExitWatcher::start();
-        if !w.active {
-            eprintln!("skipping: {warn:?}");
-            return;
-        }
+        // The agent runs privileged, as this test must.
+        assert!(w.active, "the process-events connector: {warn:?}");
+        assert!(w.kills.is_some(), "the signal tracepoint: {warn:?}");
         let child = std::process::Command::new("sh")
             .args(["-c", "exit 7"])
             .spawn()
@@ -277,8 +332,10 @@ mod tests {
         let _ = child.wait();
         drop(fd);
         assert_eq!(
-            w.ending(pid, Duration::from_secs(2)).await.map(|e| e.0),
-            Some(Ending::Signaled(9))
+            w.ending(pid, Duration::from_secs(2))
+                .await
+                .map(|e| matches!(e.0, Ending::Signaled(9, _))),
+            Some(true)
         );
     }
 }

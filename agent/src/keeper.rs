@@ -223,6 +223,7 @@ fn keep(stream: UnixStream, trace_dir: &Path, watcher: &ExitWatcher, sh: &Shared
     };
     sh.registered.fetch_add(1, Ordering::AcqRel);
     let pid = reg.request.pid;
+    watcher.watch(pid);
     let fd = match crate::exits::pidfd(pid) {
         Ok(fd) => fd,
         Err(e) => {

@@ -17,6 +17,7 @@ pub mod closing;
 pub mod daemon;
 pub mod exits;
 pub mod keeper;
+pub mod kills;
 pub mod metrics;
 pub mod nic;
 pub mod procstate;

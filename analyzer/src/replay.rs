@@ -151,6 +151,7 @@ fn ending_of(x: &commscope_wire::record::Process) -> Ending {
         status: (x.signal == 0 && x.exit_status != EXIT_STATUS_UNKNOWN).then_some(x.exit_status),
         signal: (x.signal != 0).then_some(x.signal),
         aborted: x.flags & flags::ABORTED != 0,
+        sent_by: crate::view::Sender::of(x),
         ..Default::default()
     }
 }

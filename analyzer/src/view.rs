@@ -109,6 +109,52 @@ pub struct Ending {
     /// The process recorded its own end (`exit` without finalizing, a fatal signal,
     /// `MPI_Abort`): it was ending at `at_ns`, before anything it caused took others down.
     pub recorded: bool,
+    /// Who sent the signal that ended it, when its observer saw that.
+    pub sent_by: Option<Sender>,
+}
+
+/// Who sent the signal that ended a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// The kernel on its own behalf: the OOM killer (SIGKILL), a terminal (SIGINT, SIGHUP).
+    Kernel,
+    /// The process itself.
+    Itself,
+    /// An ancestor of the process: its launcher, taking the job down.
+    Launcher(u32),
+    /// Another process (an operator's `kill`, a watchdog, a scheduler).
+    Other(u32),
+}
+
+impl Sender {
+    /// For a finding's evidence: `{"kernel": true}`, `{"itself": true}`, `{"launcher": pid}`,
+    /// `{"other": pid}`.
+    pub fn evidence(&self) -> serde_json::Value {
+        match self {
+            Sender::Kernel => serde_json::json!({"kernel": true}),
+            Sender::Itself => serde_json::json!({"itself": true}),
+            Sender::Launcher(p) => serde_json::json!({"launcher": p}),
+            Sender::Other(p) => serde_json::json!({"other": p}),
+        }
+    }
+
+    /// Who sent an observed exit record's signal, when its observer saw that.
+    pub fn of(x: &commscope_wire::record::Process) -> Option<Sender> {
+        use commscope_wire::op::flags;
+        if x.flags & flags::SENDER_KNOWN == 0 || x.signal == 0 {
+            return None;
+        }
+        let pid = u32::try_from(x.step).ok()?;
+        Some(if pid == 0 {
+            Sender::Kernel
+        } else if pid == x.pid {
+            Sender::Itself
+        } else if x.flags & flags::SENT_BY_LAUNCHER != 0 {
+            Sender::Launcher(pid)
+        } else {
+            Sender::Other(pid)
+        })
+    }
 }
 
 /// Signals by which a process is taken down from outside (a launcher, an operator, the OOM
@@ -161,6 +207,7 @@ impl Ending {
             signal: how.signal,
             aborted: how.aborted,
             recorded: self.recorded || other.recorded,
+            sent_by: self.sent_by.or(other.sent_by),
         }
     }
 }

@@ -414,6 +414,7 @@ fn rank_view(r: &RankInfo, comms: &HashMap<u64, CommView>, now: u64, stream_lib:
         observed: true,
         status: r.exit_status,
         signal: r.signal,
+        sent_by: r.sent_by,
         ..Default::default()
     });
     let ended = match (seen, r.own_end) {

@@ -179,6 +179,8 @@ pub struct RankInfo {
     pub finalized: bool,
     pub exit_status: Option<i32>,
     pub signal: Option<i32>,
+    /// Who sent that signal, when the agent saw it.
+    pub sent_by: Option<commscope_analyzer::view::Sender>,
     /// When the agent saw the process end (its realtime clock, ns), and whether it was inside
     /// a communication call then.
     pub ended_at_ns: Option<u64>,
@@ -697,6 +699,7 @@ impl State {
             finalized: false,
             exit_status: None,
             signal: None,
+            sent_by: None,
             ended_at_ns: None,
             died_in_call: false,
             records: 0,
@@ -737,7 +740,7 @@ impl State {
         let at = |t_mono: u64| event_time(header, offset, now, t_mono);
         let mut calls = 0u64;
         let mut status = rank.status;
-        let mut exit = (rank.exit_status, rank.signal);
+        let mut exit = (rank.exit_status, rank.signal, rank.sent_by);
         let mut finalized = rank.finalized;
         let mut own_end = rank.own_end;
         let mut ended_at = None;
@@ -918,7 +921,11 @@ impl State {
                         // The agent saw the process end.
                         ended_at = Some(if p.t_real > 0 { p.t_real } else { now });
                         if p.signal != 0 {
-                            exit = (None, Some(p.signal));
+                            exit = (
+                                None,
+                                Some(p.signal),
+                                commscope_analyzer::view::Sender::of(p),
+                            );
                             status = RankStatus::Killed;
                         } else {
                             if p.exit_status != EXIT_STATUS_UNKNOWN {
@@ -938,6 +945,7 @@ impl State {
                                 .then_some(p.exit_status),
                             signal: (p.signal != 0).then_some(p.signal),
                             aborted: p.flags & flags::ABORTED != 0,
+                            sent_by: None,
                         });
                     } else {
                         // The shim's own record of a clean end: MPI_Finalize.
@@ -971,7 +979,7 @@ impl State {
         rank.status = status;
         rank.finalized = finalized;
         rank.own_end = own_end;
-        (rank.exit_status, rank.signal) = exit;
+        (rank.exit_status, rank.signal, rank.sent_by) = exit;
         // The counters only grow; a batch that arrives late (spooled, resent) carries older ones.
         if let Some((a, b, c)) = drops {
             rank.dropped_ring_full = rank.dropped_ring_full.max(a);

@@ -168,7 +168,18 @@ fn run_case(c: Case) {
         started.elapsed().as_secs_f64(),
         stderr.lines().rev().take(15).collect::<Vec<_>>().join("\n")
     );
-    check("live", &live, &c, &context);
+    let tail = |s: Option<&commscope_tests::services::Service>| {
+        let log = s.map(|x| x.log()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    };
+    let live_context = format!(
+        "{context}\n--- job\n{}\n--- collector\n{}\n--- agent\n{}",
+        svc.job(&job).unwrap_or_default(),
+        tail(svc.collector.as_ref()),
+        tail(svc.agent.as_ref())
+    );
+    check("live", &live, &c, &live_context);
     let v = analyze_json(&cst.join(&job));
     let found = v["findings"].as_array().cloned().unwrap_or_default();
     let explain = format!(
@@ -325,7 +336,7 @@ fn open_mpi_sigkill_in_the_first_milliseconds_is_the_dead_rank() {
         40,
         "dead-rank",
         &[2],
-        "killed by signal 9 (SIGKILL)",
+        "killed by signal 9 (SIGKILL), sent by itself",
     ));
 }
 
@@ -338,7 +349,7 @@ fn mpich_sigkill_in_the_first_milliseconds_is_the_dead_rank() {
         40,
         "dead-rank",
         &[2],
-        "killed by signal 9 (SIGKILL)",
+        "killed by signal 9 (SIGKILL), sent by itself",
     ));
 }
 
@@ -351,7 +362,7 @@ fn mpich_sigkill_late_is_the_dead_rank() {
         150,
         "dead-rank",
         &[2],
-        "killed by signal 9 (SIGKILL)",
+        "killed by signal 9 (SIGKILL), sent by itself",
     ));
 }
 
@@ -364,7 +375,7 @@ fn open_mpi_sigkill_late_is_the_dead_rank() {
         150,
         "dead-rank",
         &[2],
-        "killed by signal 9 (SIGKILL)",
+        "killed by signal 9 (SIGKILL), sent by itself",
     ));
 }
 

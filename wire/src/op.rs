@@ -354,6 +354,13 @@ pub mod flags {
     /// Process, event exit, with [`UNFINALIZED`]: the process called `MPI_Abort`; `exit_status`
     /// is its error code.
     pub const ABORTED: u16 = 1 << 2;
+    /// Process, event exit, with [`OBSERVED`] and a `signal`: who sent that signal is known;
+    /// `step` holds the sender's pid, 0 for the kernel acting on its own behalf (the OOM
+    /// killer, a terminal's Ctrl-C or hangup).
+    pub const SENDER_KNOWN: u16 = 1 << 3;
+    /// Process, event exit, with [`SENDER_KNOWN`]: the sender was an ancestor of the process —
+    /// its launcher (`mpirun`, Hydra's proxy, `torchrun`, `slurmstepd`) taking it down.
+    pub const SENT_BY_LAUNCHER: u16 = 1 << 4;
 }
 
 /// Reduction operations (`MPI_Op`, NCCL's `ncclRedOp_t`), as carried by the `call` and `enter`

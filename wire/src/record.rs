@@ -367,7 +367,8 @@ pub struct Process {
     /// The signal that ended the process, 0 when none or unknown.
     pub signal: i32,
     /// `step` events: the application's step number; `network` events: the node's line rate,
-    /// Mbit/s; 0 otherwise.
+    /// Mbit/s; `exit` events with [`crate::op::flags::SENDER_KNOWN`]: the pid that sent the
+    /// fatal signal (0: the kernel); 0 otherwise.
     pub step: u64,
 }
 

@@ -479,7 +479,7 @@ fn scan(proc_root: &Path, known: &HashSet<(u64, u64)>, opt: Optional) -> Vec<Sca
 }
 
 /// Lifts the locked-memory limit for maps on kernels that still charge it (< 5.11).
-fn raise_memlock() {
+pub(crate) fn raise_memlock() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
@@ -489,7 +489,7 @@ fn raise_memlock() {
 }
 
 /// An error with its sources, on one line.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

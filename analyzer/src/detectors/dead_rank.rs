@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::Liveness;
 use super::waits::{Root, Waits};
-use crate::view::{Ending, InFlight, JobView};
+use crate::view::{Ending, InFlight, JobView, Sender};
 
 /// Exit times seen by an observer that knows no more than when it noticed (an agent or trace
 /// keeper without the kernel's exit events: its thread woke some time after the exit) closer
@@ -71,7 +71,11 @@ pub fn ending_phrase(e: &Ending, several: bool) -> String {
         (_, Some(sig), _) if e.by_itself() => {
             format!("crashed on signal {sig}{}", signal_label(sig))
         }
-        (_, Some(sig), _) => format!("{was} killed by signal {sig}{}", signal_label(sig)),
+        (_, Some(sig), _) => format!(
+            "{was} killed by signal {sig}{}{}",
+            signal_label(sig),
+            sender_phrase(e.sent_by, sig)
+        ),
         (_, None, Some(st)) => format!("exited with status {st} without finalizing"),
         _ if e.recorded => "exited without finalizing".into(),
         _ if e.observed => "ended without finalizing (its exit status was not seen)".into(),
@@ -79,15 +83,43 @@ pub fn ending_phrase(e: &Ending, several: bool) -> String {
     }
 }
 
+/// ", sent by the kernel (the OOM killer)" and the like; "" when the sender is unknown.
+fn sender_phrase(by: Option<Sender>, sig: i32) -> String {
+    match by {
+        None => String::new(),
+        Some(Sender::Kernel) if sig == 9 => ", sent by the kernel (the OOM killer)".into(),
+        Some(Sender::Kernel) => ", sent by the kernel (a terminal's interrupt or hangup)".into(),
+        Some(Sender::Itself) => ", sent by itself".into(),
+        Some(Sender::Launcher(p)) => format!(", sent by its launcher (pid {p})"),
+        Some(Sender::Other(p)) => format!(", sent by pid {p}"),
+    }
+}
+
 /// What to look at next, for a rank that ended so, on `node`.
 pub fn ending_advice(e: &Ending, rank: i32, node: &str) -> String {
     let node = if node.is_empty() { "its node" } else { node };
+    match (e.aborted, e.signal, e.sent_by) {
+        (false, Some(_), Some(Sender::Itself)) => {
+            return format!(
+                "look at rank {rank}'s output and code (or a library it loads) for why it killed itself"
+            );
+        }
+        (false, Some(sig), Some(Sender::Other(p))) => {
+            return format!(
+                "find out what process {p} on {node} was (an operator's kill, a watchdog, the scheduler) and why it sent signal {sig}"
+            );
+        }
+        _ => {}
+    }
     match (e.aborted, e.signal, e.status) {
         (true, ..) => format!(
             "look at rank {rank}'s output for the error the program reported before it called MPI_Abort"
         ),
         (_, Some(6), _) => format!(
             "look at rank {rank}'s output for the failed assertion or abort message, and at its core dump"
+        ),
+        (_, Some(9), _) if e.sent_by == Some(Sender::Kernel) => format!(
+            "look at {node}'s kernel log for the OOM killer (`dmesg | grep -i 'killed process'`) and at rank {rank}'s memory use"
         ),
         (_, Some(9), _) => format!(
             "look at {node}'s kernel log for the OOM killer (`dmesg | grep -i 'killed process'`) or at whoever killed it"
@@ -187,8 +219,15 @@ pub fn deaths(view: &JobView, th: &Liveness, hung_at: Option<u64>) -> Deaths {
     }
     let own = by_own_end(view, &d.ended);
     if !own.is_empty() {
+        d.how_found = if own
+            .iter()
+            .all(|r| d.ended.get(r).is_some_and(Ending::by_itself))
+        {
+            "it ended on its own, and the others were blocked waiting for it or taken down after it"
+        } else {
+            "it was killed from outside the job's teardown (not by its launcher), and the others were blocked waiting for it or taken down after it"
+        };
         d.roots = own;
-        d.how_found = "it ended on its own, and the others were blocked waiting for it or taken down after it";
         return d;
     }
     let by_order = by_record_order(view, &d.ended);
@@ -272,7 +311,9 @@ fn by_own_end(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
         .collect();
     let own: BTreeMap<i32, &Ending> = ended
         .iter()
-        .filter(|(r, e)| e.by_itself() && !waiting.contains(r))
+        .filter(|(r, e)| {
+            (e.by_itself() || struck(e, ended, view.ranks.len())) && !waiting.contains(r)
+        })
         .map(|(r, e)| (*r, e))
         .collect();
     let Some(t0) = own.values().map(|e| e.at_ns).min() else {
@@ -307,6 +348,22 @@ fn by_own_end(view: &JobView, ended: &BTreeMap<i32, Ending>) -> BTreeSet<i32> {
         roots
     } else {
         none
+    }
+}
+
+/// Killed from outside the job's teardown: by the kernel (the OOM killer), by itself, or by a
+/// process other than its launcher that killed few of the job's ranks (an operator's `kill`, a
+/// watchdog) — a cause, where the ranks its launcher killed after it are casualties. A sender
+/// that killed most of the job (`pkill`, a scheduler, a terminal's Ctrl-C) took the job down as
+/// a whole.
+fn struck(e: &Ending, ended: &BTreeMap<i32, Ending>, ranks: usize) -> bool {
+    match e.sent_by {
+        None | Some(Sender::Launcher(_)) => false,
+        Some(Sender::Itself) => true,
+        Some(by) => {
+            let same = ended.values().filter(|x| x.sent_by == Some(by)).count();
+            2 * same <= ranks.max(2)
+        }
     }
 }
 

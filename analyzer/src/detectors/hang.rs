@@ -29,7 +29,7 @@ use crate::finding::{
     Class, Finding, HangCause, Kind, Link, State, Waited, finding_id, hang_finding, ranks_phrase,
 };
 use crate::stream::fmt_bytes;
-use crate::view::{InFlight, JobView, LostContact, RankView};
+use crate::view::{InFlight, JobView, LostContact, RankView, Sender};
 
 /// A stuck call and the rank waiting in it.
 #[derive(Clone, Debug)]
@@ -467,10 +467,17 @@ fn dead_finding(view: &JobView, deaths: &Deaths, victims: &[Victim]) -> Finding 
             .filter_map(|r| deaths.ended.get(r))
             .map(|e| e.signal)
             .collect();
+        // Sent by their launcher, as far as seen: every one whose sender is known.
+        let launcher = after
+            .iter()
+            .filter_map(|r| deaths.ended.get(r))
+            .all(|e| matches!(e.sent_by, Some(Sender::Launcher(_))));
         let by = match signals.iter().next() {
-            Some(Some(sig)) if signals.len() == 1 => {
-                format!(", by signal {sig}{}", super::dead_rank::signal_label(*sig))
-            }
+            Some(Some(sig)) if signals.len() == 1 => format!(
+                ", by {}signal {sig}{}",
+                if launcher { "their launcher's " } else { "" },
+                super::dead_rank::signal_label(*sig)
+            ),
             _ => String::new(),
         };
         let when = match within {
@@ -534,7 +541,7 @@ fn rank_evidence(view: &JobView, r: i32, deaths: &Deaths) -> Value {
             json!({
                 "rank": r, "node": p.node, "pid": p.pid,
                 "ended_at_ns": deaths.ended.get(&r).map(|e| e.at_ns),
-                "exit": deaths.ended.get(&r).map(|e| json!({"how": ending_phrase(e, false), "status": e.status, "signal": e.signal, "aborted": e.aborted, "recorded_by_the_process": e.recorded, "observed": e.observed})),
+                "exit": deaths.ended.get(&r).map(|e| json!({"how": ending_phrase(e, false), "status": e.status, "signal": e.signal, "aborted": e.aborted, "recorded_by_the_process": e.recorded, "observed": e.observed, "sent_by": e.sent_by.map(|b| b.evidence())})),
                 "last_heard_ns": p.last_heard_ns,
                 "in_flight": p.in_flight.iter().map(|c| json!({"comm": format_comm_id(c.comm), "seq": c.seq, "op": c.op.name()})).collect::<Vec<_>>(),
             }),

@@ -156,6 +156,46 @@ impl TpLayout {
     pub const ABSENT: u16 = u16::MAX;
 }
 
+/// Where `signal:signal_generate` keeps its fields on this kernel (byte offsets into the raw
+/// tracepoint record, from its `format` file), handed to the program in a one-entry array
+/// before it is attached.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SigLayout {
+    pub sig: u16,
+    pub code: u16,
+    pub pid: u16,
+    pub result: u16,
+}
+
+/// Who sent a process a signal that ends it from outside (SIGHUP, SIGINT, SIGQUIT, SIGKILL,
+/// SIGTERM): kept by `signal:signal_generate` in `KILLS` under [`kill_key`], the first such
+/// signal of each kind per target, for the agent to read when the process has ended.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Kill {
+    /// `bpf_ktime_get_ns` when it was sent.
+    pub ts_ns: u64,
+    /// The sending process (thread group id) — whichever task was current: for a signal the
+    /// kernel sent (`code` [`SI_KERNEL`]: the OOM killer, a terminal's Ctrl-C), not a sender.
+    pub sender: u32,
+    /// `siginfo`'s `si_code`.
+    pub code: i32,
+    /// The sending task's name.
+    pub comm: [u8; 16],
+}
+
+/// `si_code` of a signal the kernel sent on its own behalf.
+pub const SI_KERNEL: i32 = 0x80;
+
+/// The signals whose senders `KILLS` keeps.
+pub const KILL_SIGNALS: [i32; 5] = [1, 2, 3, 9, 15];
+
+/// The `KILLS` key of signal `sig` sent to process `pid`.
+pub const fn kill_key(pid: u32, sig: i32) -> u64 {
+    (pid as u64) << 32 | (sig as u32 as u64)
+}
+
 /// A queue pair's creation, state change or destruction.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -428,4 +468,8 @@ mod pod {
     unsafe impl aya::Pod for super::NetKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::NetStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Kill {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SigLayout {}
 }

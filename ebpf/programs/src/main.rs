@@ -16,6 +16,11 @@
 //!   point-to-point call, entry and return (host timing: the GPU work runs later). Processes the
 //!   agent knows to carry the preload are skipped (`NCCL_SKIP`). x86-64 argument registers and
 //!   stack.
+//! - **Who ends a process** (tracepoint `signal:signal_generate`): the sender of each signal
+//!   that ends a process from outside (SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM), the first of
+//!   each per target, kept in `KILLS` for the agent to read once the process has ended — what
+//!   tells the rank the OOM killer or an operator killed from the ranks its launcher then took
+//!   down.
 //!
 //! Every program returns 0 whatever happens: a failed read or a full map is counted in
 //! `STATS`, never retried, and nothing here can block or fail the probed call.
@@ -32,12 +37,18 @@ use aya_ebpf::macros::{map, tracepoint, uprobe, uretprobe};
 use aya_ebpf::maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::{ProbeContext, RetProbeContext, TracePointContext};
 use commscope_ebpf_common::{
-    AsyncEvent, ConnEvent, Head, MrEvent, NcclCallEvent, NcclInitEvent, NetKey, NetStats, QpEvent,
-    TcpFlow, TcpStateEvent, TpLayout, ibv, kind, nccl_api, net, stat, tcp_state, verbs_fn,
+    AsyncEvent, ConnEvent, Head, KILL_SIGNALS, Kill, MrEvent, NcclCallEvent, NcclInitEvent, NetKey,
+    NetStats, QpEvent, SigLayout, TcpFlow, TcpStateEvent, TpLayout, ibv, kill_key, kind, nccl_api,
+    net, stat, tcp_state, verbs_fn,
 };
 
 #[map]
 static LAYOUT: Array<TpLayout> = Array::with_max_entries(1, 0);
+#[map]
+static SIG_LAYOUT: Array<SigLayout> = Array::with_max_entries(1, 0);
+/// The first sender of each signal of [`KILL_SIGNALS`] per target (key [`kill_key`]).
+#[map]
+static KILLS: LruHashMap<u64, Kill> = LruHashMap::with_max_entries(8192, 0);
 #[map]
 static TCP_FLOWS: LruHashMap<u64, TcpFlow> = LruHashMap::with_max_entries(16384, 0);
 #[map]
@@ -314,6 +325,35 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         ev.daddr = field(&ctx, l.state_daddr_v6);
     }
     emit(&ev);
+    0
+}
+
+/// `result` of a signal that was queued for its target (`TRACE_SIGNAL_DELIVERED`).
+const SIGNAL_DELIVERED: i32 = 0;
+/// `bpf_map_update_elem`'s flag: only when the key is absent (the first sender stays).
+const BPF_NOEXIST: u64 = 1;
+
+#[tracepoint]
+pub fn signal_generate(ctx: TracePointContext) -> u32 {
+    let Some(l) = SIG_LAYOUT.get(0) else { return 0 };
+    let sig: i32 = field(&ctx, l.sig);
+    if !KILL_SIGNALS.contains(&sig) {
+        return 0;
+    }
+    let result: i32 = field(&ctx, l.result);
+    if result != SIGNAL_DELIVERED {
+        return 0;
+    }
+    let pid: i32 = field(&ctx, l.pid);
+    let kill = Kill {
+        // SAFETY: a helper without arguments.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        sender: (bpf_get_current_pid_tgid() >> 32) as u32,
+        code: field(&ctx, l.code),
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    // A later signal of the same kind (a launcher's second SIGKILL) leaves the first sender.
+    let _ = KILLS.insert(&kill_key(pid as u32, sig), &kill, BPF_NOEXIST);
     0
 }
 
