@@ -181,6 +181,10 @@ pub struct SimulateArgs {
     /// The collector started here: calls per second taken in full before sampling [default: 150000].
     #[arg(long, value_name = "N")]
     pub sample_budget: Option<u64>,
+    /// The collector started here: its memory bound, as `collector --memory-limit` (it counts
+    /// the whole process, the generator included) [default: 50%].
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -301,6 +305,11 @@ pub struct CollectorArgs {
     /// Consistent sampling: keep 1 instance in K on every communicator, whatever the load.
     #[arg(long, value_name = "K", env = "COMMSCOPE_SAMPLE_MODULUS")]
     pub sample_modulus: Option<u32>,
+    /// Resident memory at most: a size (8G, 512MiB) or a share of the memory available (40%).
+    /// Near it busy communicators are sampled harder; at it record batches are refused with a
+    /// retry delay (agents send them again) [default: 50%].
+    #[arg(long, value_name = "SIZE", env = "COMMSCOPE_MEMORY_LIMIT")]
+    pub memory_limit: Option<String>,
     /// Jobs kept in memory at most [default: 256].
     #[arg(long, value_name = "N", env = "COMMSCOPE_MAX_JOBS")]
     pub max_jobs: Option<usize>,

@@ -67,6 +67,7 @@ pub struct CollectorFile {
     pub ingest_budget_bytes: Option<usize>,
     pub sample_budget: Option<u64>,
     pub sample_modulus: Option<u32>,
+    pub memory_limit: Option<String>,
     pub max_jobs: Option<usize>,
     pub shards: Option<usize>,
     pub peers: Option<Vec<String>>,

@@ -168,6 +168,13 @@ pub fn collector_config(a: &CollectorArgs) -> Result<commscope_collector::Config
         .or(f.sample_modulus)
         .filter(|k| *k > 1)
         .map(commscope_wire::sampling::modulus_floor);
+    c.memory_limit = a
+        .memory_limit
+        .clone()
+        .or(f.memory_limit)
+        .map(|s| commscope_collector::memory::parse_limit(&s))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--memory-limit {e}"))?;
     c.limits.max_jobs = pick(a.max_jobs, f.max_jobs, c.limits.max_jobs).max(1);
     c.shards = pick(a.shards, f.shards, c.shards).clamp(1, 256);
     c.peers = if a.peers.is_empty() {

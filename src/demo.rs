@@ -149,6 +149,7 @@ pub fn run(a: &DemoArgs) -> Result<ExitCode> {
                 check: false,
                 sample_modulus: None,
                 sample_budget: None,
+                memory_limit: None,
             })
         }
     }

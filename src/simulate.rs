@@ -316,6 +316,12 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             if let Some(b) = a.sample_budget {
                 c.sample_budget = b.max(1);
             }
+            c.memory_limit = a
+                .memory_limit
+                .as_deref()
+                .map(commscope_collector::memory::parse_limit)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--memory-limit {e}"))?;
             c.sample_modulus = a
                 .sample_modulus
                 .filter(|k| *k > 1)
@@ -596,10 +602,11 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
         if seen.len() == 1 { "" } else { "s" }
     );
     println!(
-        "sent {} messages (record batches and in-flight snapshots; {} acknowledged, {} refused) for {} steps; {} record batches, {} never acknowledged, {} dropped unsent; {} streams reopened, {} batches sent again",
+        "sent {} messages (record batches and in-flight snapshots; {} acknowledged, {} refused, {} refused for now and sent again) for {} steps; {} record batches, {} never acknowledged, {} dropped unsent; {} streams reopened, {} batches sent again",
         totals.sent,
         totals.acked,
         totals.refused,
+        totals.retried,
         sim.step,
         totals.batches,
         totals.unacked,

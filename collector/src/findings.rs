@@ -34,6 +34,9 @@ pub struct Engine {
     last: Vec<Mutex<HashMap<String, Vec<Finding>>>>,
     /// How each running job stood with its nodes at the last evaluation.
     standing: BTreeMap<String, JobStanding>,
+    /// While the collector is over its memory bound: what it says of that, put on the findings
+    /// of each evaluation (`evidence.overload`).
+    pub overload: Option<serde_json::Value>,
 }
 
 /// How a running job stands with the nodes its ranks run on.
@@ -134,6 +137,7 @@ impl Engine {
             },
             last: Vec::new(),
             standing: BTreeMap::new(),
+            overload: None,
         }
     }
 
@@ -203,6 +207,13 @@ impl Engine {
         self.standing = standing;
         self.hold_unseen(&mut now);
         self.mark_behind(&mut now);
+        if let Some(o) = &self.overload {
+            // Made while the collector was over its memory bound: sampled harder, data held
+            // back — diagnosis may be coarser or later, never different.
+            for f in now.iter_mut() {
+                f.evidence["overload"] = o.clone();
+            }
+        }
         self.tracker.update(now, t)
     }
 

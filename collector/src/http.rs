@@ -1,5 +1,5 @@
-//! The collector's HTTP side: `/healthz`, `/readyz`, `/metrics`, `/api/v1/jobs`,
-//! `/api/v1/jobs/{job}`, `/api/v1/findings`. With `--peers`, the API answers for every
+//! The collector's HTTP side: `/healthz`, `/readyz`, `/metrics`, `/api/v1/collector`,
+//! `/api/v1/jobs`, `/api/v1/jobs/{job}`, `/api/v1/findings`. With `--peers`, the API answers for every
 //! replica's jobs ([`crate::peers`]).
 
 use std::collections::BTreeMap;
@@ -26,6 +26,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/api/v1/collector", get(collector_status))
         .merge(api_routes())
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
@@ -112,6 +113,17 @@ async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
     }
+}
+
+/// This replica itself: its memory against its bound (overload), and how hard it samples.
+async fn collector_status(State(s): State<Arc<Shared>>) -> Response {
+    let factor = s.sampling.lock().unwrap_or_else(|p| p.into_inner()).factor;
+    axum::Json(serde_json::json!({
+        "memory": s.memory.status(),
+        "sampling_factor": factor.max(1),
+        "uptime_s": s.started.elapsed().as_secs_f64(),
+    }))
+    .into_response()
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -235,7 +247,13 @@ pub fn contact_of(s: &Shared, job: &str) -> Option<serde_json::Value> {
     let st = e.job_standing(job)?;
     let mut v = serde_json::to_value(st).ok()?;
     v["behind"] = serde_json::Value::Bool(st.behind());
-    v["note"] = serde_json::Value::String(st.phrase());
+    let mut note = st.phrase();
+    drop(e);
+    if let Some(o) = s.memory.overload() {
+        note = format!("{}; {note}", s.memory.note());
+        v["overload"] = o;
+    }
+    v["note"] = serde_json::Value::String(note);
     Some(v)
 }
 

@@ -493,6 +493,17 @@ fn handle(
                     0,
                 )));
             }
+            if shared.memory.pressure() == crate::memory::Pressure::Full {
+                // At the memory bound: the agent keeps the batch and sends it again.
+                m.refused("memory");
+                shared.memory.refused(n as u64);
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    "the collector is at its memory bound; send again later".into(),
+                    crate::memory::RETRY_MS,
+                )));
+            }
             if let Err(wait) = peer.take(n, shared.config.max_agent_rate as f64) {
                 m.refused("rate-limit");
                 m.rate_limited.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ pub mod findings;
 pub mod history;
 pub mod http;
 pub mod ingest;
+pub mod memory;
 pub mod metrics;
 pub mod otlp;
 pub mod peers;
@@ -89,6 +90,8 @@ pub struct Config {
     pub sample_budget: u64,
     /// Consistent sampling: this modulus on every communicator, whatever the load.
     pub sample_modulus: Option<u32>,
+    /// Resident memory at most (bytes); None: [`memory::default_limit`].
+    pub memory_limit: Option<u64>,
     /// OTLP gRPC endpoint to export metrics and spans to, and how often.
     pub otlp: Option<String>,
     pub otlp_interval: Duration,
@@ -119,6 +122,7 @@ impl Config {
             hang_floor: Duration::from_secs(5),
             sample_budget: 150_000,
             sample_modulus: None,
+            memory_limit: None,
             otlp: None,
             otlp_interval: Duration::from_secs(10),
         }
@@ -211,6 +215,8 @@ pub struct Shared {
     /// The ingest budget (`ingest_budget_bytes`) in KiB permits: a record batch holds its share
     /// from when it is read until it is stored and applied.
     pub ingest_budget: Arc<tokio::sync::Semaphore>,
+    /// The memory bound and where memory stands against it ([`memory`]).
+    pub memory: memory::MemoryBound,
 }
 
 /// The ingest budget (`ingest_budget_bytes`) in KiB, at least one.
@@ -464,6 +470,7 @@ pub async fn start(config: Config) -> Result<Running> {
         contact: Mutex::new(Default::default()),
         agent_usage: Mutex::new(Default::default()),
         ingest_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib(&config))),
+        memory: memory::MemoryBound::new(config.memory_limit.unwrap_or_else(memory::default_limit)),
         peers: peers::Peers::new(
             config.peers.clone(),
             config.auth_token.clone(),
@@ -599,6 +606,19 @@ pub async fn start(config: Config) -> Result<Running> {
             }
         }
     }));
+    // The memory bound: sampled five times a second.
+    let sh = shared.clone();
+    let mut r5 = rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut trimmed = std::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = r5.wait_for(|s| *s) => break,
+            }
+            memory_tick(&sh, &mut trimmed);
+        }
+    }));
     // The findings engine (every second) and the sampling policy (every two) on a thread of their own: a
     // runtime busy with ingest must not delay a verdict.
     let sh = shared.clone();
@@ -699,11 +719,11 @@ fn take_back(sh: &Shared) {
 fn findings_tick(sh: &Shared) {
     // A copy: ingest updates the nodes' contact on every batch, the evaluation takes a while.
     let contact = sh.contact().clone();
-    let changes = sh
-        .findings
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .tick(&sh.state, &contact);
+    let changes = {
+        let mut engine = sh.findings.lock().unwrap_or_else(|p| p.into_inner());
+        engine.overload = sh.memory.overload();
+        engine.tick(&sh.state, &contact)
+    };
     for c in &changes {
         match c {
             findings::Change::Opened(f) => {
@@ -736,12 +756,37 @@ fn findings_tick(sh: &Shared) {
     }
 }
 
+/// Samples resident memory against the bound: logs a change of state, and while full hands
+/// freed memory back to the system (at most every two seconds).
+fn memory_tick(sh: &Shared, trimmed: &mut std::time::Instant) {
+    use memory::Pressure;
+    if let Some((was, now)) = sh.memory.sample() {
+        if now > was {
+            tracing::warn!("{}", sh.memory.note());
+        } else if now == Pressure::Normal {
+            tracing::info!(
+                "the collector is back under its memory bound ({:.1} of {:.1} GiB)",
+                sh.memory.rss() as f64 / f64::from(1u32 << 30),
+                sh.memory.limit as f64 / f64::from(1u32 << 30)
+            );
+        } else {
+            tracing::info!("{}", sh.memory.note());
+        }
+    }
+    if sh.memory.pressure() == Pressure::Full && trimmed.elapsed() >= Duration::from_secs(2) {
+        *trimmed = std::time::Instant::now();
+        memory::trim();
+    }
+}
+
 /// Re-decides consistent sampling from the calls offered since the last tick; pushes changed
-/// rates to the agents.
+/// rates to the agents. Near the memory bound the budget is smaller: busy communicators are
+/// thinned harder.
 fn sampling_tick(sh: &Shared) {
+    let budget = sh.config.sample_budget as f64 / sh.memory.pressure().budget_divisor();
     let changed = sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
         &mut sh.state.iter().collect::<Vec<_>>(),
-        sh.config.sample_budget as f64,
+        budget,
         sh.config.sample_modulus,
     );
     if let Some(rates) = changed {
@@ -750,8 +795,7 @@ fn sampling_tick(sh: &Shared) {
             (p.factor, p.offered)
         };
         tracing::info!(
-            "consistent sampling: {offered:.0} calls/s offered (budget {}); busy communicators keep 1 instance in {g}",
-            sh.config.sample_budget
+            "consistent sampling: {offered:.0} calls/s offered (budget {budget:.0}); busy communicators keep 1 instance in {g}"
         );
         sh.rates.send_replace(rates);
     }

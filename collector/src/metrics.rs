@@ -139,6 +139,21 @@ static NODES_OUT_OF_CONTACT: Def = Def::gauge(
     "Nodes of running jobs with no agent stream open: their ranks are out of sight, and findings naming them are held open.",
     &[],
 );
+static MEMORY: Def = Def::gauge(
+    "commscope_collector_memory_bytes",
+    "The collector's resident memory, sampled five times a second.",
+    &[],
+);
+static MEMORY_LIMIT: Def = Def::gauge(
+    "commscope_collector_memory_limit_bytes",
+    "The collector's memory bound (--memory-limit): near it, busy communicators are sampled harder; at it, record batches are refused with a retry delay.",
+    &[],
+);
+static OVERLOAD: Def = Def::gauge(
+    "commscope_collector_overload",
+    "How close the collector is to its memory bound: 0 normal, 1 pressed (sampling harder), 2 full (refusing record batches, which agents send again).",
+    &[],
+);
 static STREAMS_TOTAL: Def = Def::counter(
     "commscope_collector_streams_total",
     "Agent streams accepted.",
@@ -350,6 +365,9 @@ pub static CATALOG: &[&Def] = &[
     &NODE_LAG,
     &JOB_BEHIND,
     &NODES_OUT_OF_CONTACT,
+    &MEMORY,
+    &MEMORY_LIMIT,
+    &OVERLOAD,
     &UPTIME,
     &RECEIVED,
     &RECORDS,
@@ -507,6 +525,9 @@ fn ingest(s: &Shared, o: &mut Sink) {
     for (job, behind_ns) in &standing.behind_ns {
         o.value(&JOB_BEHIND, &[job], *behind_ns as f64 / 1e9);
     }
+    o.value(&MEMORY, &[], s.memory.rss() as f64);
+    o.value(&MEMORY_LIMIT, &[], s.memory.limit as f64);
+    o.value(&OVERLOAD, &[], f64::from(s.memory.pressure() as u8));
     let refusals: Vec<(&'static str, u64)> = m
         .refusals
         .lock()

@@ -29,9 +29,11 @@ const LOGGED_DISCONNECTS: u64 = 5;
 pub struct Totals {
     /// Messages sent for the first time: record batches and in-flight snapshots.
     pub sent: u64,
-    /// Answers: acknowledged, and refused (with an error).
+    /// Answers: acknowledged, refused (with an error: dropped), and refused with a retry delay
+    /// (held and sent again after it, as an agent does).
     pub acked: u64,
     pub refused: u64,
+    pub retried: u64,
     /// Record batches made, and those still unacknowledged (at the end: lost).
     pub batches: u64,
     pub unacked: u64,
@@ -51,6 +53,8 @@ struct Node {
     sent_now: u64,
     sent_ever: u64,
     connected_once: bool,
+    /// Batches the collector asked to send again, and when.
+    retry: Vec<(Instant, u64)>,
     /// Why its stream is down.
     why: Option<String>,
 }
@@ -70,6 +74,20 @@ impl State {
     fn flush(&mut self, n: usize) {
         let node = &mut self.nodes[n];
         let Some(tx) = node.tx.clone() else { return };
+        // Refused with a retry delay that has passed: again, as far as the stream takes them.
+        if !node.retry.is_empty() {
+            let now = Instant::now();
+            let mut later = Vec::new();
+            for (at, id) in std::mem::take(&mut node.retry) {
+                let Some((req, _)) = node.held.get(&id) else {
+                    continue;
+                };
+                if at > now || tx.try_send(req.clone()).is_err() {
+                    later.push((at, id));
+                }
+            }
+            node.retry = later;
+        }
         let from = node.sent_now + 1;
         for (&id, (req, _)) in node.held.range(from..) {
             match tx.try_send(req.clone()) {
@@ -102,6 +120,8 @@ impl State {
                 node.tx = Some(tx);
                 node.why = None;
                 node.sent_now = 0;
+                // Everything held goes again on the new stream, in order.
+                node.retry.clear();
                 self.flush(n);
             }
             Link::Ack(n, a, _) if a.batch_id == 0 => {
@@ -113,6 +133,18 @@ impl State {
                         .map(|r| (r.comm_id, r.modulus, r.from_seq))
                         .collect();
                     let _ = rates.send((n, list));
+                }
+            }
+            Link::Ack(n, a, _) if !a.error.is_empty() && a.retry_after_ms > 0 => {
+                // Not now (the collector is at its memory bound, or over a rate): held, and
+                // sent again after the delay.
+                if self.nodes[n].held.contains_key(&a.batch_id) {
+                    self.totals.retried += 1;
+                    let at = Instant::now() + Duration::from_millis(u64::from(a.retry_after_ms));
+                    self.nodes[n].retry.push((at, a.batch_id));
+                    if self.totals.retried == 1 {
+                        tracing::warn!(target: "commscope_simulate", "{}: batch refused for now: {}; it is sent again in {} ms", self.names[n], a.error, a.retry_after_ms);
+                    }
                 }
             }
             Link::Ack(n, a, _) => {

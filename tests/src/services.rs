@@ -347,6 +347,15 @@ impl Services {
 }
 
 /// A minimal HTTP/1.1 GET: (status, body).
+/// The sum of a metric's samples (every label set) on a `/metrics` page at `addr`.
+pub fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     http_get_with(addr, path, &[])
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{Services, http_get, raw_records, run_with_agent};
+use commscope_tests::services::{Services, metric, raw_records, run_with_agent};
 use commscope_tests::{Flavour, assert_ok, build, launch};
 use commscope_wire::op::{Op, flags};
 use commscope_wire::record::Record;
@@ -113,14 +113,6 @@ fn check_exactly_once(svc: &Services, job: &str, steps: u64, api: &serde_json::V
         total += seqs.len() as u64;
     }
     total
-}
-
-fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]
@@ -316,7 +308,7 @@ fn a_simulated_job_streams_through_a_collector_restart_and_loses_nothing() {
         .find(|l| l.starts_with("sent "))
         .unwrap_or_else(|| panic!("no summary:\n{out}\n{err}"));
     assert!(
-        summary.contains(", 0 refused)")
+        summary.contains(", 0 refused, ")
             && summary.contains(", 0 never acknowledged, 0 dropped unsent;")
             && !summary.contains("; 0 streams reopened")
             && !summary.contains(", 0 batches sent again"),

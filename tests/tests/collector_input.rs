@@ -6,7 +6,9 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use commscope_tests::services::{Services, http_get, ingest_stream, raw_records, run_with_agent};
+use commscope_tests::services::{
+    Services, http_get, ingest_stream, metric, raw_records, run_with_agent,
+};
 use commscope_tests::{Flavour, assert_ok, build, launch};
 use commscope_wire::grpc::ingest_client::IngestClient;
 use commscope_wire::grpc::ingest_request::Payload;
@@ -15,14 +17,6 @@ use commscope_wire::op::Op;
 use commscope_wire::record::Record;
 use commscope_wire::registration::{Reply, Request, Status};
 use tonic::codegen::http::uri::PathAndQuery;
-
-fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 /// Sends raw bytes as gRPC messages (no protobuf encoding).
 #[derive(Clone, Copy, Debug, Default)]
