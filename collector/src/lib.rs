@@ -783,12 +783,17 @@ fn memory_tick(sh: &Shared, trimmed: &mut std::time::Instant) {
 /// rates to the agents. Near the memory bound the budget is smaller: busy communicators are
 /// thinned harder.
 fn sampling_tick(sh: &Shared) {
-    let budget = sh.config.sample_budget as f64 / sh.memory.pressure().budget_divisor();
-    let changed = sh.sampling.lock().unwrap_or_else(|p| p.into_inner()).tick(
-        &mut sh.state.iter().collect::<Vec<_>>(),
-        budget,
-        sh.config.sample_modulus,
-    );
+    let pressure = sh.memory.pressure();
+    let budget = sh.config.sample_budget as f64 / pressure.budget_divisor();
+    let changed = {
+        let mut policy = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
+        policy.min_instances = pressure.min_instances();
+        policy.tick(
+            &mut sh.state.iter().collect::<Vec<_>>(),
+            budget,
+            sh.config.sample_modulus,
+        )
+    };
     if let Some(rates) = changed {
         let (g, offered) = {
             let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());

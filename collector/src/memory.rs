@@ -3,10 +3,11 @@
 //! the collector degrades, never runs out of memory:
 //!
 //! - **pressed** (resident memory at [`PRESSED`] of the bound): consistent sampling works to a
-//!   budget [`PRESSED_DIVISOR`] times smaller, so busy communicators are thinned harder;
+//!   budget [`PRESSED_DIVISOR`] times smaller, and keeps two instances per second of a
+//!   communicator where it keeps four, so busy communicators are thinned harder;
 //! - **full** (at [`FULL`]): record batches are refused with a retry delay — agents and the
 //!   simulator keep them and send them again, nothing accepted is lost — sampling is harder
-//!   still, and freed memory is handed back to the system.
+//!   still (one instance per second kept), and freed memory is handed back to the system.
 //!
 //! Each state holds until memory falls clearly below its threshold ([`RELIEF`]). Overload is a
 //! state of the collector, shown in the API (`/api/v1/jobs`' `collector`), in metrics and on the
@@ -50,6 +51,15 @@ impl Pressure {
             2 => Pressure::Full,
             1 => Pressure::Pressed,
             _ => Pressure::Normal,
+        }
+    }
+
+    /// Kept instances per second a collective communicator is never thinned below.
+    pub fn min_instances(self) -> f64 {
+        match self {
+            Pressure::Normal => crate::sampling::EVIDENCE_FLOOR,
+            Pressure::Pressed => crate::sampling::EVIDENCE_FLOOR / 2.0,
+            Pressure::Full => crate::sampling::EVIDENCE_FLOOR / 4.0,
         }
     }
 

@@ -9,7 +9,7 @@
 //!
 //! - One factor `g` for every job: the smallest power of two that brings the kept load under
 //!   the budget. A communicator gets `min(g, cap)`, `cap` keeping at least four of its instances
-//!   (point-to-point only: one message) per second — the detectors need evidence, and a slow
+//!   (near the memory bound two, at it one; point-to-point only: one message) per second — the detectors need evidence, and a slow
 //!   communicator (a step's world all-reduce) is never thinned at all. Doubling stops where it
 //!   no longer helps.
 //! - `g` is raised at once when the kept load is 1.5 times the budget or more, else after two
@@ -48,7 +48,14 @@ pub struct Policy {
     /// Offered and kept load at the last tick (calls/s).
     pub offered: f64,
     pub kept: f64,
+    /// Instances per second a collective communicator keeps at least (0: [`EVIDENCE_FLOOR`]);
+    /// lower near the memory bound.
+    pub min_instances: f64,
 }
+
+/// Kept instances per second a collective communicator is never thinned below, normally: the
+/// detectors' evidence.
+pub const EVIDENCE_FLOOR: f64 = 4.0;
 
 /// Record time a measurement spans at least (s): agents deliver in bursts, up to 2 s apart.
 pub const MIN_WINDOW_S: f64 = 2.0;
@@ -137,13 +144,18 @@ impl Policy {
         self.last.retain(|k, _| seen.contains(k));
         self.measured.retain(|k, _| seen.contains(k));
         self.reached.retain(|j, _| jobs_seen.contains(j));
+        let floor = if self.min_instances > 0.0 {
+            self.min_instances
+        } else {
+            EVIDENCE_FLOOR
+        };
         let cap = |c: &C| {
             if !c.collective {
                 // Point-to-point only: at least one message per second is kept.
                 pow2_floor(c.rate)
             } else {
-                // Detectors need evidence: at least 4 kept instances per second.
-                pow2_floor(c.inst / 4.0)
+                // Detectors need evidence: at least `floor` kept instances per second.
+                pow2_floor(c.inst / floor)
             }
         };
         let kept_at = |g: u32| -> f64 {
@@ -326,6 +338,27 @@ mod tests {
         assert_eq!(r.comm_id, 7);
         assert_eq!(r.modulus, 4);
         assert!(r.from_seq > seq, "applies ahead of the fastest member");
+    }
+
+    #[test]
+    fn near_the_memory_bound_fewer_instances_are_kept() {
+        // 20 instances a second, a budget it cannot meet: normally thinned to 1 in 4 (5 kept a
+        // second); with the floor at one instance a second (at the bound), to 1 in 16.
+        for (floor, modulus) in [(0.0, 4), (2.0, 8), (1.0, 16)] {
+            let mut st = State::new(crate::state::Limits::default());
+            let mut p = Policy {
+                min_instances: floor,
+                ..Policy::default()
+            };
+            let seq = allreduces(&mut st, 0.0, 2.0, 20.0, 0);
+            assert!(p.tick(&mut [&mut st], 1.0, None).is_none(), "a baseline");
+            let seq = allreduces(&mut st, 2.0, 6.0, 20.0, seq);
+            // Far over the budget: the factor rises at once.
+            let rates = p.tick(&mut [&mut st], 1.0, None).expect("rates change");
+            assert_eq!(rates["n"][0].modulus, modulus, "floor {floor}");
+            allreduces(&mut st, 6.0, 9.0, 20.0, seq);
+            assert!(p.tick(&mut [&mut st], 1.0, None).is_none(), "and stays");
+        }
     }
 
     #[test]
