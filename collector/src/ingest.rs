@@ -599,6 +599,17 @@ fn handle(
                 Ok(p) => p,
                 Err(why) => return Ok(ready(refused(id, recv_ns, why, 0))),
             };
+            if shared.memory.pressure() == crate::memory::Pressure::Full {
+                // Not applied while the records it follows are held back: the node's data
+                // would look current when it is not. The next one comes within a second.
+                m.refused("memory");
+                return Ok(ready(refused(
+                    id,
+                    recv_ns,
+                    "the collector is at its memory bound".into(),
+                    0,
+                )));
+            }
             let header = header_of(process);
             let calls = s
                 .entries
