@@ -287,6 +287,10 @@ type SnapKey = (u64, u64, &'static str);
 
 /// Unacknowledged record bytes beyond which the simulated job waits for the collector.
 const BACK_OFF_BYTES: usize = 256 << 20;
+/// Records are handed to the nodes' streams only while less than this is unacknowledged; the
+/// rest wait with their ranks (as in an agent's rings) and go out in later turns, node after
+/// node, so that nothing is dropped unsent however much one turn made.
+const SHIP_MAX_BYTES: usize = 2 * BACK_OFF_BYTES;
 /// Generation per turn of the loop, at most (then ship, snapshot, poll).
 const STEP_FOR: Duration = Duration::from_millis(250);
 
@@ -402,6 +406,8 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     // 8,000/s whatever the size of the job.
     let ship_every = Duration::from_millis((topo.ranks() as u64 / 8).max(100));
     let mut last_ship = Instant::now() - ship_every;
+    let mut ship_from = 0usize;
+    let mut wound_up = false;
     let mut last_poll = Instant::now();
     let duration = Duration::from_secs_f64(a.duration);
     let mut finished = false;
@@ -448,7 +454,10 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             g_now.min(sim.now())
         };
         if finished {
-            sim.finish(g_job);
+            if !wound_up {
+                wound_up = true;
+                sim.finish(g_job);
+            }
         } else {
             sim.beat_all(g_job);
         }
@@ -469,15 +478,23 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             }
             sim.replace_rates(n, &list);
         }
-        // Ship what is due: records up to now, per node.
+        // Ship what is due: records up to now, per node, from where the last turn stopped.
         let ship = finished || last_ship.elapsed() >= ship_every;
         if ship {
             last_ship = Instant::now();
         }
-        for n in 0..topo.nodes {
-            if !ship {
+        let mut shipped_nodes = 0;
+        let mut all_shipped = true;
+        while ship && shipped_nodes < topo.nodes {
+            if links.held_bytes() > SHIP_MAX_BYTES {
+                // The collector has enough on its way: the rest wait for the next turn.
+                last_ship = Instant::now() - ship_every;
+                all_shipped = false;
                 break;
             }
+            let n = ship_from;
+            ship_from = (ship_from + 1) % topo.nodes;
+            shipped_nodes += 1;
             for r in topo.node_ranks(n) {
                 let recs = sim.take(r);
                 if recs.is_empty() {
@@ -583,7 +600,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 }
             }
         }
-        if finished {
+        if finished && all_shipped {
             break;
         }
         links.flush();

@@ -101,8 +101,8 @@ pub async fn run<E: From<Link> + Send + 'static>(
                 .tcp_nodelay(true)
                 // Pings on the connection: a collector cut off is noticed within seconds (the
                 // batches then go to the spool).
-                .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(Duration::from_secs(4))
+                .http2_keep_alive_interval(Duration::from_secs(5))
+                .keep_alive_timeout(Duration::from_secs(10))
                 .keep_alive_while_idle(true);
             let endpoint = tls
                 .endpoint(endpoint, &url)

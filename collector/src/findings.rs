@@ -400,9 +400,13 @@ pub fn view(
         }
         ranks.insert(r.rank, rank_view(r, &comms, now, stream));
     }
+    // (The job's nodes once: thousands of nodes out of contact, each looked for among every
+    // rank, held the job's state for seconds.)
+    let nodes: std::collections::HashSet<&str> =
+        ranks.values().map(|r: &RankView| r.node.as_str()).collect();
     let lost = lost
         .iter()
-        .filter(|(node, _)| ranks.values().any(|r: &RankView| &r.node == *node))
+        .filter(|(node, _)| nodes.contains(node.as_str()))
         .map(|(n, l)| (n.clone(), l.clone()))
         .collect();
     JobView {

@@ -305,12 +305,19 @@ impl Ingest for IngestService {
                     Ok(None) => break,
                     Err(status) => {
                         shared.metrics.bad_messages.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            "agent stream from {} ({}) ended with an error: {}",
-                            peer.addr,
-                            peer.node.as_deref().unwrap_or("no hello"),
-                            status.message()
-                        );
+                        if shared
+                            .streams_ended_log
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .allow()
+                        {
+                            tracing::warn!(
+                                "agent stream from {} ({}) ended with an error: {}",
+                                peer.addr,
+                                peer.node.as_deref().unwrap_or("no hello"),
+                                status.message()
+                            );
+                        }
                         ended = Some(format!("{} ({})", status.message(), peer.addr));
                         break;
                     }

@@ -337,12 +337,12 @@ fn a_silent_agent_is_lost_contact_within_seconds() {
     // SAFETY: signals to our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     let stopped = Instant::now();
-    wait("the collector to notice", Duration::from_secs(20), || {
+    wait("the collector to notice", Duration::from_secs(30), || {
         gauge(&s, 0).then_some(())
     });
     let noticed = stopped.elapsed();
-    // Pings every 2 s, an answer awaited 4 s.
-    assert!(noticed < Duration::from_secs(12), "{noticed:?}");
+    // Pings every 5 s, an answer awaited 10 s.
+    assert!(noticed < Duration::from_secs(20), "{noticed:?}");
     assert!(
         s.collector()
             .log()

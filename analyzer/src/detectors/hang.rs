@@ -195,18 +195,22 @@ pub fn findings(
     }
     // A node not yet back since the collector started is unknown, not lost: nothing is said
     // of it (what waits on it is held with it).
+    // (Grouped once: thousands of nodes out of contact, each scanning every rank out of sight,
+    // held the job's state for minutes.)
+    let mut sight_by_node: BTreeMap<&str, BTreeSet<i32>> = BTreeMap::new();
+    for r in &out_of_sight {
+        sight_by_node.entry(view.node(*r)).or_default().insert(*r);
+    }
     for (node, lost) in view.lost.iter().filter(|(_, l)| !l.awaited) {
-        let ranks: BTreeSet<i32> = out_of_sight
-            .iter()
-            .copied()
-            .filter(|r| view.node(*r) == node)
-            .collect();
+        let Some(ranks) = sight_by_node.get(node.as_str()) else {
+            continue;
+        };
         let victims: Vec<Victim> = ranks
             .iter()
             .flat_map(|r| by_root.get(&Root::Rank(*r)).cloned().unwrap_or_default())
             .collect();
         if !victims.is_empty() {
-            out.push(lost_finding(view, node, lost, &ranks, &victims));
+            out.push(lost_finding(view, node, lost, ranks, &victims));
         }
     }
     for group in stall_groups(view, &by_root) {
