@@ -500,7 +500,7 @@ fn handle(
                     0,
                 )));
             }
-            if shared.memory.pressure() == crate::memory::Pressure::Full {
+            if !shared.memory.admit() {
                 // At the memory bound: the agent keeps the batch and sends it again.
                 m.refused("memory");
                 shared.memory.refused(n as u64);

@@ -6,7 +6,9 @@
 //!   budget [`PRESSED_DIVISOR`] times smaller, and keeps two instances per second of a
 //!   communicator where it keeps four, so busy communicators are thinned harder;
 //! - **full** (at [`FULL`]): record batches are refused with a retry delay — agents and the
-//!   simulator keep them and send them again, nothing accepted is lost — sampling is harder
+//!   simulator keep them and send them again, nothing accepted is lost — but for one in
+//!   [`FULL_TAKES_ONE_IN`] while memory is under the bound itself (so a job whose working set
+//!   alone keeps the collector full still moves on); sampling is harder
 //!   still (one instance per second kept), and freed memory is handed back to the system.
 //!
 //! Each state holds until memory falls clearly below its threshold ([`RELIEF`]). Overload is a
@@ -28,6 +30,10 @@ pub const RELIEF: f64 = 0.10;
 pub const PRESSED_DIVISOR: f64 = 4.0;
 /// Record batches refused while full are sent again after this long (ms).
 pub const RETRY_MS: u32 = 500;
+/// While full but under the bound itself, one record batch in this many is still taken: a job
+/// whose working set alone keeps memory near the bound moves on, slowly, instead of waiting for
+/// memory that will not come back (at the bound itself none is taken).
+pub const FULL_TAKES_ONE_IN: u64 = 4;
 
 /// How close to its bound the collector is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,6 +92,8 @@ pub struct MemoryBound {
     pub refused_records: AtomicU64,
     /// Times the state went up to pressed or full.
     pub entered: [AtomicU64; 2],
+    /// Record batches offered while full.
+    offered_full: AtomicU64,
 }
 
 impl MemoryBound {
@@ -98,7 +106,22 @@ impl MemoryBound {
             refused_batches: AtomicU64::new(0),
             refused_records: AtomicU64::new(0),
             entered: [AtomicU64::new(0), AtomicU64::new(0)],
+            offered_full: AtomicU64::new(0),
         }
+    }
+
+    /// Whether to take a record batch now: always unless full; while full, one in
+    /// [`FULL_TAKES_ONE_IN`] as long as memory is under the bound itself, none above.
+    pub fn admit(&self) -> bool {
+        if self.pressure() != Pressure::Full {
+            return true;
+        }
+        if self.rss() >= self.limit {
+            return false;
+        }
+        self.offered_full
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(FULL_TAKES_ONE_IN)
     }
 
     /// The state now.
@@ -324,6 +347,19 @@ mod tests {
         assert_eq!(m.entered[0].load(Ordering::Relaxed), 1);
         assert_eq!(m.entered[1].load(Ordering::Relaxed), 2);
         assert_eq!(m.peak(), 990);
+    }
+
+    #[test]
+    fn full_takes_a_trickle_under_the_bound_and_nothing_over_it() {
+        let m = MemoryBound::new(1000);
+        m.observe(500);
+        assert!((0..1000).all(|_| m.admit()), "normal takes everything");
+        m.observe(970);
+        assert_eq!(m.pressure(), Pressure::Full);
+        let taken = (0..400).filter(|_| m.admit()).count();
+        assert_eq!(taken, 100);
+        m.observe(1000);
+        assert!(!m.admit(), "none at the bound itself");
     }
 
     #[test]
