@@ -102,10 +102,10 @@ impl Kills {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(pid, chain);
-        let mut kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
-        for sig in KILL_SIGNALS {
-            let _ = kills.remove(&kill_key(pid, sig));
-        }
+        forget(
+            &mut self.kills.lock().unwrap_or_else(|p| p.into_inner()),
+            pid,
+        );
     }
 
     /// Who sent `pid` the signal `sig` that ended it, if it was seen; forgets the process.
@@ -116,12 +116,16 @@ impl Kills {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&pid)?;
         let mut kills = self.kills.lock().unwrap_or_else(|p| p.into_inner());
-        let key = kill_key(pid, sig);
-        let kill = kills.get(&key, 0).ok()?;
-        for s in KILL_SIGNALS {
-            let _ = kills.remove(&kill_key(pid, s));
-        }
+        let kill = kills.get(&kill_key(pid, sig), 0).ok()?;
+        forget(&mut kills, pid);
         Some(sender(&kill, pid, &ancestors))
+    }
+}
+
+/// Drops every sender kept for `pid`.
+fn forget(kills: &mut BpfHashMap<MapData, u64, Kill>, pid: u32) {
+    for sig in KILL_SIGNALS {
+        let _ = kills.remove(&kill_key(pid, sig));
     }
 }
 
@@ -199,34 +203,27 @@ mod tests {
         let k = Kills::start().expect("the signal tracepoint loads");
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() } as u32;
+        let watched = |prog: &str, args: &[&str]| {
+            let child = std::process::Command::new(prog)
+                .args(args)
+                .spawn()
+                .expect("spawn");
+            k.watch(child.id());
+            (child.id(), child)
+        };
         // Killed by its parent (this test): its launcher.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn");
-        let pid = child.id();
-        k.watch(pid);
+        let (pid, mut child) = watched("sleep", &["30"]);
         child.kill().expect("kill");
         let _ = child.wait();
         let s = k.sender(pid, 9).expect("the sender of SIGKILL was kept");
         assert_eq!((s.pid, s.launcher), (me, true), "{s:?}");
         // Killed by itself.
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 0.3; kill -9 $$"])
-            .spawn()
-            .expect("spawn");
-        let pid = child.id();
-        k.watch(pid);
+        let (pid, mut child) = watched("sh", &["-c", "sleep 0.3; kill -9 $$"]);
         let _ = child.wait();
         let s = k.sender(pid, 9).expect("kept");
         assert_eq!((s.pid, s.launcher), (pid, false), "{s:?}");
         // Killed by another process (`kill`, a sibling): neither.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn");
-        let pid = child.id();
-        k.watch(pid);
+        let (pid, mut child) = watched("sleep", &["30"]);
         let st = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()

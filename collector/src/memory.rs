@@ -178,8 +178,10 @@ impl MemoryBound {
         serde_json::json!({
             "state": p.name(),
             "memory_bytes": self.rss(),
+            "peak_memory_bytes": self.peak(),
             "memory_limit_bytes": self.limit,
             "refused_batches": self.refused_batches.load(Ordering::Relaxed),
+            "refused_records": self.refused_records.load(Ordering::Relaxed),
             "note": self.note(),
         })
     }

@@ -90,7 +90,9 @@ fn at_its_memory_bound_the_collector_holds_agents_back_and_loses_nothing() {
     assert!(out.status.success(), "{out:?}");
     let relieved = wait_state(&svc, "normal");
     assert!(
-        relieved["memory"]["refused_batches"].as_u64() >= Some(3),
+        relieved["memory"]["refused_batches"].as_u64() >= Some(3)
+            && relieved["memory"]["refused_records"].as_u64()
+                >= relieved["memory"]["refused_batches"].as_u64(),
         "{relieved}"
     );
     svc.wait_job_ended(job, Duration::from_secs(60));
