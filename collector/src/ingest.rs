@@ -553,20 +553,29 @@ fn handle(
             Ok(Box::pin(async move {
                 match commit.await {
                     Ok(c) => {
-                        let (ended, new) = {
-                            let mut st = shared.state.of(&header.job);
-                            if overrun > 0 {
-                                st.set_overrun(&header, overrun);
+                        let h = header.clone();
+                        let accepted = c.accepted;
+                        let applied = shared
+                            .state
+                            .apply(&header.job, move |st| {
+                                if overrun > 0 {
+                                    st.set_overrun(&h, overrun);
+                                }
+                                let new = !st.has_process(&h);
+                                let ended = st.apply(&h, clock, &accepted);
+                                if let Some(a) = &attribution {
+                                    st.attribute(&h, a);
+                                }
+                                (ended, new, st.heard_ns(&h))
+                            })
+                            .await;
+                        let (ended, new) = match applied {
+                            Ok((ended, new, heard)) => {
+                                shared.arrived(&header.node, heard);
+                                (ended, new)
                             }
-                            let new = !st.has_process(&header);
-                            let ended = st.apply(&header, clock, &c.accepted);
-                            if let Some(a) = &attribution {
-                                st.attribute(&header, a);
-                            }
-                            let heard = st.heard_ns(&header);
-                            drop(st);
-                            shared.arrived(&header.node, heard);
-                            (ended, new)
+                            // Stored, not applied: the log says why; the agent need not resend.
+                            Err(_) => (false, false),
                         };
                         // Late records of a job that ended before this collector restarted (or
                         // released it): a process stored earlier, new to the live state, of a
@@ -578,7 +587,14 @@ fn handle(
                             && c.known
                             && !ended
                             && shared.history.ended_on_disk(&header.job)
-                            && shared.state.of(&header.job).end_job(&header.job);
+                            && {
+                                let job = header.job.clone();
+                                shared
+                                    .state
+                                    .apply(&header.job, move |st| st.end_job(&job))
+                                    .await
+                                    .unwrap_or(false)
+                            };
                         if late {
                             tracing::info!(
                                 "records of job {} came after it ended (rank {} on {}, sent late): the job stays ended",
@@ -648,15 +664,22 @@ fn handle(
                 wchan: s.wchan.chars().take(64).collect(),
                 cpu_ns: s.cpu_ns,
             });
-            let taken = shared.state.of(&header.job).snapshot(
-                &header,
-                s.t_mono_ns,
-                s.last_beat_ns,
-                calls,
-                proc,
-            );
-            shared.arrived(&header.node, taken);
-            Ok(ready(ack(id, recv_ns)))
+            // Applied in its stream's order: never before the record batches sent ahead of it.
+            let shared = shared.clone();
+            let (t_mono_ns, last_beat_ns) = (s.t_mono_ns, s.last_beat_ns);
+            Ok(Box::pin(async move {
+                let h = header.clone();
+                let taken = shared
+                    .state
+                    .apply(&header.job, move |st| {
+                        st.snapshot(&h, t_mono_ns, last_beat_ns, calls, proc)
+                    })
+                    .await;
+                if let Ok(taken) = taken {
+                    shared.arrived(&header.node, taken);
+                }
+                ack(id, recv_ns)
+            }))
         }
         Payload::Exit(_) => Ok(ready(ack(id, recv_ns))),
         Payload::Probe(p) => {
@@ -666,16 +689,21 @@ fn handle(
             };
             let header = header_of(process);
             let cap = |s: String| s.chars().take(32 << 10).collect::<String>();
-            shared.state.of(&header.job).set_stacks(
-                &header,
-                crate::state::Stacks {
-                    native: cap(p.native_stack),
-                    python: cap(p.python_stack),
-                    error: cap(p.error),
-                    at_ns: recv_ns,
-                },
-            );
-            Ok(ready(ack(id, recv_ns)))
+            let stacks = crate::state::Stacks {
+                native: cap(p.native_stack),
+                python: cap(p.python_stack),
+                error: cap(p.error),
+                at_ns: recv_ns,
+            };
+            let shared = shared.clone();
+            Ok(Box::pin(async move {
+                let job = header.job.clone();
+                let _ = shared
+                    .state
+                    .apply(&job, move |st| st.set_stacks(&header, stacks))
+                    .await;
+                ack(id, recv_ns)
+            }))
         }
     }
 }

@@ -3,15 +3,54 @@
 //! parallel, and the findings engine evaluates the shards on threads of their own, so jobs use
 //! separate cores; whatever needs every job (the job list, `/metrics`) visits the shards one
 //! after the other, holding one lock at a time.
+//!
+//! Ingest changes a shard on that shard's applier thread ([`Shards::apply`]), never on the async
+//! runtime: an evaluation holds its shard for a while (a few hundred milliseconds at 65,536
+//! ranks), and the runtime's workers must go on reading streams, storing batches and answering
+//! meanwhile. The applier takes what queued up while it waited under one lock.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::state::{Limits, State};
+
+/// Work on one shard's state, run on its applier thread.
+type Work = Box<dyn FnOnce(&mut State) + Send>;
+
+/// Pieces of work an applier runs under one lock at most (then lets an evaluation in).
+const APPLY_RUN: usize = 256;
 
 /// The shards.
 #[derive(Debug)]
 pub struct Shards {
-    shards: Vec<Mutex<State>>,
+    shards: Vec<Arc<Mutex<State>>>,
+    appliers: Vec<Mutex<mpsc::Sender<Work>>>,
+}
+
+/// The applier work of a shard went away: its thread ended (a panic while applying, logged).
+#[derive(Debug, thiserror::Error)]
+#[error("the live state's applier thread of this job's shard is gone (see the log)")]
+pub struct ApplierGone;
+
+/// One shard's applier: runs the work sent to it, each queue-full under one lock. A panic in a
+/// piece of work is logged and ends only that piece.
+fn applier(shard: Arc<Mutex<State>>, rx: mpsc::Receiver<Work>) {
+    while let Ok(first) = rx.recv() {
+        let mut st = shard.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = Some(first);
+        let mut ran = 0;
+        while let Some(w) = next.take() {
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w(&mut st))).is_err() {
+                tracing::error!(
+                    "applying to the live state failed (a bug: the records stay stored)"
+                );
+            }
+            ran += 1;
+            if ran < APPLY_RUN {
+                next = rx.try_recv().ok();
+            }
+        }
+    }
 }
 
 impl Shards {
@@ -21,11 +60,45 @@ impl Shards {
         let n = n.max(1);
         let mut per = limits.clone();
         per.max_jobs = limits.max_jobs.div_ceil(n).max(1);
-        Shards {
-            shards: (0..n)
-                .map(|_| Mutex::new(State::new(per.clone())))
-                .collect(),
-        }
+        let shards: Vec<Arc<Mutex<State>>> = (0..n)
+            .map(|_| Arc::new(Mutex::new(State::new(per.clone()))))
+            .collect();
+        let appliers = shards
+            .iter()
+            .enumerate()
+            .map(|(i, shard)| {
+                let (tx, rx) = mpsc::channel::<Work>();
+                let shard = shard.clone();
+                // The thread ends with the last sender, when the shards are dropped.
+                if let Err(e) = std::thread::Builder::new()
+                    .name(format!("state-apply-{i}"))
+                    .spawn(move || applier(shard, rx))
+                {
+                    tracing::error!("cannot start the live state's applier thread {i}: {e}");
+                }
+                Mutex::new(tx)
+            })
+            .collect();
+        Shards { shards, appliers }
+    }
+
+    /// Runs `f` on `job`'s shard on that shard's applier thread, in the order asked, and
+    /// resolves with its result; the caller's thread never waits for the shard's lock.
+    pub async fn apply<T: Send + 'static>(
+        &self,
+        job: &str,
+        f: impl FnOnce(&mut State) -> T + Send + 'static,
+    ) -> Result<T, ApplierGone> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let work: Work = Box::new(move |st| {
+            let _ = tx.send(f(st));
+        });
+        self.appliers[self.index(job)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(work)
+            .map_err(|_| ApplierGone)?;
+        rx.await.map_err(|_| ApplierGone)
     }
 
     /// How many shards.
@@ -111,6 +184,55 @@ mod tests {
         }
         assert_eq!(used, [true; 4]);
         assert_eq!(s.index("job-7"), s.index("job-7"));
+    }
+
+    #[test]
+    fn applying_waits_for_the_shard_on_its_applier_never_on_the_callers_thread() {
+        let s = Shards::new(Limits::default(), 2);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let job = "job-1";
+        // An evaluation holds the job's shard: the caller's single thread stays free (the
+        // timeout below could not fire on it otherwise) and the work waits.
+        let held = s.of(job);
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let pending = rt.block_on(async {
+            let o = order.clone();
+            let first = s.apply(job, move |st| {
+                o.lock().expect("order").push(1);
+                st.jobs.len()
+            });
+            tokio::time::timeout(std::time::Duration::from_millis(200), first).await
+        });
+        assert!(pending.is_err(), "applied while the shard was held");
+        drop(held);
+        let got = rt.block_on(async {
+            let (a, b) = (order.clone(), order.clone());
+            let x = s.apply(job, move |_| a.lock().expect("order").push(2));
+            let y = s.apply(job, move |_| b.lock().expect("order").push(3));
+            let (x, y) = tokio::join!(x, y);
+            x.and(y)
+        });
+        assert!(got.is_ok());
+        // The abandoned first piece still ran, before the later ones: in the order asked.
+        assert_eq!(*order.lock().expect("order"), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_panic_while_applying_ends_only_that_piece() {
+        let s = Shards::new(Limits::default(), 1);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let (bad, good) = rt.block_on(async {
+            let bad = s.apply("j", |_| -> u32 { panic!("a bug") }).await;
+            let good = s.apply("j", |st| st.jobs.len()).await;
+            (bad, good)
+        });
+        assert!(bad.is_err());
+        assert_eq!(good.ok(), Some(0));
     }
 
     #[test]

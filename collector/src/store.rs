@@ -745,6 +745,7 @@ fn list_segments(dir: &Path) -> Vec<(PathBuf, SystemTime, u64)> {
 const HW_KEY: &str = "commscope.high_water";
 
 fn segment_thread(cfg: Config, rx: mpsc::Receiver<SegmentJob>, stats: Arc<Mutex<Stats>>) {
+    background_priority();
     for job in rx {
         let Some(log) = &job.log else {
             if let Some(d) = job.done {
@@ -769,6 +770,25 @@ fn segment_thread(cfg: Config, rx: mpsc::Receiver<SegmentJob>, stats: Arc<Mutex<
         if let Some(d) = job.done {
             d.hit();
         }
+    }
+}
+
+/// Niceness of the segment threads: converting logs into segments is work for spare CPU (the
+/// records are durable in their logs already); ingest and the findings engine come first.
+const SEGMENT_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority to [`SEGMENT_NICE`] (Linux: niceness is per thread).
+fn background_priority() {
+    // SAFETY: gettid and setpriority take no pointers; they affect this thread only.
+    let rc = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, SEGMENT_NICE)
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "segment thread keeps its priority: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
