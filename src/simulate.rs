@@ -403,9 +403,12 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
     let mut snapped: Vec<Option<(SnapKey, Instant)>> = vec![None; topo.ranks()];
     // Each simulated agent sends its processes' records this often (a real agent batches by
     // time too): one message per process per interval keeps the collector's message rate near
-    // 8,000/s whatever the size of the job.
+    // 8,000/s whatever the size of the job. The nodes are spread evenly over the interval, as
+    // agents that are not in step are: all of them at once would queue a whole interval's
+    // messages at the collector, and the last node's records would wait twice as long.
     let ship_every = Duration::from_millis((topo.ranks() as u64 / 8).max(100));
-    let mut last_ship = Instant::now() - ship_every;
+    let mut ship_credit = topo.nodes as f64;
+    let mut last_turn = Instant::now();
     let mut ship_from = 0usize;
     let mut wound_up = false;
     let mut last_poll = Instant::now();
@@ -478,17 +481,21 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
             }
             sim.replace_rates(n, &list);
         }
-        // Ship what is due: records up to now, per node, from where the last turn stopped.
-        let ship = finished || last_ship.elapsed() >= ship_every;
-        if ship {
-            last_ship = Instant::now();
-        }
+        // Ship what is due: records up to now of the nodes whose turn came since the last
+        // turn (every node once a round at the end), from where the last turn stopped.
+        let turn = last_turn.elapsed().as_secs_f64() / ship_every.as_secs_f64();
+        last_turn = Instant::now();
+        ship_credit = (ship_credit + topo.nodes as f64 * turn).min(topo.nodes as f64);
+        let due = if finished {
+            topo.nodes
+        } else {
+            ship_credit as usize
+        };
         let mut shipped_nodes = 0;
         let mut all_shipped = true;
-        while ship && shipped_nodes < topo.nodes {
+        while shipped_nodes < due {
             if links.held_bytes() > SHIP_MAX_BYTES {
                 // The collector has enough on its way: the rest wait for the next turn.
-                last_ship = Instant::now() - ship_every;
                 all_shipped = false;
                 break;
             }
@@ -524,6 +531,7 @@ async fn run_live(a: &SimulateArgs, spec: Spec) -> Result<ExitCode> {
                 }
             }
         }
+        ship_credit = (ship_credit - shipped_nodes as f64).max(0.0);
         // In-flight snapshots of blocked ranks, as an agent sends them: when the call a rank is
         // in changed, and at least once a second while it stays in it.
         if last_snap.elapsed() >= Duration::from_millis(250) && !finished {

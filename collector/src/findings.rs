@@ -156,6 +156,15 @@ impl Engine {
     }
 
     /// How a job stood at the last evaluation.
+    pub fn most_behind_ns(&self) -> u64 {
+        self.standing
+            .values()
+            .map(|s| s.behind_ns)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// How a running job stands (None: ended, or not evaluated yet).
     pub fn job_standing(&self, job: &str) -> Option<&JobStanding> {
         self.standing.get(job)
     }

@@ -117,10 +117,19 @@ async fn readyz(State(s): State<Arc<Shared>>) -> Response {
 
 /// This replica itself: its memory against its bound (overload), and how hard it samples.
 async fn collector_status(State(s): State<Arc<Shared>>) -> Response {
-    let factor = s.sampling.lock().unwrap_or_else(|p| p.into_inner()).factor;
+    let (factor, budget, lag_divisor, offered) = {
+        let p = s.sampling.lock().unwrap_or_else(|p| p.into_inner());
+        (p.factor, p.budget, p.lag.divisor, p.offered)
+    };
     axum::Json(serde_json::json!({
         "memory": s.memory.status(),
         "sampling_factor": factor.max(1),
+        "sampling": {
+            "factor": factor.max(1),
+            "offered_calls_per_s": offered.round(),
+            "budget_calls_per_s": budget.round(),
+            "lag_divisor": lag_divisor,
+        },
         "uptime_s": s.started.elapsed().as_secs_f64(),
     }))
     .into_response()

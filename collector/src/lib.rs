@@ -631,15 +631,17 @@ pub async fn start(config: Config) -> Result<Running> {
             memory_tick(&sh, &mut trimmed);
         }
     }));
-    // The findings engine (every second) and the sampling policy (every two) on a thread of their own: a
-    // runtime busy with ingest must not delay a verdict.
+    // The findings engine (every second) and the sampling policy (every other tick) on a thread
+    // of their own: a runtime busy with ingest must not delay a verdict. An evaluation holds its
+    // jobs' state, and ingest waits for it meanwhile: ticks start at least
+    // [`EVAL_SPACING`] times the last one's duration apart (at 65,536 ranks an evaluation
+    // takes a few hundred milliseconds, and every second it would hold the state half the time).
     let sh = shared.clone();
     let r4 = rx.clone();
     tasks.push(tokio::task::spawn_blocking(move || {
         let mut ticks = 0u64;
         let mut next = std::time::Instant::now();
         loop {
-            next += Duration::from_secs(1);
             while std::time::Instant::now() < next {
                 if *r4.borrow() {
                     return;
@@ -649,13 +651,16 @@ pub async fn start(config: Config) -> Result<Running> {
                         .min(Duration::from_millis(100)),
                 );
             }
-            // A tick that ran long does not make the next ones bunch up.
-            next = next.max(std::time::Instant::now());
+            let began = std::time::Instant::now();
             findings_tick(&sh);
             ticks += 1;
             if ticks.is_multiple_of(2) {
                 sampling_tick(&sh);
             }
+            // A tick that ran long does not make the next ones bunch up.
+            next = (next + Duration::from_secs(1))
+                .max(began + began.elapsed() * EVAL_SPACING)
+                .max(std::time::Instant::now());
         }
     }));
     if let Some(url) = config.otlp.clone() {
@@ -727,6 +732,9 @@ fn take_back(sh: &Shared) {
     }
 }
 
+/// Findings ticks start at least this many times the last one's duration apart.
+const EVAL_SPACING: u32 = 4;
+
 /// Re-evaluates every job's findings; logs what opened and resolved.
 fn findings_tick(sh: &Shared) {
     // A copy: ingest updates the nodes' contact on every batch, the evaluation takes a while.
@@ -796,16 +804,41 @@ fn memory_tick(sh: &Shared, trimmed: &mut std::time::Instant) {
 /// thinned harder.
 fn sampling_tick(sh: &Shared) {
     let pressure = sh.memory.pressure();
-    let budget = sh.config.sample_budget as f64 / pressure.budget_divisor();
-    let changed = {
+    let behind_ns = sh
+        .findings
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .most_behind_ns();
+    let (changed, lag_moved, lag_was, budget, divisor) = {
         let mut policy = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
+        let lag_was = policy.lag.divisor;
+        let lag_moved = policy.lag.tick(behind_ns);
+        let divisor = policy.lag.divisor;
+        let budget =
+            sh.config.sample_budget as f64 / pressure.budget_divisor() / f64::from(divisor);
+        policy.budget = budget;
         policy.min_instances = pressure.min_instances();
-        policy.tick(
+        let changed = policy.tick(
             &mut sh.state.iter().collect::<Vec<_>>(),
             budget,
             sh.config.sample_modulus,
-        )
+        );
+        (changed, lag_moved, lag_was, budget, divisor)
     };
+    if lag_moved {
+        let late = behind_ns as f64 / 1e9;
+        match divisor {
+            1 => tracing::info!(
+                "running jobs' data no longer falls behind ({late:.1} s late): sampling budget back to {budget:.0} calls/s"
+            ),
+            d if d > lag_was => tracing::warn!(
+                "running jobs' data arrives later and later ({late:.1} s late): sampling harder, to a budget of {budget:.0} calls/s (1/{d} of --sample-budget)"
+            ),
+            d => tracing::info!(
+                "running jobs' data no longer falls further behind ({late:.1} s late): sampling budget up to {budget:.0} calls/s (1/{d} of --sample-budget)"
+            ),
+        }
+    }
     if let Some(rates) = changed {
         let (g, offered) = {
             let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());

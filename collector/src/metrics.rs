@@ -219,6 +219,11 @@ static SAMPLE_FACTOR: Def = Def::gauge(
     "Consistent sampling: busy communicators keep 1 instance in this many (1: everything kept).",
     &[],
 );
+static BUDGET: Def = Def::gauge(
+    "commscope_collector_sample_budget_calls_per_second",
+    "Consistent sampling: the calls per second taken in full now — --sample-budget, divided near the memory bound and while running jobs' data arrives late.",
+    &[],
+);
 static OFFERED: Def = Def::gauge(
     "commscope_collector_calls_offered_per_second",
     "Consistent sampling: calls per second the running jobs make (kept and left out), at the last policy tick.",
@@ -394,6 +399,7 @@ pub static CATALOG: &[&Def] = &[
     &JOBS,
     &JOBS_RELEASED,
     &SAMPLE_FACTOR,
+    &BUDGET,
     &OFFERED,
     &JOB_RANKS,
     &JOB_RECORDS,
@@ -554,6 +560,7 @@ fn ingest(s: &Shared, o: &mut Sink) {
     let p = s.sampling.lock().unwrap_or_else(|p| p.into_inner());
     o.value(&SAMPLE_FACTOR, &[], p.factor.max(1) as f64);
     o.value(&OFFERED, &[], p.offered.round());
+    o.value(&BUDGET, &[], p.budget.round());
 }
 
 fn clocks(s: &Shared, o: &mut Sink) {

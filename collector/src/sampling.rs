@@ -19,6 +19,14 @@
 //!   agent has it before its ranks get there; a communicator without collectives (point-to-point
 //!   only) switches at once.
 //! - `--sample-modulus K` forces K on every communicator.
+//! - **Behind**: while the running jobs' data arrives ever later ([`Lag`]: a job judged more
+//!   than [`LAG_PRESSED_NS`] behind the wall clock and [`LAG_GROWTH_NS`] further behind than at
+//!   any of the last [`CALM_TICKS`] ticks, or more than [`LAG_FAR_NS`] behind and not catching
+//!   up), the
+//!   budget is halved every tick, down to 1/[`MAX_LAG_DIVISOR`]; after [`CALM_TICKS`] ticks
+//!   without growth it is doubled back. A collector (or agents) that cannot keep up with a job
+//!   takes fewer of its calls rather than falling ever further behind. A lag that stays put is
+//!   the delivery's own latency (agents send in intervals), not overload: it presses nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -51,6 +59,10 @@ pub struct Policy {
     /// Instances per second a collective communicator keeps at least (0: [`EVIDENCE_FLOOR`]);
     /// lower near the memory bound.
     pub min_instances: f64,
+    /// How much harder it samples because the jobs' data arrives late.
+    pub lag: Lag,
+    /// The budget of the last tick (calls/s), after the memory bound's and the lag's divisors.
+    pub budget: f64,
 }
 
 /// Kept instances per second a collective communicator is never thinned below, normally: the
@@ -59,6 +71,71 @@ pub const EVIDENCE_FLOOR: f64 = 4.0;
 
 /// Record time a measurement spans at least (s): agents deliver in bursts, up to 2 s apart.
 pub const MIN_WINDOW_S: f64 = 2.0;
+
+/// A running job judged more than this behind the wall clock, and growing, presses the budget
+/// down …
+pub const LAG_PRESSED_NS: u64 = 5_000_000_000;
+/// … growing: this much further behind than at any of the last [`CALM_TICKS`] ticks (a lag
+/// that only wavers sets no new high) …
+pub const LAG_GROWTH_NS: u64 = 500_000_000;
+/// … or this far behind, whatever the trend, as long as it is not shrinking.
+pub const LAG_FAR_NS: u64 = 20_000_000_000;
+/// Ticks without growth before the budget is given back (halving the divisor).
+pub const CALM_TICKS: usize = 5;
+/// The budget is divided by at most this for lag.
+pub const MAX_LAG_DIVISOR: u32 = 64;
+
+/// The budget's divisor for lag: how much harder the collector samples because the jobs' data
+/// arrives later and later (its own ingest, or its agents, cannot keep up).
+#[derive(Debug)]
+pub struct Lag {
+    pub divisor: u32,
+    calm: usize,
+    /// The lag at the last ticks, newest last.
+    seen: std::collections::VecDeque<u64>,
+}
+
+impl Default for Lag {
+    fn default() -> Self {
+        Lag {
+            divisor: 1,
+            calm: 0,
+            seen: std::collections::VecDeque::new(),
+        }
+    }
+}
+
+impl Lag {
+    /// One sampling tick, given how far behind the wall clock the most delayed running job is
+    /// judged (ns). Returns whether the divisor changed.
+    pub fn tick(&mut self, behind_ns: u64) -> bool {
+        let was = self.divisor;
+        let last = self.seen.back().copied().unwrap_or(0);
+        let high = self.seen.iter().copied().max().unwrap_or(0);
+        let full = self.seen.len() >= CALM_TICKS;
+        let growing = behind_ns > LAG_PRESSED_NS && behind_ns > high + LAG_GROWTH_NS;
+        let shrinking = behind_ns.saturating_mul(10) < last.saturating_mul(9);
+        let far = behind_ns > LAG_FAR_NS && !shrinking;
+        if full {
+            self.seen.pop_front();
+        }
+        self.seen.push_back(behind_ns);
+        if growing || far {
+            self.calm = 0;
+            // What was cut a tick ago takes a while to show: not again while it drains.
+            if !shrinking {
+                self.divisor = (self.divisor * 2).min(MAX_LAG_DIVISOR);
+            }
+        } else {
+            self.calm += 1;
+            if self.calm >= CALM_TICKS && self.divisor > 1 {
+                self.divisor /= 2;
+                self.calm = 0;
+            }
+        }
+        self.divisor != was
+    }
+}
 
 /// Largest power of two ≤ x (at least 1).
 fn pow2_floor(x: f64) -> u32 {
@@ -358,6 +435,43 @@ mod tests {
             assert_eq!(rates["n"][0].modulus, modulus, "floor {floor}");
             allreduces(&mut st, 6.0, 9.0, 20.0, seq);
             assert!(p.tick(&mut [&mut st], 1.0, None).is_none(), "and stays");
+        }
+    }
+
+    #[test]
+    fn lag_presses_the_budget_while_it_grows_and_gives_it_back_when_it_stops() {
+        let s = 1_000_000_000u64;
+        let mut lag = Lag::default();
+        // Current: nothing changes.
+        assert!(!lag.tick(s));
+        assert_eq!(lag.divisor, 1);
+        // Behind and falling further behind: halved each tick.
+        assert!(lag.tick(7 * s));
+        assert!(lag.tick(9 * s));
+        assert_eq!(lag.divisor, 4);
+        // Shrinking (what was cut drains): held, and calm.
+        assert!(!lag.tick(7 * s));
+        assert_eq!(lag.divisor, 4);
+        // Staying put at 8 s (the delivery's own latency): calm; after five calm ticks the
+        // budget is given back one step at a time.
+        for _ in 0..3 {
+            assert!(!lag.tick(8 * s));
+        }
+        assert!(lag.tick(8 * s));
+        assert_eq!(lag.divisor, 2);
+        // Growing again: pressed again.
+        assert!(lag.tick(9 * s));
+        assert_eq!(lag.divisor, 4);
+        // Far behind and not catching up, however slowly it grows: pressed to the bound.
+        let mut far = Lag::default();
+        for _ in 0..20 {
+            far.tick(25 * s);
+        }
+        assert_eq!(far.divisor, MAX_LAG_DIVISOR);
+        // A steady lag under the threshold never presses.
+        let mut steady = Lag::default();
+        for i in 0..20 {
+            assert!(!steady.tick(4 * s + (i % 2) * s / 2));
         }
     }
 
