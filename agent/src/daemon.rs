@@ -35,6 +35,11 @@ use crate::exits::{Ending, ExitWatcher};
 use crate::registration::{self, Registered};
 use crate::spool::Spool;
 
+/// How long an ended process's exit status may take to come from the kernel's connector after
+/// its pidfd said it ended (the connector's thread can be kept off a loaded node's CPUs for a
+/// while; the status was missed once, under a full test suite on two cores, at 200 ms).
+const EXIT_EVENT_WAIT: Duration = Duration::from_secs(1);
+
 /// Agent settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -865,7 +870,7 @@ impl Pump {
                         let _ = afd.readable().await;
                     }
                     let mut seen = (now_real(), now_mono());
-                    let ending = exits.ending(pid, Duration::from_millis(200)).await;
+                    let ending = exits.ending(pid, EXIT_EVENT_WAIT).await;
                     // The kernel's time of the exit, when the connector gave it: exact, where
                     // the pidfd's readiness comes whenever this task runs. Which rank of a job
                     // ended first can be milliseconds (a launcher's teardown).
