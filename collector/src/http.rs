@@ -123,7 +123,6 @@ async fn collector_status(State(s): State<Arc<Shared>>) -> Response {
     };
     axum::Json(serde_json::json!({
         "memory": s.memory.status(),
-        "sampling_factor": factor.max(1),
         "sampling": {
             "factor": factor.max(1),
             "offered_calls_per_s": offered.round(),

@@ -809,7 +809,7 @@ fn sampling_tick(sh: &Shared) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .most_behind_ns();
-    let (changed, lag_moved, lag_was, budget, divisor) = {
+    let (changed, lag_moved, lag_was, budget, divisor, g, offered) = {
         let mut policy = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
         let lag_was = policy.lag.divisor;
         let lag_moved = policy.lag.tick(behind_ns);
@@ -823,7 +823,15 @@ fn sampling_tick(sh: &Shared) {
             budget,
             sh.config.sample_modulus,
         );
-        (changed, lag_moved, lag_was, budget, divisor)
+        (
+            changed,
+            lag_moved,
+            lag_was,
+            budget,
+            divisor,
+            policy.factor,
+            policy.offered,
+        )
     };
     if lag_moved {
         let late = behind_ns as f64 / 1e9;
@@ -840,10 +848,6 @@ fn sampling_tick(sh: &Shared) {
         }
     }
     if let Some(rates) = changed {
-        let (g, offered) = {
-            let p = sh.sampling.lock().unwrap_or_else(|p| p.into_inner());
-            (p.factor, p.offered)
-        };
         tracing::info!(
             "consistent sampling: {offered:.0} calls/s offered (budget {budget:.0}); busy communicators keep 1 instance in {g}"
         );

@@ -24,7 +24,7 @@ const APPLY_RUN: usize = 256;
 #[derive(Debug)]
 pub struct Shards {
     shards: Vec<Arc<Mutex<State>>>,
-    appliers: Vec<Mutex<mpsc::Sender<Work>>>,
+    appliers: Vec<mpsc::Sender<Work>>,
 }
 
 /// The applier work of a shard went away: its thread ended (a panic while applying, logged).
@@ -76,7 +76,7 @@ impl Shards {
                 {
                     tracing::error!("cannot start the live state's applier thread {i}: {e}");
                 }
-                Mutex::new(tx)
+                tx
             })
             .collect();
         Shards { shards, appliers }
@@ -94,8 +94,6 @@ impl Shards {
             let _ = tx.send(f(st));
         });
         self.appliers[self.index(job)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .send(work)
             .map_err(|_| ApplierGone)?;
         rx.await.map_err(|_| ApplierGone)
