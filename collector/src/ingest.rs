@@ -2,7 +2,10 @@
 //!
 //! Each request is checked, its records handed to the store, and answered in order; record
 //! batches are answered only once durable. A stream's batches are pipelined (the next is queued
-//! while the previous one is being synced), so one agent can fill a group commit by itself.
+//! while the previous one is being synced), so one agent can fill a group commit by itself, and
+//! each is handed to the live state in the stream's order as soon as it is stored, without
+//! waiting for the ones ahead of it to be applied (one small batch after another would otherwise
+//! pay a round trip to the shard's applier each).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -36,7 +39,19 @@ const MAX_UNSENT_ACKS: usize = 1 << 16;
 /// An agent that reads no acknowledgement for this long is no longer answered.
 const UNREAD_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// A request's acknowledgement, once its work is done.
 type AckFuture = Pin<Box<dyn Future<Output = IngestAck> + Send>>;
+
+/// A request's work as far as handing it to the live state, run in the stream's order; what it
+/// resolves with finishes it (runs in order too, behind, while the next requests are stored).
+type Work = Pin<Box<dyn Future<Output = Finishing> + Send>>;
+
+/// The rest of a request's work, once handed to the live state: resolves with its
+/// acknowledgement.
+struct Finishing(AckFuture);
+
+/// Requests of one stream handed to the live state and not yet finished, at most.
+const MAX_APPLYING: usize = 256;
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -188,20 +203,29 @@ impl Ingest for IngestService {
         let mut inbound = request.into_inner();
         let shared = self.shared.clone();
         let (ack_tx, ack_rx) = mpsc::channel::<Result<IngestAck, Status>>(256);
-        let (q_tx, mut q_rx) = mpsc::channel::<AckFuture>(256);
+        let (q_tx, mut q_rx) = mpsc::channel::<Work>(256);
         shared.metrics.streams_open.fetch_add(1, Ordering::Relaxed);
         shared.metrics.streams_total.fetch_add(1, Ordering::Relaxed);
 
-        // Applier: finishes each request's work in order (a record batch: stored, applied to
-        // the live state, its share of the ingest budget returned), whether or not the agent
-        // reads its acknowledgements.
+        // Storer and finisher: do each request's work in order (a record batch: stored, handed
+        // to the live state; then applied, its share of the ingest budget returned), whether or
+        // not the agent reads its acknowledgements.
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<IngestAck>();
+        let (applying_tx, mut applying_rx) = mpsc::channel::<AckFuture>(MAX_APPLYING);
         let unsent = Arc::new(AtomicUsize::new(0));
-        let applier_unsent = unsent.clone();
+        let finisher_unsent = unsent.clone();
         tokio::spawn(async move {
-            while let Some(f) = q_rx.recv().await {
+            while let Some(work) = q_rx.recv().await {
+                let Finishing(rest) = work.await;
+                if applying_tx.send(rest).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Some(f) = applying_rx.recv().await {
                 let ack = f.await;
-                applier_unsent.fetch_add(1, Ordering::Relaxed);
+                finisher_unsent.fetch_add(1, Ordering::Relaxed);
                 let _ = done_tx.send(ack);
             }
         });
@@ -387,8 +411,14 @@ fn refused(batch_id: u64, recv_ns: u64, error: String, retry_after_ms: u32) -> I
     }
 }
 
-fn ready(a: IngestAck) -> AckFuture {
-    Box::pin(std::future::ready(a))
+/// Work already done: its acknowledgement.
+fn ready(a: IngestAck) -> Work {
+    Box::pin(std::future::ready(done(a)))
+}
+
+/// A finished request's acknowledgement.
+fn done(a: IngestAck) -> Finishing {
+    Finishing(Box::pin(std::future::ready(a)))
 }
 
 /// The process identity of a request as a trace header.
@@ -417,7 +447,7 @@ fn handle(
     msg: IngestRequest,
     recv_ns: u64,
     held: Option<tokio::sync::OwnedSemaphorePermit>,
-) -> Result<AckFuture, Status> {
+) -> Result<Work, Status> {
     let id = msg.batch_id;
     let m = &shared.metrics;
     let Some(payload) = msg.payload else {
@@ -551,70 +581,66 @@ fn handle(
             });
             let shared = shared.clone();
             Ok(Box::pin(async move {
-                match commit.await {
-                    Ok(c) => {
-                        let h = header.clone();
-                        let accepted = c.accepted;
-                        let applied = shared
-                            .state
-                            .apply(&header.job, move |st| {
-                                if overrun > 0 {
-                                    st.set_overrun(&h, overrun);
-                                }
-                                let new = !st.has_process(&h);
-                                let ended = st.apply(&h, clock, &accepted);
-                                if let Some(a) = &attribution {
-                                    st.attribute(&h, a);
-                                }
-                                (ended, new, st.heard_ns(&h))
-                            })
-                            .await;
-                        let (ended, new) = match applied {
-                            Ok((ended, new, heard)) => {
-                                shared.arrived(&header.node, heard);
-                                (ended, new)
-                            }
-                            // Stored, not applied: the log says why; the agent need not resend.
-                            Err(_) => (false, false),
-                        };
-                        // Late records of a job that ended before this collector restarted (or
-                        // released it): a process stored earlier, new to the live state, of a
-                        // job whose stored line says it ended. Its exit is stored already and
-                        // will not come again: the job ends again now, or it would read as
-                        // running with its ranks silent. (The history is asked outside the
-                        // state's lock, and only for a process new to it.)
-                        let late = new
-                            && c.known
-                            && !ended
-                            && shared.history.ended_on_disk(&header.job)
-                            && {
-                                let job = header.job.clone();
-                                shared
-                                    .state
-                                    .apply(&header.job, move |st| st.end_job(&job))
-                                    .await
-                                    .unwrap_or(false)
-                            };
-                        if late {
-                            tracing::info!(
-                                "records of job {} came after it ended (rank {} on {}, sent late): the job stays ended",
-                                header.job,
-                                header.rank,
-                                header.node
-                            );
-                        }
-                        let ended = ended || late;
-                        drop(held);
-                        if ended {
-                            shared.job_ended(&header.job).await;
-                        }
-                        ack(id, recv_ns)
-                    }
+                let c = match commit.await {
+                    Ok(c) => c,
                     Err(e) => {
                         shared.metrics.refused("storage");
-                        refused(id, recv_ns, format!("not stored: {e}"), 1000)
+                        return done(refused(id, recv_ns, format!("not stored: {e}"), 1000));
                     }
-                }
+                };
+                let h = header.clone();
+                let accepted = c.accepted;
+                let applying = shared.state.dispatch(&header.job, move |st| {
+                    if overrun > 0 {
+                        st.set_overrun(&h, overrun);
+                    }
+                    let new = !st.has_process(&h);
+                    let ended = st.apply(&h, clock, &accepted);
+                    if let Some(a) = &attribution {
+                        st.attribute(&h, a);
+                    }
+                    (ended, new, st.heard_ns(&h))
+                });
+                let known = c.known;
+                Finishing(Box::pin(async move {
+                    let (ended, new) = match applying.await {
+                        Ok((ended, new, heard)) => {
+                            shared.arrived(&header.node, heard);
+                            (ended, new)
+                        }
+                        // Stored, not applied: the log says why; the agent need not resend.
+                        Err(_) => (false, false),
+                    };
+                    // Late records of a job that ended before this collector restarted (or
+                    // released it): a process stored earlier, new to the live state, of a
+                    // job whose stored line says it ended. Its exit is stored already and
+                    // will not come again: the job ends again now, or it would read as
+                    // running with its ranks silent. (The history is asked outside the
+                    // state's lock, and only for a process new to it.)
+                    let late =
+                        new && known && !ended && shared.history.ended_on_disk(&header.job) && {
+                            let job = header.job.clone();
+                            shared
+                                .state
+                                .apply(&header.job, move |st| st.end_job(&job))
+                                .await
+                                .unwrap_or(false)
+                        };
+                    if late {
+                        tracing::info!(
+                            "records of job {} came after it ended (rank {} on {}, sent late): the job stays ended",
+                            header.job,
+                            header.rank,
+                            header.node
+                        );
+                    }
+                    let ended = ended || late;
+                    drop(held);
+                    if ended {
+                        shared.job_ended(&header.job).await;
+                    }
+                    ack(id, recv_ns)
+                }))
             }))
         }
         Payload::InFlight(s) => {
@@ -669,16 +695,15 @@ fn handle(
             let (t_mono_ns, last_beat_ns) = (s.t_mono_ns, s.last_beat_ns);
             Ok(Box::pin(async move {
                 let h = header.clone();
-                let taken = shared
-                    .state
-                    .apply(&header.job, move |st| {
-                        st.snapshot(&h, t_mono_ns, last_beat_ns, calls, proc)
-                    })
-                    .await;
-                if let Ok(taken) = taken {
-                    shared.arrived(&header.node, taken);
-                }
-                ack(id, recv_ns)
+                let taking = shared.state.dispatch(&header.job, move |st| {
+                    st.snapshot(&h, t_mono_ns, last_beat_ns, calls, proc)
+                });
+                Finishing(Box::pin(async move {
+                    if let Ok(taken) = taking.await {
+                        shared.arrived(&header.node, taken);
+                    }
+                    ack(id, recv_ns)
+                }))
             }))
         }
         Payload::Exit(_) => Ok(ready(ack(id, recv_ns))),
@@ -698,11 +723,13 @@ fn handle(
             let shared = shared.clone();
             Ok(Box::pin(async move {
                 let job = header.job.clone();
-                let _ = shared
+                let setting = shared
                     .state
-                    .apply(&job, move |st| st.set_stacks(&header, stacks))
-                    .await;
-                ack(id, recv_ns)
+                    .dispatch(&job, move |st| st.set_stacks(&header, stacks));
+                Finishing(Box::pin(async move {
+                    let _ = setting.await;
+                    ack(id, recv_ns)
+                }))
             }))
         }
     }

@@ -89,14 +89,24 @@ impl Shards {
         job: &str,
         f: impl FnOnce(&mut State) -> T + Send + 'static,
     ) -> Result<T, ApplierGone> {
+        self.dispatch(job, f).await
+    }
+
+    /// Hands `f` to `job`'s applier now, behind whatever was handed to it before, and returns
+    /// its result's future: a caller that hands on one piece after another without awaiting
+    /// each keeps them in order and pays for one round trip, not one per piece.
+    pub fn dispatch<T: Send + 'static>(
+        &self,
+        job: &str,
+        f: impl FnOnce(&mut State) -> T + Send + 'static,
+    ) -> impl Future<Output = Result<T, ApplierGone>> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let work: Work = Box::new(move |st| {
             let _ = tx.send(f(st));
         });
-        self.appliers[self.index(job)]
-            .send(work)
-            .map_err(|_| ApplierGone)?;
-        rx.await.map_err(|_| ApplierGone)
+        // A send that fails drops the work and its sender: the receiver then says so.
+        let _ = self.appliers[self.index(job)].send(work);
+        async move { rx.await.map_err(|_| ApplierGone) }
     }
 
     /// How many shards.
@@ -216,6 +226,38 @@ mod tests {
         assert!(got.is_ok());
         // The abandoned first piece still ran, before the later ones: in the order asked.
         assert_eq!(*order.lock().expect("order"), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn pieces_handed_on_without_waiting_run_in_the_order_handed() {
+        let s = Shards::new(Limits::default(), 2);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let order = std::sync::Arc::new(Mutex::new(Vec::new()));
+        // Handed on while the shard is held: none runs until it is let go, then all in order.
+        let held = s.of("j");
+        let pending: Vec<_> = (0..1000)
+            .map(|i| {
+                let o = order.clone();
+                s.dispatch("j", move |_| {
+                    o.lock().expect("order").push(i);
+                    i
+                })
+            })
+            .collect();
+        assert!(order.lock().expect("order").is_empty());
+        drop(held);
+        let results: Vec<_> = rt.block_on(async {
+            let mut out = Vec::new();
+            for p in pending {
+                out.push(p.await.expect("applied"));
+            }
+            out
+        });
+        let want: Vec<i32> = (0..1000).collect();
+        assert_eq!(results, want);
+        assert_eq!(*order.lock().expect("order"), want);
     }
 
     #[test]
