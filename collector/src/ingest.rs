@@ -18,16 +18,15 @@ use commscope_wire::grpc::ingest_request::Payload;
 use commscope_wire::grpc::ingest_server::Ingest;
 use commscope_wire::grpc::{IngestAck, IngestRequest, ProcessId};
 use commscope_wire::op::Op;
-use commscope_wire::parquet::ClockAlignment;
 use commscope_wire::record::RECORD_LAYOUT_VERSION as LAYOUT_VERSION;
-use commscope_wire::record::{RECORD_SIZE, RawRecord};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
 use crate::state::{InFlightCall, now_ns};
-use crate::store::Batch;
+
+mod records;
 
 /// Records one batch may carry at most.
 pub const MAX_BATCH_RECORDS: usize = 1 << 16;
@@ -363,6 +362,11 @@ impl Ingest for IngestService {
                 // down (flow control), and the collector's memory stays bounded.
                 let held = match &msg.payload {
                     Some(Payload::Records(b)) => shared.hold(b.records.len()).await,
+                    Some(Payload::NodeRecords(n)) => {
+                        shared
+                            .hold(n.batches.iter().map(|b| b.records.len()).sum())
+                            .await
+                    }
                     _ => None,
                 };
                 let recv_ns = now_ns();
@@ -492,156 +496,40 @@ fn handle(
                 h.agent_version
             );
             peer.node = Some(h.node);
-            Ok(ready(ack(id, recv_ns)))
+            Ok(ready(IngestAck {
+                node_records: true,
+                ..ack(id, recv_ns)
+            }))
         }
-        Payload::Records(b) => {
-            let process = match admitted(shared, peer, b.process.as_ref(), "a record batch") {
-                Ok(p) => p,
-                Err(why) => return Ok(ready(refused(id, recv_ns, why, 0))),
-            };
-            if b.record_size as usize != RECORD_SIZE {
-                m.refused("layout-version");
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    format!(
-                        "records of {} bytes are not supported (layout version {LAYOUT_VERSION} has {RECORD_SIZE})",
-                        b.record_size
-                    ),
-                    0,
-                )));
-            }
-            if b.records.is_empty() || b.records.len() % RECORD_SIZE != 0 {
+        Payload::Records(b) => match records::check(shared, peer, b) {
+            Ok(b) => Ok(records::take(shared, peer, vec![b], id, recv_ns, held)),
+            Err(why) => Ok(ready(refused(id, recv_ns, why, 0))),
+        },
+        Payload::NodeRecords(n) => {
+            if n.batches.is_empty() {
                 m.refused("malformed");
                 return Ok(ready(refused(
                     id,
                     recv_ns,
-                    format!("{} bytes of records are not whole records", b.records.len()),
+                    "a node's records without any batch".into(),
                     0,
                 )));
             }
-            let n = b.records.len() / RECORD_SIZE;
-            if n > MAX_BATCH_RECORDS {
-                m.refused("oversized");
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    format!("{n} records in one batch; at most {MAX_BATCH_RECORDS}"),
-                    0,
-                )));
+            let mut batches = Vec::with_capacity(n.batches.len());
+            for (i, b) in n.batches.into_iter().enumerate() {
+                match records::check(shared, peer, b) {
+                    Ok(b) => batches.push(b),
+                    Err(why) => {
+                        return Ok(ready(refused(
+                            id,
+                            recv_ns,
+                            format!("batch {i} of the node's records: {why}"),
+                            0,
+                        )));
+                    }
+                }
             }
-            if !shared.memory.admit() {
-                // At the memory bound: the agent keeps the batch and sends it again.
-                m.refused("memory");
-                shared.memory.refused(n as u64);
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    "the collector is at its memory bound; send again later".into(),
-                    crate::memory::RETRY_MS,
-                )));
-            }
-            if let Err(wait) = peer.take(n, shared.config.max_agent_rate as f64) {
-                m.refused("rate-limit");
-                m.rate_limited.fetch_add(1, Ordering::Relaxed);
-                return Ok(ready(refused(
-                    id,
-                    recv_ns,
-                    format!(
-                        "over the per-agent limit of {} records/s",
-                        shared.config.max_agent_rate
-                    ),
-                    wait,
-                )));
-            }
-            let records: Vec<RawRecord> = b
-                .records
-                .chunks_exact(RECORD_SIZE)
-                .map(|c| {
-                    let mut r = [0u8; RECORD_SIZE];
-                    r.copy_from_slice(c);
-                    r
-                })
-                .collect();
-            let header = header_of(process);
-            let clock = b.clock_offset_ns.map(|offset_ns| ClockAlignment {
-                offset_ns,
-                error_ns: b.clock_error_ns,
-            });
-            if let Some(c) = clock {
-                shared.set_node_clock(&header.node, c);
-            }
-            let overrun = b.dropped_overrun;
-            let attribution = process.attribution.clone();
-            m.records_in.fetch_add(n as u64, Ordering::Relaxed);
-            let commit = shared.store.submit(Batch {
-                header: header.clone(),
-                clock,
-                records,
-            });
-            let shared = shared.clone();
-            Ok(Box::pin(async move {
-                let c = match commit.await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        shared.metrics.refused("storage");
-                        return done(refused(id, recv_ns, format!("not stored: {e}"), 1000));
-                    }
-                };
-                let h = header.clone();
-                let accepted = c.accepted;
-                let applying = shared.state.dispatch(&header.job, move |st| {
-                    if overrun > 0 {
-                        st.set_overrun(&h, overrun);
-                    }
-                    let new = !st.has_process(&h);
-                    let ended = st.apply(&h, clock, &accepted);
-                    if let Some(a) = &attribution {
-                        st.attribute(&h, a);
-                    }
-                    (ended, new, st.heard_ns(&h))
-                });
-                let known = c.known;
-                Finishing(Box::pin(async move {
-                    let (ended, new) = match applying.await {
-                        Ok((ended, new, heard)) => {
-                            shared.arrived(&header.node, heard);
-                            (ended, new)
-                        }
-                        // Stored, not applied: the log says why; the agent need not resend.
-                        Err(_) => (false, false),
-                    };
-                    // Late records of a job that ended before this collector restarted (or
-                    // released it): a process stored earlier, new to the live state, of a
-                    // job whose stored line says it ended. Its exit is stored already and
-                    // will not come again: the job ends again now, or it would read as
-                    // running with its ranks silent. (The history is asked outside the
-                    // state's lock, and only for a process new to it.)
-                    let late =
-                        new && known && !ended && shared.history.ended_on_disk(&header.job) && {
-                            let job = header.job.clone();
-                            shared
-                                .state
-                                .apply(&header.job, move |st| st.end_job(&job))
-                                .await
-                                .unwrap_or(false)
-                        };
-                    if late {
-                        tracing::info!(
-                            "records of job {} came after it ended (rank {} on {}, sent late): the job stays ended",
-                            header.job,
-                            header.rank,
-                            header.node
-                        );
-                    }
-                    let ended = ended || late;
-                    drop(held);
-                    if ended {
-                        shared.job_ended(&header.job).await;
-                    }
-                    ack(id, recv_ns)
-                }))
-            }))
+            Ok(records::take(shared, peer, batches, id, recv_ns, held))
         }
         Payload::InFlight(s) => {
             let process = match admitted(shared, peer, s.process.as_ref(), "a snapshot") {

@@ -95,11 +95,11 @@ impl Shards {
     /// Hands `f` to `job`'s applier now, behind whatever was handed to it before, and returns
     /// its result's future: a caller that hands on one piece after another without awaiting
     /// each keeps them in order and pays for one round trip, not one per piece.
-    pub fn dispatch<T: Send + 'static>(
+    pub fn dispatch<T: Send + 'static, F: FnOnce(&mut State) -> T + Send + 'static>(
         &self,
         job: &str,
-        f: impl FnOnce(&mut State) -> T + Send + 'static,
-    ) -> impl Future<Output = Result<T, ApplierGone>> + Send + 'static {
+        f: F,
+    ) -> impl Future<Output = Result<T, ApplierGone>> + Send + use<T, F> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let work: Work = Box::new(move |st| {
             let _ = tx.send(f(st));

@@ -57,6 +57,8 @@ struct Node {
     retry: Vec<(Instant, u64)>,
     /// Why its stream is down.
     why: Option<String>,
+    /// Its collector takes a node's records in one message (its hello's answer said so).
+    node_records: bool,
 }
 
 struct State {
@@ -126,6 +128,9 @@ impl State {
             }
             Link::Ack(n, a, _) if a.batch_id == 0 => {
                 // The collector's sampling rates for this node (or the hello's answer).
+                if !a.rates_update {
+                    self.nodes[n].node_records = a.node_records;
+                }
                 if a.rates_update {
                     let list = a
                         .rates
@@ -245,10 +250,18 @@ impl Links {
         }
     }
 
-    /// A record batch of node `n`: held until acknowledged, sent now if its stream takes it.
+    /// Whether node `n`'s collector takes its processes' records in one message.
+    pub fn node_records(&self, n: usize) -> bool {
+        lock(&self.state).nodes[n].node_records
+    }
+
+    /// A record batch of node `n` (one process's or several): held until acknowledged, sent
+    /// now if its stream takes it.
     pub fn send_batch(&self, n: usize, req: IngestRequest) {
+        use commscope_wire::grpc::ingest_request::Payload;
         let size = match &req.payload {
-            Some(commscope_wire::grpc::ingest_request::Payload::Records(b)) => b.records.len(),
+            Some(Payload::Records(b)) => b.records.len(),
+            Some(Payload::NodeRecords(m)) => m.batches.iter().map(|b| b.records.len()).sum(),
             _ => 0,
         } + 256;
         let mut s = lock(&self.state);

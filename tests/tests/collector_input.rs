@@ -560,3 +560,90 @@ async fn late_records_of_a_job_that_ended_before_a_restart_do_not_bring_it_back(
     );
     assert!(svc.findings("late-job", "open").is_empty());
 }
+
+/// One process's batch of `n` calls from `from` (the payload of [`call_batch`]).
+fn records_of(job: &str, pid: u32, from: u64, n: u64) -> RecordBatch {
+    match call_batch(0, job, pid, from, n).payload {
+        Some(Payload::Records(b)) => b,
+        other => panic!("call_batch made {other:?}"),
+    }
+}
+
+/// A node's processes' records in one message (`node_records`): offered in the hello's answer,
+/// each batch stored and applied as a message of its own would be, one durable answer for all;
+/// a malformed batch among them refuses the whole message finally, saying which, and a message
+/// without batches is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_records_in_one_message_are_stored_and_answered_once() {
+    use commscope_wire::grpc::NodeRecords;
+    let svc = Services::start("node-together", &[], &["--no-ebpf"]);
+    let job = "together";
+    let mut broken = records_of(job, 10, 1, 10);
+    broken.records.truncate(broken.records.len() - 3);
+    let node = |id: u64, batches: Vec<RecordBatch>| IngestRequest {
+        batch_id: id,
+        agent_send_ns: 1,
+        payload: Some(Payload::NodeRecords(NodeRecords { batches })),
+    };
+    let mut hello = hello_from("together-node");
+    hello.batch_id = 1;
+    let acks = ingest_stream(
+        svc.grpc,
+        vec![
+            hello,
+            node(
+                2,
+                vec![records_of(job, 7, 1, 100), records_of(job, 8, 1, 50)],
+            ),
+            node(3, vec![records_of(job, 9, 1, 10), broken]),
+            node(4, vec![]),
+        ],
+    )
+    .await;
+    let by_id = |id: u64| {
+        acks.iter()
+            .find(|a| a.batch_id == id)
+            .unwrap_or_else(|| panic!("no answer to {id}: {acks:?}"))
+    };
+    assert!(
+        by_id(1).node_records,
+        "the hello's answer offers node records"
+    );
+    let stored = by_id(2);
+    assert!(stored.durable && stored.error.is_empty(), "{stored:?}");
+    let refused = by_id(3);
+    assert!(
+        !refused.durable && refused.retry_after_ms == 0,
+        "{refused:?}"
+    );
+    assert!(
+        refused.error.starts_with("batch 1 of the node's records: ")
+            && refused.error.contains("not whole records"),
+        "{}",
+        refused.error
+    );
+    let empty = by_id(4);
+    assert!(
+        !empty.durable && empty.error.contains("without any batch"),
+        "{empty:?}"
+    );
+    // Both processes of the stored message are in the live state, none of the refused one.
+    let records = || {
+        svc.job(job)
+            .and_then(|j| j["records"].as_u64())
+            .unwrap_or(0)
+    };
+    let t = Instant::now();
+    while records() < 150 && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(records(), 150);
+    let pids: Vec<(u64, u64)> = svc
+        .job(job)
+        .and_then(|j| j["processes"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| Some((p["pid"].as_u64()?, p["records"].as_u64()?)))
+        .collect();
+    assert_eq!(pids, vec![(7, 100), (8, 50)]);
+}

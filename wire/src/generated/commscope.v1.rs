@@ -201,6 +201,19 @@ pub struct AgentHello {
     #[prost(uint32, tag = "3")]
     pub layout_version: u32,
 }
+/// Several processes' record batches of one node in one message (an agent's turn). Each batch is
+/// checked, stored and applied as a `records` message would be, in order; one acknowledgement
+/// answers them all, durable once every one is stored. A batch that is malformed refuses the whole
+/// message (finally); a transient refusal also refuses it whole, and the batches already stored are
+/// dropped as duplicates when it comes again. A collector's cost is per message far more than per
+/// record: one message per node and turn lets a large fleet deliver every second.
+/// Sent only to a collector whose hello acknowledgement set `node_records`.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct NodeRecords {
+    #[prost(message, repeated, tag = "1")]
+    pub batches: ::prost::alloc::vec::Vec<RecordBatch>,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct IngestRequest {
@@ -210,7 +223,7 @@ pub struct IngestRequest {
     /// Agent's CLOCK_REALTIME when it sent this message (ns), for clock alignment.
     #[prost(uint64, tag = "2")]
     pub agent_send_ns: u64,
-    #[prost(oneof = "ingest_request::Payload", tags = "3, 4, 5, 6, 7")]
+    #[prost(oneof = "ingest_request::Payload", tags = "3, 4, 5, 6, 7, 8")]
     pub payload: ::core::option::Option<ingest_request::Payload>,
 }
 /// Nested message and enum types in `IngestRequest`.
@@ -228,6 +241,8 @@ pub mod ingest_request {
         Exit(super::ProcessExit),
         #[prost(message, tag = "7")]
         Probe(super::ProcessProbe),
+        #[prost(message, tag = "8")]
+        NodeRecords(super::NodeRecords),
     }
 }
 #[allow(clippy::all)]
@@ -264,6 +279,9 @@ pub struct IngestAck {
     /// True on such a message (it acknowledges nothing; an empty list means nothing is sampled).
     #[prost(bool, tag = "10")]
     pub rates_update: bool,
+    /// On the hello's acknowledgement: this collector takes `node_records` messages.
+    #[prost(bool, tag = "11")]
+    pub node_records: bool,
 }
 /// Keep instance seq of a communicator when hash(comm_id, seq) mod modulus == 0 (modulus a power of
 /// two; messages by hash of comm, source, destination, tag, message sequence), from instance from_seq
