@@ -295,6 +295,20 @@ impl Default for Spec {
     }
 }
 
+/// When a record happened on its process's monotonic clock (None: it carries no time).
+fn record_mono(rec: &Record) -> Option<u64> {
+    Some(match rec {
+        Record::Call(c) => c.span().1,
+        Record::Enter(c) => c.t_enter,
+        Record::Heartbeat(h) => h.t_mono,
+        Record::Skip(k) => k.t_last,
+        Record::Process(p) => p.t_mono,
+        Record::Comm(c) => c.t,
+        Record::Link(l) => l.t_end,
+        _ => return None,
+    })
+}
+
 /// How ranks are laid out: rank = ((replica × stages) + stage) × tp + t; nodes hold
 /// `per_node` consecutive ranks.
 #[derive(Clone, Copy, Debug)]
@@ -968,6 +982,26 @@ impl Sim {
     /// the process's exit, the calls sampling still holds go out in their skips first.
     pub fn take(&mut self, r: usize) -> Vec<Record> {
         let recs = std::mem::take(&mut self.out[r]);
+        self.sampled(r, recs)
+    }
+
+    /// Like [`Sim::take`], only the records rank `r` wrote by global time `g`: the first one
+    /// later than that and all after it stay. A step is generated whole, up to a step ahead of
+    /// the job's clock, and an agent never reads a record before its process wrote it (a
+    /// collector puts a record that claims to come from its future at its arrival, which would
+    /// reorder the job's calls).
+    pub fn take_until(&mut self, r: usize, g: u64) -> Vec<Record> {
+        let limit = self.mono(r, g);
+        let due = self.out[r]
+            .iter()
+            .position(|x| record_mono(x).is_some_and(|t| t > limit))
+            .unwrap_or(self.out[r].len());
+        let recs: Vec<Record> = self.out[r].drain(..due).collect();
+        self.sampled(r, recs)
+    }
+
+    /// `recs` of rank `r`, sampled as its node's agent would.
+    fn sampled(&mut self, r: usize, recs: Vec<Record>) -> Vec<Record> {
         let rates = &self.rates[self.topo.node_of(r)];
         let sampler = &mut self.samplers[r];
         if recs.is_empty() || (rates.is_empty() && !sampler.has_open()) {
@@ -1749,6 +1783,45 @@ mod tests {
                 .ranks,
             (8..16).collect::<Vec<i32>>()
         );
+    }
+
+    #[test]
+    fn records_are_taken_only_once_their_rank_wrote_them() {
+        let spec = Spec {
+            ranks: 16,
+            compute_ms: 160.0,
+            ..Default::default()
+        };
+        let mut sim = Sim::new(spec, 0).expect("sim");
+        // One step is made whole, seconds ahead of a clock that stands at half of it.
+        assert!(sim.step());
+        let g = sim.now() / 2;
+        sim.beat_all(g);
+        for r in 0..16 {
+            let limit = sim.mono(r, g);
+            let now = sim.take_until(r, g);
+            assert!(!now.is_empty(), "rank {r} wrote records by then");
+            assert!(
+                now.iter()
+                    .all(|x| record_mono(x).is_none_or(|t| t <= limit)),
+                "rank {r}: a record from after {limit}"
+            );
+            let later = sim.take(r);
+            assert!(
+                later
+                    .first()
+                    .and_then(record_mono)
+                    .is_some_and(|t| t > limit),
+                "rank {r}: the rest begins after the clock"
+            );
+            // Nothing lost, nothing twice, in order.
+            let seqs: Vec<u64> = now.iter().chain(&later).map(Record::rec_seq).collect();
+            assert_eq!(
+                seqs,
+                (1..=seqs.len() as u64).collect::<Vec<_>>(),
+                "rank {r}"
+            );
+        }
     }
 
     #[test]
