@@ -413,6 +413,7 @@ impl Nodes {
             }
         }
         remove_host_lines(|host| tag_of(host).is_some_and(|t| !alive(t)));
+        remove_session_dirs(|host| tag_of(host).is_some_and(|t| !alive(t)));
     }
 }
 
@@ -461,6 +462,28 @@ impl Drop for Nodes {
             .args(["link", "del", &self.bridge])
             .output();
         remove_host_lines(|host| self.names.iter().any(|n| n == host));
+        remove_session_dirs(|host| self.names.iter().any(|n| n == host));
+    }
+}
+
+/// Removes the session directories (`ompi.HOST.UID` in the temporary directory) that Open MPI's
+/// daemons left for the hosts `gone` selects: a job killed by its test leaves them, shared-memory
+/// segments included, and on the nodes of this fixture nothing else would ever remove them.
+fn remove_session_dirs(gone: impl Fn(&str) -> bool) {
+    let tmp = std::env::temp_dir();
+    let Ok(entries) = std::fs::read_dir(&tmp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let host = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("ompi."))
+            .and_then(|n| n.rsplit_once('.'))
+            .map(|(host, _uid)| host);
+        if host.is_some_and(&gone) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
