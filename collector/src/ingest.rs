@@ -361,11 +361,8 @@ impl Ingest for IngestService {
                 // of all streams not yet stored hold the whole ingest budget: the agents are slowed
                 // down (flow control), and the collector's memory stays bounded.
                 let held = match &msg.payload {
-                    Some(Payload::Records(b)) => shared.hold(b.records.len()).await,
-                    Some(Payload::NodeRecords(n)) => {
-                        shared
-                            .hold(n.batches.iter().map(|b| b.records.len()).sum())
-                            .await
+                    Some(p @ (Payload::Records(_) | Payload::NodeRecords(_))) => {
+                        shared.hold(p.record_bytes()).await
                     }
                     _ => None,
                 };

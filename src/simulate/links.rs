@@ -258,12 +258,7 @@ impl Links {
     /// A record batch of node `n` (one process's or several): held until acknowledged, sent
     /// now if its stream takes it.
     pub fn send_batch(&self, n: usize, req: IngestRequest) {
-        use commscope_wire::grpc::ingest_request::Payload;
-        let size = match &req.payload {
-            Some(Payload::Records(b)) => b.records.len(),
-            Some(Payload::NodeRecords(m)) => m.batches.iter().map(|b| b.records.len()).sum(),
-            _ => 0,
-        } + 256;
+        let size = req.payload.as_ref().map_or(0, |p| p.record_bytes()) + 256;
         let mut s = lock(&self.state);
         s.totals.batches += 1;
         s.held_bytes += size;

@@ -9,6 +9,21 @@ mod generated {
 
 pub use generated::*;
 
+impl ingest_request::Payload {
+    /// The record bytes this message carries (a process's batch or a node's batches; 0 for
+    /// anything else): what the collector's ingest budget holds while it is stored, and what a
+    /// sender counts against it.
+    pub fn record_bytes(&self) -> usize {
+        match self {
+            ingest_request::Payload::Records(b) => b.records.len(),
+            ingest_request::Payload::NodeRecords(n) => {
+                n.batches.iter().map(|b| b.records.len()).sum()
+            }
+            _ => 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,6 +49,7 @@ mod tests {
                 ..Default::default()
             })),
         };
+        assert_eq!(req.payload.as_ref().map(|p| p.record_bytes()), Some(256));
         let bytes = req.encode_to_vec();
         assert_eq!(IngestRequest::decode(bytes.as_slice()), Ok(req));
         assert!(IngestRequest::decode(&b"\xff\xff\xff garbage"[..]).is_err());
