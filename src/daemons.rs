@@ -258,10 +258,17 @@ pub fn token(file: Option<PathBuf>) -> Result<Option<commscope_wire::auth::Token
 pub fn agent(a: AgentArgs) -> Result<ExitCode> {
     let (mut c, trace_dir) = agent_config(&a)?;
     let Some(dir) = trace_dir.filter(|_| c.collectors.is_empty()) else {
-        runtime()?.block_on(commscope_agent::run(c))?;
+        runtime()?.block_on(async move {
+            let stop = StopSignals::new()?;
+            let agent = commscope_agent::start(c).await?;
+            stop.wait().await;
+            agent.stop().await;
+            Ok::<_, anyhow::Error>(())
+        })?;
         return Ok(ExitCode::SUCCESS);
     };
     runtime()?.block_on(async move {
+        let stop = StopSignals::new()?;
         let mut cc = commscope_collector::Config::new(dir.clone());
         cc.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         cc.http = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -274,7 +281,7 @@ pub fn agent(a: AgentArgs) -> Result<ExitCode> {
             "local mode: a collector in this process writes {}",
             dir.display()
         );
-        wait_for_signal().await?;
+        stop.wait().await;
         agent.stop().await;
         collector.stop().await;
         Ok::<_, anyhow::Error>(())
@@ -282,20 +289,42 @@ pub fn agent(a: AgentArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Until SIGINT or SIGTERM.
-async fn wait_for_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// SIGINT and SIGTERM, caught from the moment this is made: one that comes while the services
+/// start stops them once they are up, instead of killing the process half started. (Made inside
+/// the runtime, before anything starts.)
+struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            int: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            term: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+        })
     }
-    Ok(())
+
+    /// Until one of them comes.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
 }
 
 /// `commscope collector`.
 pub fn collector(a: CollectorArgs) -> Result<ExitCode> {
     let c = collector_config(&a)?;
-    runtime()?.block_on(commscope_collector::run(c))?;
+    runtime()?.block_on(async move {
+        let stop = StopSignals::new()?;
+        let collector = commscope_collector::start(c).await?;
+        stop.wait().await;
+        collector.stop().await;
+        Ok::<_, anyhow::Error>(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -330,6 +359,7 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
     }
     let scheme = if cc.tls.is_empty() { "http" } else { "https" };
     runtime()?.block_on(async move {
+        let stop = StopSignals::new()?;
         let collector = commscope_collector::start(cc).await?;
         ac.collectors = vec![format!("{scheme}://{}", local_address(collector.listen))];
         let agent = commscope_agent::start(ac).await?;
@@ -342,7 +372,7 @@ pub fn up(a: UpArgs) -> Result<ExitCode> {
             agent.http.map(|h| h.to_string()).unwrap_or_default(),
             dir.join("traces").display()
         );
-        wait_for_signal().await?;
+        stop.wait().await;
         agent.stop().await;
         collector.stop().await;
         Ok::<_, anyhow::Error>(())

@@ -462,18 +462,6 @@ pub async fn start(cfg: Config) -> Result<Running> {
     })
 }
 
-/// Runs until SIGINT/SIGTERM.
-pub async fn run(cfg: Config) -> Result<()> {
-    let running = start(cfg).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    running.stop().await;
-    Ok(())
-}
-
 enum Event {
     Registered(Box<Registered>),
     /// Replica `.0`'s stream opened, closed, or answered.

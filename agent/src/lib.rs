@@ -28,4 +28,4 @@ pub mod transport;
 pub mod uplink;
 pub mod zerotouch;
 
-pub use daemon::{Config, Running, run, start};
+pub use daemon::{Config, Running, start};

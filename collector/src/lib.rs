@@ -417,6 +417,7 @@ impl Running {
     /// not close within the shutdown timeout (an agent behind a dead network path, whose TCP
     /// cannot drain) are cut: what they had acknowledged is in the write-ahead logs already.
     pub async fn stop(self) {
+        tracing::info!("shutting down: writing open logs out as segments");
         let _ = self.shutdown.send(true);
         let cut = join_until(self.tasks, self.shutdown_timeout).await;
         if cut > 0 {
@@ -857,17 +858,4 @@ fn sampling_tick(sh: &Shared) {
 
 fn ranks_list(r: &[i32]) -> String {
     commscope_analyzer::finding::ranks_phrase(r)
-}
-
-/// Runs until SIGINT/SIGTERM.
-pub async fn run(config: Config) -> Result<()> {
-    let running = start(config).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down: writing open logs out as segments");
-    running.stop().await;
-    Ok(())
 }

@@ -188,7 +188,8 @@ fn logs_are_json_lines_filtered_by_commscope_log() {
     up.wait_log("connected from", Duration::from_secs(30));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(up.child.id() as i32, libc::SIGTERM) };
-    assert!(up.child.wait().expect("wait").success());
+    let st = up.child.wait().expect("wait");
+    assert!(st.success(), "{st}:\n{}", up.log());
     let log = up.log();
     let lines: Vec<serde_json::Value> = log
         .lines()

@@ -1,7 +1,8 @@
 //! Bounded shutdown: a collector told to stop while a node's network is down. Its graceful
 //! shutdown used to wait for that node's agent connection, which cannot drain over the dead
 //! path, for minutes; now it cuts it after `--shutdown-timeout` (10 s) and keeps what it had
-//! acknowledged. And an agent told to stop while its collector is frozen.
+//! acknowledged. And an agent told to stop while its collector is frozen, and `commscope up`
+//! told to stop while it is still starting.
 
 use std::time::{Duration, Instant};
 
@@ -125,5 +126,48 @@ fn an_agent_stops_promptly_with_its_collector_frozen_and_loses_nothing() {
     assert!(records > 100, "{job}");
     for p in job["processes"].as_array().expect("processes") {
         assert_eq!(p["finalized"], true, "{p}");
+    }
+}
+
+/// A SIGTERM that comes while `commscope up` starts (its collector listening, its agent not yet
+/// up) stops it cleanly once started: the signals are caught before anything starts. (They were
+/// caught only once both were up, so a signal in between killed the process; a test that stopped
+/// `up` right after it connected failed that way under load.)
+#[test]
+fn up_stopped_while_it_starts_exits_cleanly() {
+    use std::io::BufRead;
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = commscope_tests::commscope()
+            .args(["up", "--dir"])
+            .arg(dir.path())
+            .arg("--socket")
+            .arg(dir.path().join("agent.sock"))
+            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--agent-http", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("commscope up");
+        let err = child.stderr.take().expect("stderr");
+        let mut log = String::new();
+        let mut lines = std::io::BufReader::new(err).lines();
+        for line in lines.by_ref() {
+            let line = line.expect("log line");
+            log += &line;
+            log.push('\n');
+            if line.contains("listening:") {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                break;
+            }
+        }
+        log.extend(lines.map_while(Result::ok).map(|l| l + "\n"));
+        let st = child.wait().expect("wait");
+        assert!(st.success(), "{st}:\n{log}");
+        assert!(
+            !dir.path().join("agent.sock").exists(),
+            "the agent's socket is removed:\n{log}"
+        );
     }
 }
