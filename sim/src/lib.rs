@@ -686,6 +686,8 @@ pub struct Sim {
     /// Realtime clock at global time 0.
     pub epoch: u64,
     pub step: u64,
+    /// Global time at which each step began (index: step).
+    pub step_began: Vec<u64>,
     /// Global time at which the last rank stopped progressing.
     pub stuck_since: Option<u64>,
     /// Per rank: slow one step in this many from the onset on (1: every step), or never.
@@ -784,6 +786,7 @@ impl Sim {
             clock_off,
             epoch,
             step: 0,
+            step_began: Vec::new(),
             stuck_since: None,
             slow,
             speed,
@@ -1449,6 +1452,7 @@ impl Sim {
         if self.stuck() {
             return false;
         }
+        self.step_began.push(self.now());
         self.strike(Phase::Start);
         let topo = self.topo;
         let f = self.spec.compute_ms;
@@ -1570,6 +1574,8 @@ pub const SURE_SLOW_STEPS: u64 = 5;
 pub struct Effect {
     pub effective: Vec<Fault>,
     pub borderline: Vec<Fault>,
+    /// When each step began, on the records' realtime clock (index: step): a fault's onset.
+    pub step_began_ns: Vec<u64>,
 }
 
 impl Effect {
@@ -1608,6 +1614,7 @@ pub fn simulate(spec: Spec) -> Result<(Vec<ProcessTrace>, Effect), String> {
     let faults = Effect {
         effective: sim.effective_faults(),
         borderline: sim.borderline_faults(),
+        step_began_ns: sim.step_began.iter().map(|g| sim.epoch + g).collect(),
     };
     let traces = (0..sim.topo.ranks())
         .map(|r| ProcessTrace {

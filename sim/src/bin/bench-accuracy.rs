@@ -50,7 +50,20 @@ struct Outcome {
     detail: String,
     secs: f64,
     records: usize,
+    /// A slow fault's: how long after its onset (the records' own time, s) its finding opened.
+    named_after_s: Option<f64>,
 }
+
+/// The classes whose fault acts from its onset step on and is named from accumulated evidence:
+/// their time to a verdict is the detectors' latency.
+const TIMED: [&str; 6] = [
+    "straggler",
+    "slow-node",
+    "flaky",
+    "degraded",
+    "part-node",
+    "half-slow",
+];
 
 fn arg(args: &[String], name: &str, default: u64) -> u64 {
     args.iter()
@@ -248,6 +261,7 @@ fn run(s: &Scenario) -> Outcome {
         detail,
         secs: 0.0,
         records: 0,
+        named_after_s: None,
     };
     let topo = match Topology::new(ranks, s.spec.per_node, s.spec.tp, s.spec.pp) {
         Ok(t) => t,
@@ -266,6 +280,19 @@ fn run(s: &Scenario) -> Outcome {
     let findings = commscope_analyzer::analyze(&s.spec.job, &traces, &Default::default());
     let found: Vec<_> = findings.iter().map(|f| (f.kind, f.ranks.clone())).collect();
     let v = judge(&want, &found);
+    let onset_ns = effective
+        .step_began_ns
+        .get(s.spec.onset_step as usize)
+        .copied();
+    let named_after_s = onset_ns
+        .filter(|_| TIMED.contains(&s.class.as_str()))
+        .and_then(|onset| {
+            findings
+                .iter()
+                .filter(|f| want.iter().any(|e| e.matches(f.kind, &f.ranks)))
+                .map(|f| f.opened_at.saturating_sub(onset) as f64 / 1e9)
+                .min_by(f64::total_cmp)
+        });
     Outcome {
         class: s.class.clone(),
         ranks,
@@ -294,7 +321,15 @@ fn run(s: &Scenario) -> Outcome {
         ),
         secs: t.elapsed().as_secs_f64(),
         records,
+        named_after_s,
     }
+}
+
+/// The `q` quantile (0–1) of `v` (sorted here), nearest rank.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or(f64::NAN)
 }
 
 fn main() {
@@ -354,7 +389,7 @@ fn main() {
     let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
     let wall = t.elapsed().as_secs_f64();
     println!(
-        "{:<20} {:>9} {:>9} {:>9}",
+        "{:<20} {:>9} {:>9} {:>9}   named after onset (records' time): median / p90 / max",
         "scenario", "jobs", "exact", "share"
     );
     let mut total = (0, 0);
@@ -365,8 +400,19 @@ fn main() {
             total.0 += of.len();
             total.1 += ok;
         }
+        let mut after: Vec<f64> = of.iter().filter_map(|o| o.named_after_s).collect();
+        let timing = if after.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "   {:.1} / {:.1} / {:.1} s",
+                quantile(&mut after, 0.5),
+                quantile(&mut after, 0.9),
+                quantile(&mut after, 1.0)
+            )
+        };
         println!(
-            "{class:<20} {:>9} {:>9} {:>8.1}%",
+            "{class:<20} {:>9} {:>9} {:>8.1}%{timing}",
             of.len(),
             ok,
             100.0 * ok as f64 / of.len().max(1) as f64
