@@ -163,15 +163,16 @@ fn capture(a: &DemoArgs) -> Result<ExitCode> {
             "the demo needs an MPI installation (mpicc and mpirun): run `scripts/setup.sh`, or `apt-get install openmpi-bin libopenmpi-dev`"
         )
     };
-    let work = tempfile_dir()?;
-    let exe = mpi.build_bundled(&work, "demo", DEMO_SOURCE)?;
+    let dir = WorkDir::new(a.trace_dir.is_none())?;
+    let work = dir.path.as_path();
+    let exe = mpi.build_bundled(work, "demo", DEMO_SOURCE)?;
     let trace_dir = a.trace_dir.clone().unwrap_or_else(|| work.join("traces"));
     let Local {
         rt,
         collector,
         agent,
         agent_config: ac,
-    } = Local::start(&work, &trace_dir)?;
+    } = Local::start(work, &trace_dir)?;
 
     let spec = run::RunSpec {
         shim: run::find_shim(None)?,
@@ -256,11 +257,33 @@ fn capture(a: &DemoArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn tempfile_dir() -> Result<PathBuf> {
-    let base = std::env::temp_dir().join(format!("commscope-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&base)
-        .with_context(|| format!("failed to create {}", base.display()))?;
-    Ok(base)
+/// The demo's scratch directory: its program, the agent's socket and spool, and the trace when
+/// no `--trace-dir` is given. Removed when the demo ends — unless it holds the trace the demo
+/// points the user to.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl WorkDir {
+    /// A fresh one, kept after the demo when `holds_trace`.
+    fn new(holds_trace: bool) -> Result<WorkDir> {
+        let path = std::env::temp_dir().join(format!("commscope-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("failed to create {}", path.display()))?;
+        Ok(WorkDir {
+            path,
+            keep: holds_trace,
+        })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
 }
 
 /// A collector and an agent inside this process (loopback, a private socket under `work`).
@@ -305,15 +328,16 @@ fn diagnose_mpi(a: &DemoArgs, mpi: &Mpi) -> Result<ExitCode> {
     use std::time::{Duration, Instant};
     let ranks = a.ranks.unwrap_or(8).max(4);
     let (straggler, hang) = (5 % ranks, 2 % ranks);
-    let work = tempfile_dir()?;
-    let exe = mpi.build_bundled(&work, "diagnosis", DIAGNOSIS_SOURCE)?;
+    let dir = WorkDir::new(a.trace_dir.is_none())?;
+    let work = dir.path.as_path();
+    let exe = mpi.build_bundled(work, "diagnosis", DIAGNOSIS_SOURCE)?;
     let trace_dir = a.trace_dir.clone().unwrap_or_else(|| work.join("traces"));
     let Local {
         rt,
         collector,
         agent,
         agent_config: ac,
-    } = Local::start(&work, &trace_dir)?;
+    } = Local::start(work, &trace_dir)?;
     let (slow_from, slow_until, hang_at) = (3.0, 13.0, 30.0);
     let mut command = mpi.launch(ranks, &exe);
     for x in [straggler, hang] {

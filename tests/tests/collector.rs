@@ -83,14 +83,20 @@ fn mpich_job_through_agent_and_collector_is_stored_exactly() {
 #[test]
 fn the_demo_runs_through_an_agent_and_a_collector() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = commscope_tests::commscope()
+    let child = commscope_tests::commscope()
         .arg("demo")
         .arg("--capture")
         .arg("--trace-dir")
         .arg(dir.path())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("demo");
+    let scratch = std::env::temp_dir().join(format!("commscope-demo-{}", child.id()));
+    let out = child.wait_with_output().expect("demo");
     assert_ok(&out, "commscope demo");
+    // With the trace elsewhere, its scratch directory (program, socket, spool) is gone.
+    assert!(!scratch.exists(), "{} left behind", scratch.display());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("4 ranks on") && text.contains("4 of 4 ranks finalized and exited cleanly"),
