@@ -21,7 +21,9 @@
 //! communicators; `blame / tau` is the share of wall time the job spends waiting for that rank
 //! (its single largest instance left out: one hiccup is never a slow rank).
 //!
-//! **Fires** when a rank's share is at least `min_share`, at least `dominance` times the job's
+//! **Fires** when a rank's share — or, once that is past half the threshold, its share since it
+//! was last calm (a straggler's 5 s average lags its onset by seconds; the episode's rate does
+//! not) — is at least `min_share`, at least `dominance` times the job's
 //! lower-quartile share, at least a third of the slowest rank's share, and it was late in at
 //! least `min_late` (decayed) instances, repeatedly on some communicator. When at least half of
 //! a node's ranks are slow together (and the job has another node), they are one finding: the
@@ -47,6 +49,9 @@ use crate::stream::{Tuning, median};
 pub const RECENT_TAU_S: f64 = 2.0;
 /// … over at least this many recent judged instances (decayed alike).
 pub const QUIET_INSTANCES: f64 = 3.0;
+/// A rank whose recent share is under this fraction of `min_share` is calm: a slow episode
+/// starts after it (see [`RankSt::episode_share`]).
+pub const CALM_FRACTION: f64 = 0.25;
 
 /// One member's part in an instance, measured on its own clock.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,6 +115,19 @@ struct RankSt {
     /// Blame and judged instances decayed with [`RECENT_TAU_S`] (at `at_s` too).
     recent_s: f64,
     recent_judged: f64,
+    /// The current episode: since when it has been more than calm (its recent share at least
+    /// [`CALM_FRACTION`] of the threshold), and the blame since then with its largest two
+    /// instances, decayed with `tau` like the rest.
+    episode: Episode,
+}
+
+/// Blame since a rank was last calm (see [`RankSt::episode_share`]).
+#[derive(Debug, Default)]
+struct Episode {
+    since_s: Option<f64>,
+    blame_s: f64,
+    max_obs_s: f64,
+    max2_obs_s: f64,
 }
 
 impl RankSt {
@@ -122,6 +140,9 @@ impl RankSt {
             self.blame_s *= k;
             self.max_obs_s *= k;
             self.max2_obs_s *= k;
+            self.episode.blame_s *= k;
+            self.episode.max_obs_s *= k;
+            self.episode.max2_obs_s *= k;
             self.late *= k;
             self.judged *= k;
             for v in self.per_comm.values_mut() {
@@ -152,6 +173,36 @@ impl RankSt {
         (self.blame_s - outliers).max(0.0) * self.decay_factor(now, tau) / covered
     }
 
+    /// The share of wall time others have waited for this rank since it was last calm — the
+    /// same estimate as [`RankSt::share`] over the episode only. A rank that turns slow has its
+    /// 5 s average build up over several seconds (a 7 % straggler crosses 5 % after 6 s); over
+    /// the episode its rate shows once two of its late instances were seen. Its largest
+    /// instance (two, sampled) is left out as in the share, and the window is at least half a
+    /// time constant, so a burst or two of noise after a calm spell stays small.
+    fn episode_share(&self, now: f64, tau: f64) -> f64 {
+        let Some(since) = self.episode.since_s else {
+            return 0.0;
+        };
+        let from = self.first_s.map_or(since, |f| f.max(since));
+        let covered = tau * (1.0 - (-(now - from).max(tau / 2.0) / tau).exp());
+        let e = &self.episode;
+        let outliers = e.max_obs_s + if self.sampled { e.max2_obs_s } else { 0.0 };
+        (e.blame_s - outliers).max(0.0) * self.decay_factor(now, tau) / covered
+    }
+
+    /// Calm (its recent share under [`CALM_FRACTION`] of `min_share`, judged in enough recent
+    /// instances to tell): what came before does not belong to the episode that follows.
+    fn calm_check(&mut self, now: f64, min_share: f64) {
+        let calm = self.recent_judged >= QUIET_INSTANCES
+            && self.recent_s / RECENT_TAU_S < CALM_FRACTION * min_share;
+        if calm || self.episode.since_s.is_none() {
+            self.episode = Episode {
+                since_s: Some(now),
+                ..Episode::default()
+            };
+        }
+    }
+
     fn late_now(&self, now: f64, tau: f64) -> f64 {
         self.late * self.decay_factor(now, tau)
     }
@@ -180,6 +231,7 @@ impl RankSt {
         self.max2_obs_s = 0.0;
         self.late = 0.0;
         self.first_s = Some(now);
+        self.episode = Episode::default();
         for v in self.per_comm.values_mut() {
             v.0 = 0.0;
         }
@@ -232,6 +284,16 @@ pub struct Context<'a> {
 pub struct SlowRanks {
     ranks: FastMap<i32, RankSt>,
     open: Vec<SlowOpen>,
+}
+
+/// Keeps the largest two of the values seen in `max` and `max2`.
+fn keep_largest(max: &mut f64, max2: &mut f64, s: f64) {
+    if s > *max {
+        *max2 = *max;
+        *max = s;
+    } else if s > *max2 {
+        *max2 = s;
+    }
 }
 
 /// The lower quartile (0 when empty).
@@ -342,6 +404,7 @@ impl SlowRanks {
                     .saturating_sub(already),
             );
             r.decay_to(now, t.tau_s);
+            r.calm_check(now, t.min_share);
             r.first_s.get_or_insert(now);
             r.judged += w;
             r.recent_judged += w;
@@ -366,12 +429,10 @@ impl SlowRanks {
             let s = own as f64 / 1e9 * w;
             r.blame_s += s;
             r.recent_s += s;
-            if s > r.max_obs_s {
-                r.max2_obs_s = r.max_obs_s;
-                r.max_obs_s = s;
-            } else if s > r.max2_obs_s {
-                r.max2_obs_s = s;
-            }
+            keep_largest(&mut r.max_obs_s, &mut r.max2_obs_s, s);
+            let e = &mut r.episode;
+            e.blame_s += s;
+            keep_largest(&mut e.max_obs_s, &mut e.max2_obs_s, s);
             r.late += 1.0;
             r.total_blame_s += s;
             r.total_late += 1;
@@ -476,6 +537,21 @@ impl SlowRanks {
             })
             .collect();
         shares.sort_by_key(|s| s.0);
+        // What a rank is judged on to open: its share, or while its 5 s average is still
+        // building up (past half the threshold), its share since it was last calm.
+        let firing_of: HashMap<i32, f64> = shares
+            .iter()
+            .map(|&(r, s, _)| {
+                let episode = if s >= t.min_share / 2.0 {
+                    self.ranks
+                        .get(&r)
+                        .map_or(0.0, |st| st.episode_share(now, t.tau_s))
+                } else {
+                    0.0
+                };
+                (r, s.max(episode))
+            })
+            .collect();
         // The reference is the lower quartile, not the median: with half the job slow (a slow
         // node of a 2-node job) the median rank is itself slow.
         let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
@@ -487,6 +563,7 @@ impl SlowRanks {
         let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
         let top_recent = recent_of.values().copied().fold(0.0, f64::max);
         let high = |r: i32, s: f64, late: f64| {
+            let s = firing_of.get(&r).copied().unwrap_or(s);
             s >= t.min_share
                 && s >= t.dominance * reference
                 && late >= t.min_late
@@ -570,11 +647,13 @@ impl SlowRanks {
             lows.sort_unstable();
             merge_node(&mut open, node, lows, any_high, now, &node_of);
         }
+        // The figures quoted are the ones judged on: while a rank's 5 s average still builds
+        // up, its rate since its episode began.
         for o in &mut open {
             let share = o
                 .ranks
                 .iter()
-                .map(|r| share_of.get(r).copied().unwrap_or(0.0))
+                .map(|r| firing_of.get(r).copied().unwrap_or(0.0))
                 .fold(0.0, f64::max);
             if share >= o.peak_share {
                 o.peak_share = share;
@@ -587,19 +666,25 @@ impl SlowRanks {
                 .any(|st| st.repeated(0.5));
         }
         for o in &open {
-            out.push(self.finding(o, cx, &share_of));
+            out.push(self.finding(o, cx, &share_of, &firing_of));
         }
         self.open = open;
     }
 
-    fn finding(&self, o: &SlowOpen, cx: &Context, share_of: &HashMap<i32, f64>) -> Finding {
+    fn finding(
+        &self,
+        o: &SlowOpen,
+        cx: &Context,
+        share_of: &HashMap<i32, f64>,
+        firing_of: &HashMap<i32, f64>,
+    ) -> Finding {
         let now = cx.now_s;
         let tau = cx.tuning.tau_s;
         let share = o.peak_share;
         let share_now = o
             .ranks
             .iter()
-            .map(|r| share_of.get(r).copied().unwrap_or(0.0))
+            .map(|r| firing_of.get(r).copied().unwrap_or(0.0))
             .fold(0.0, f64::max);
         let nodes: Vec<String> = o
             .ranks
@@ -815,6 +900,63 @@ mod tests {
                 }
             }
             last
+        }
+    }
+
+    /// Steps for `secs` seconds, evaluating once a second: when (seconds after the start) each
+    /// finding opened, its ranks and the share it quoted.
+    fn opened(
+        j: &mut Job,
+        secs: f64,
+        base_ms: f64,
+        extra: impl Fn(i32) -> f64,
+    ) -> Vec<(f64, Vec<i32>, f64)> {
+        let start = j.now_ns;
+        let until = start + (secs * 1e9) as u64;
+        let mut next = start + 1_000 * MS;
+        let mut seen: Vec<(f64, Vec<i32>, f64)> = vec![];
+        let mut was_open = false;
+        while j.now_ns < until {
+            j.step(base_ms, &extra);
+            if j.now_ns >= next {
+                let f = j.findings();
+                if !f.is_empty() && !was_open {
+                    let t = (j.now_ns - start) as f64 / 1e9;
+                    let share = f[0].evidence["share_of_time"].as_f64().unwrap_or(0.0);
+                    seen.push((t, f[0].ranks.clone(), share));
+                }
+                was_open = !f.is_empty();
+                next += 1_000 * MS;
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn a_straggler_just_over_the_threshold_is_named_within_seconds_of_its_onset() {
+        // 33 ms late on 500 ms steps: the others wait 6.2 % of the time. Judged on its 5 s
+        // average alone it was named 10.1 s after its onset; its share since it was last calm
+        // names it once that average is past half the threshold (4.3 s).
+        let mut j = Job::new(16, 8);
+        j.run(20.0, 500.0, |_| 0.0);
+        let seen = opened(&mut j, 20.0, 500.0, |r| if r == 5 { 33.0 } else { 0.0 });
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].1, vec![5]);
+        assert!(seen[0].0 <= 5.0, "named {:.1} s after onset", seen[0].0);
+        // It quotes the rate it was named on, not its 5 s average still on its way up.
+        assert!((0.055..0.07).contains(&seen[0].2), "{seen:?}");
+    }
+
+    #[test]
+    fn a_straggler_under_the_threshold_late_once_a_long_step_never_opens() {
+        // 75 ms late once per 2.5 s step: 2.9 % of the time. Right after each late instance
+        // its 2 s average is past 5 %, and its share since it was last calm can be too; it
+        // must never open (nor open and resolve again and again).
+        for extra in [60.0, 75.0] {
+            let mut j = Job::new(16, 8);
+            j.run(20.0, 2_500.0, |_| 0.0);
+            let seen = opened(&mut j, 60.0, 2_500.0, |r| if r == 5 { extra } else { 0.0 });
+            assert!(seen.is_empty(), "{extra} ms: {seen:?}");
         }
     }
 
