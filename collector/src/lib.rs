@@ -28,7 +28,7 @@ pub mod state;
 pub mod store;
 mod tls;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -220,6 +220,11 @@ pub struct Shared {
     pub memory: memory::MemoryBound,
     /// Agent streams that ended: logged a few a minute ([`quiet`]).
     pub streams_ended_log: Mutex<quiet::Quiet>,
+    /// Nodes whose agent stream ended without an error (the agent closed it, or its connection
+    /// went quiet), not yet logged: the next findings tick tells whether that left ranks of a
+    /// running job out of contact (a warning) or nothing anyone waits for (an agent leaving
+    /// after its jobs ended, a simulated fleet done: a line of information).
+    closed_streams: Mutex<Vec<String>>,
 }
 
 /// The ingest budget (`ingest_budget_bytes`) in KiB, at least one.
@@ -275,17 +280,50 @@ impl Shared {
 
     /// An agent's stream ended: `why` is the transport's error, if there was one.
     pub fn agent_stream_ended(&self, node: &str, why: Option<&str>, now_ns: u64) {
-        if self.contact().stream_ended(node, why, now_ns)
-            && self
-                .streams_ended_log
+        if !self.contact().stream_ended(node, why, now_ns) {
+            return;
+        }
+        match why {
+            Some(why) => self.warn_stream_ended(node, why),
+            None => self
+                .closed_streams
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .allow()
+                .push(node.to_owned()),
+        }
+    }
+
+    fn warn_stream_ended(&self, node: &str, why: &str) {
+        if self
+            .streams_ended_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow()
         {
             tracing::warn!(
-                "no stream from node {node}'s agent any more ({}): its ranks are out of contact until it reconnects",
-                why.unwrap_or("its stream ended")
+                "no stream from node {node}'s agent any more ({why}): its ranks are out of contact until it reconnects"
             );
+        }
+    }
+
+    /// Logs the streams that ended `closed` (without an error), now that the findings tick
+    /// knows which nodes of running jobs are out of contact.
+    fn tell_closed_streams(&self, closed: Vec<String>, out_of_contact: &BTreeSet<String>) {
+        let (warn, quiet): (Vec<String>, Vec<String>) =
+            closed.into_iter().partition(|n| out_of_contact.contains(n));
+        for n in &warn {
+            self.warn_stream_ended(n, "its stream ended");
+        }
+        match quiet.len() {
+            0 => {}
+            1 => tracing::info!(
+                "no stream from node {}'s agent any more (its stream ended); no running rank of a job is on it",
+                quiet[0]
+            ),
+            k => tracing::info!(
+                "no stream from {k} nodes' agents any more (e.g. {}: their streams ended); no running rank of a job is on them",
+                quiet[0]
+            ),
         }
     }
 
@@ -484,6 +522,7 @@ pub async fn start(config: Config) -> Result<Running> {
         ingest_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib(&config))),
         memory: memory::MemoryBound::new(config.memory_limit.unwrap_or_else(memory::default_limit)),
         streams_ended_log: Mutex::new(quiet::Quiet::new("agent streams ended")),
+        closed_streams: Mutex::new(Vec::new()),
         peers: peers::Peers::new(
             config.peers.clone(),
             config.auth_token.clone(),
@@ -738,13 +777,19 @@ const EVAL_SPACING: u32 = 4;
 
 /// Re-evaluates every job's findings; logs what opened and resolved.
 fn findings_tick(sh: &Shared) {
+    // Streams closed before the copy below are in it.
+    let closed = std::mem::take(&mut *sh.closed_streams.lock().unwrap_or_else(|p| p.into_inner()));
     // A copy: ingest updates the nodes' contact on every batch, the evaluation takes a while.
     let contact = sh.contact().clone();
-    let changes = {
+    let (changes, out_of_contact) = {
         let mut engine = sh.findings.lock().unwrap_or_else(|p| p.into_inner());
         engine.overload = sh.memory.overload();
-        engine.tick(&sh.state, &contact)
+        let changes = engine.tick(&sh.state, &contact);
+        (changes, engine.standing().out_of_contact)
     };
+    if !closed.is_empty() {
+        sh.tell_closed_streams(closed, &out_of_contact);
+    }
     for c in &changes {
         match c {
             findings::Change::Opened(f) => {
