@@ -292,6 +292,23 @@ fn a_live_hang_is_found_within_ten_seconds_and_resolves_when_the_job_ends() {
     assert_eq!(finding["kind"], "hang", "{finding}");
     assert_eq!(finding["ranks"], serde_json::json!([2]));
     assert_eq!(finding["class"], "non-communication-hang");
+    // A victim is a rank that has waited past the hang floor: on a loaded machine one that
+    // entered a moment after the first crosses it an evaluation (a second) later.
+    let id = finding["id"].as_str().expect("id").to_owned();
+    let finding = wait("every victim named", Duration::from_secs(5), || {
+        let (_, body) = svc.get("/api/v1/findings?job=live-hang&state=open");
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["findings"]
+            .as_array()?
+            .iter()
+            .find(|f| {
+                f["id"] == id.as_str()
+                    && f["evidence"]["victims"]
+                        .as_array()
+                        .is_some_and(|v| v.len() == 3)
+            })
+            .cloned()
+    });
     assert_eq!(finding["evidence"]["victims"], serde_json::json!([0, 1, 3]));
     let summary = finding["summary"].as_str().expect("summary");
     assert!(
