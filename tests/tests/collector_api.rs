@@ -335,17 +335,20 @@ fn a_live_hang_is_found_within_ten_seconds_and_resolves_when_the_job_ends() {
     assert!(log.contains("opened: live-hang hang: rank 2"), "{log}");
 }
 
+/// Whether the collector's `agent_connected` gauge of `node` reads `v`.
+fn agent_connected(s: &Services, node: &str, v: u8) -> bool {
+    let (_, body) = s.get("/metrics");
+    body.lines()
+        .any(|l| l == format!("commscope_collector_agent_connected{{node=\"{node}\"}} {v}"))
+}
+
 /// An agent that closes its stream with no job running on its node (a node drained, a fleet
 /// done) leaves nobody out of contact: the collector says so in a line of information, with no
 /// warning that ranks are out of contact.
 #[test]
 fn an_agent_leaving_with_no_running_job_is_no_warning() {
     let mut s = Services::start("node-bye", &[], &[]);
-    let connected = |s: &Services, v: u8| {
-        let (_, body) = s.get("/metrics");
-        body.lines()
-            .any(|l| l == format!("commscope_collector_agent_connected{{node=\"node-bye\"}} {v}"))
-    };
+    let connected = |s: &Services, v: u8| agent_connected(s, "node-bye", v);
     wait("the agent's stream", Duration::from_secs(20), || {
         connected(&s, 1).then_some(())
     });
@@ -368,11 +371,7 @@ fn an_agent_leaving_with_no_running_job_is_no_warning() {
 #[test]
 fn a_silent_agent_is_lost_contact_within_seconds() {
     let mut s = Services::start("node-lost", &[], &[]);
-    let gauge = |s: &Services, v: u8| {
-        let (_, body) = s.get("/metrics");
-        body.lines()
-            .any(|l| l == format!("commscope_collector_agent_connected{{node=\"node-lost\"}} {v}"))
-    };
+    let gauge = |s: &Services, v: u8| agent_connected(s, "node-lost", v);
     wait("the agent's stream", Duration::from_secs(20), || {
         gauge(&s, 1).then_some(())
     });
