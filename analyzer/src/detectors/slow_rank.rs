@@ -163,31 +163,46 @@ impl RankSt {
 
     /// The share of wall time others wait for this rank, at `now`.
     fn share(&self, now: f64, tau: f64) -> f64 {
-        // The decayed sum over a history shorter than a few time constants covers less time:
-        // divide by the time it does cover (bias correction), at least half a time constant.
-        let covered = match self.first_s {
+        self.rate(
+            (self.blame_s, self.max_obs_s, self.max2_obs_s),
+            self.first_s,
+            now,
+            tau,
+        )
+    }
+
+    /// Decayed `blame` (with its largest two instances) as a share of the time since `from`:
+    /// the decayed sum over a history shorter than a few time constants covers less time, so it
+    /// is divided by the time it does cover (bias correction), at least half a time constant.
+    /// The largest instance (two, sampled) is left out: one hiccup is never a slow rank.
+    fn rate(
+        &self,
+        (blame, max, max2): (f64, f64, f64),
+        from: Option<f64>,
+        now: f64,
+        tau: f64,
+    ) -> f64 {
+        let covered = match from {
             Some(f) => tau * (1.0 - (-(now - f).max(tau / 2.0) / tau).exp()),
             None => tau,
         };
-        let outliers = self.max_obs_s + if self.sampled { self.max2_obs_s } else { 0.0 };
-        (self.blame_s - outliers).max(0.0) * self.decay_factor(now, tau) / covered
+        let outliers = max + if self.sampled { max2 } else { 0.0 };
+        (blame - outliers).max(0.0) * self.decay_factor(now, tau) / covered
     }
 
     /// The share of wall time others have waited for this rank since it was last calm — the
     /// same estimate as [`RankSt::share`] over the episode only. A rank that turns slow has its
     /// 5 s average build up over several seconds (a 7 % straggler crosses 5 % after 6 s); over
-    /// the episode its rate shows once two of its late instances were seen. Its largest
-    /// instance (two, sampled) is left out as in the share, and the window is at least half a
-    /// time constant, so a burst or two of noise after a calm spell stays small.
+    /// the episode its rate shows once two of its late instances were seen. As in the share,
+    /// the largest instance is left out and the window is at least half a time constant, so a
+    /// burst or two of noise after a calm spell stays small. (An episode never starts before
+    /// the rank was first judged.)
     fn episode_share(&self, now: f64, tau: f64) -> f64 {
-        let Some(since) = self.episode.since_s else {
-            return 0.0;
-        };
-        let from = self.first_s.map_or(since, |f| f.max(since));
-        let covered = tau * (1.0 - (-(now - from).max(tau / 2.0) / tau).exp());
         let e = &self.episode;
-        let outliers = e.max_obs_s + if self.sampled { e.max2_obs_s } else { 0.0 };
-        (e.blame_s - outliers).max(0.0) * self.decay_factor(now, tau) / covered
+        match e.since_s {
+            Some(_) => self.rate((e.blame_s, e.max_obs_s, e.max2_obs_s), e.since_s, now, tau),
+            None => 0.0,
+        }
     }
 
     /// Calm (its recent share under [`CALM_FRACTION`] of `min_share`, judged in enough recent
