@@ -52,6 +52,9 @@ pub const QUIET_INSTANCES: f64 = 3.0;
 /// A rank whose recent share is under this fraction of `min_share` is calm: a slow episode
 /// starts after it (see [`RankSt::episode_share`]).
 pub const CALM_FRACTION: f64 = 0.25;
+/// Where a rank's calls are sampled, its share must stand this many standard errors of the
+/// sampling above the threshold to open (see [`RankSt::sampling_error`]).
+pub const SAMPLING_Z: f64 = 1.5;
 
 /// One member's part in an instance, measured on its own clock.
 #[derive(Clone, Copy, Debug, Default)]
@@ -102,6 +105,9 @@ struct RankSt {
     /// modulus) the second largest too.
     max_obs_s: f64,
     max2_obs_s: f64,
+    /// The variance that sampling adds to `blame_s` (s², decayed with twice the rate): zero
+    /// where every instance is seen.
+    sampling_var_s2: f64,
     late: f64,
     judged: f64,
     at_s: f64,
@@ -140,6 +146,7 @@ impl RankSt {
             self.blame_s *= k;
             self.max_obs_s *= k;
             self.max2_obs_s *= k;
+            self.sampling_var_s2 *= k * k;
             self.episode.blame_s *= k;
             self.episode.max_obs_s *= k;
             self.episode.max2_obs_s *= k;
@@ -182,12 +189,19 @@ impl RankSt {
         now: f64,
         tau: f64,
     ) -> f64 {
-        let covered = match from {
-            Some(f) => tau * (1.0 - (-(now - f).max(tau / 2.0) / tau).exp()),
-            None => tau,
-        };
         let outliers = max + if self.sampled { max2 } else { 0.0 };
-        (blame - outliers).max(0.0) * self.decay_factor(now, tau) / covered
+        (blame - outliers).max(0.0) * self.decay_factor(now, tau) / covered(from, now, tau)
+    }
+
+    /// The standard error that sampling adds to [`RankSt::share`]. An instance kept with
+    /// probability `1/w` and counted `w` times has a blame of `s = w·own`; the sum of such
+    /// has the variance `Σ own²·w·(w − 1)`, estimated by `Σ s²·(1 − 1/w)` over the instances
+    /// kept. In a healthy job whose ranks all share a few percent, the few instances of a
+    /// 5 s window at 1 in 8 put a rank over the threshold now and then; this keeps it there
+    /// only when the evidence is many times the noise of the sampling.
+    fn sampling_error(&self, now: f64, tau: f64) -> f64 {
+        let k = self.decay_factor(now, tau);
+        self.sampling_var_s2.max(0.0).sqrt() * k / covered(self.first_s, now, tau)
     }
 
     /// The share of wall time others have waited for this rank since it was last calm — the
@@ -244,6 +258,7 @@ impl RankSt {
         self.blame_s = 0.0;
         self.max_obs_s = 0.0;
         self.max2_obs_s = 0.0;
+        self.sampling_var_s2 = 0.0;
         self.late = 0.0;
         self.first_s = Some(now);
         self.episode = Episode::default();
@@ -299,6 +314,15 @@ pub struct Context<'a> {
 pub struct SlowRanks {
     ranks: FastMap<i32, RankSt>,
     open: Vec<SlowOpen>,
+}
+
+/// The time a decayed sum since `from` covers: over a history shorter than a few time
+/// constants, less than `tau` (bias correction), but at least half a time constant.
+fn covered(from: Option<f64>, now: f64, tau: f64) -> f64 {
+    match from {
+        Some(f) => tau * (1.0 - (-(now - f).max(tau / 2.0) / tau).exp()),
+        None => tau,
+    }
 }
 
 /// Keeps the largest two of the values seen in `max` and `max2`.
@@ -444,6 +468,7 @@ impl SlowRanks {
             let s = own as f64 / 1e9 * w;
             r.blame_s += s;
             r.recent_s += s;
+            r.sampling_var_s2 += s * s * (1.0 - 1.0 / w);
             keep_largest(&mut r.max_obs_s, &mut r.max2_obs_s, s);
             let e = &mut r.episode;
             e.blame_s += s;
@@ -582,10 +607,18 @@ impl SlowRanks {
         // (its 5 s average lags), the noise around it is already told apart.
         let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
         let top_recent = recent_of.values().copied().fold(0.0, f64::max);
+        // Where calls are sampled, the share less its sampling noise must pass.
+        let noise_of: HashMap<i32, f64> = self
+            .ranks
+            .iter()
+            .filter(|(_, st)| st.sampled)
+            .map(|(r, st)| (*r, SAMPLING_Z * st.sampling_error(now, t.tau_s)))
+            .collect();
         let high = |r: i32, s: f64, late: f64| {
             let s = firing_of.get(&r).copied().unwrap_or(s);
-            s >= t.min_share
-                && s >= t.dominance * reference
+            let sure = s - noise_of.get(&r).copied().unwrap_or(0.0);
+            sure >= t.min_share
+                && sure >= t.dominance * reference
                 && late >= t.min_late
                 && 3.0 * s >= top
                 && recent_of.get(&r).is_none_or(|x| 3.0 * x >= top_recent)
@@ -847,6 +880,10 @@ mod tests {
         t: Vec<u64>,
         now_ns: u64,
         tuning: Tuning,
+        /// Consistent sampling: only every `modulus`-th instance is seen, weighted by it,
+        /// with its compute measured by the agent.
+        modulus: u32,
+        k: u64,
     }
 
     impl Job {
@@ -857,6 +894,15 @@ mod tests {
                 t: vec![0; n as usize],
                 now_ns: 0,
                 tuning: Tuning::default(),
+                modulus: 1,
+                k: 0,
+            }
+        }
+
+        fn sampled(n: i32, per_node: i32, modulus: u32) -> Job {
+            Job {
+                modulus,
+                ..Job::new(n, per_node)
             }
         }
 
@@ -868,23 +914,34 @@ mod tests {
                 .map(|r| self.now_ns + ((base_ms + extra(r)) * MS as f64) as u64)
                 .collect();
             let end = arrive.iter().max().copied().unwrap_or(0) + MS;
-            let members: Vec<Member> = (0..n)
-                .map(|r| {
-                    self.det.call(&CallTimes {
-                        rank: r,
-                        comm: WORLD,
-                        start_ns: arrive[r as usize],
-                        end_ns: end,
-                        blocking: true,
-                        sampled: false,
-                        agent_compute_ns: None,
+            let sampled = self.modulus > 1;
+            let kept = self.k.is_multiple_of(u64::from(self.modulus));
+            self.k += 1;
+            if kept {
+                let members: Vec<Member> = (0..n)
+                    .map(|r| {
+                        self.det.call(&CallTimes {
+                            rank: r,
+                            comm: WORLD,
+                            start_ns: arrive[r as usize],
+                            end_ns: end,
+                            blocking: true,
+                            sampled,
+                            agent_compute_ns: sampled
+                                .then(|| arrive[r as usize] - self.t[r as usize]),
+                        })
                     })
-                })
-                .collect();
+                    .collect();
+                self.det.judge(
+                    WORLD,
+                    &members,
+                    self.modulus,
+                    end as f64 / 1e9,
+                    &self.tuning,
+                );
+            }
             self.now_ns = end;
             self.t.iter_mut().for_each(|t| *t = end);
-            self.det
-                .judge(WORLD, &members, 1, end as f64 / 1e9, &self.tuning);
         }
 
         fn steps(&mut self, k: usize, base_ms: f64, extra: impl Fn(i32) -> f64) {
@@ -1004,6 +1061,23 @@ mod tests {
             jitter(r, k.get(), 2.0).abs()
         });
         assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn a_straggler_sampled_one_in_eight_is_named() {
+        let mut j = Job::sampled(32, 8, 8);
+        let k = std::cell::Cell::new(0u64);
+        let noise = |r: i32| {
+            k.set(k.get() + 1);
+            jitter(r, k.get(), 1.6).abs()
+        };
+        j.run(10.0, 20.0, noise);
+        let seen = opened(&mut j, 20.0, 20.0, |r| {
+            noise(r) + if r == 13 { 4.0 } else { 0.0 }
+        });
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].1, vec![13]);
+        assert!(seen[0].0 <= 8.0, "named {:.1} s after onset", seen[0].0);
     }
 
     #[test]
