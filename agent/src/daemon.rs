@@ -426,6 +426,7 @@ pub async fn start(cfg: Config) -> Result<Running> {
                 tx: None,
                 disconnected_since: Some(Instant::now()),
                 clock: ClockEstimate::default(),
+                hello_sent_ns: None,
                 unacked: 0,
             })
             .collect(),
@@ -464,8 +465,8 @@ pub async fn start(cfg: Config) -> Result<Running> {
 
 enum Event {
     Registered(Box<Registered>),
-    /// Replica `.0`'s stream opened, closed, or answered.
-    Connected(usize, mpsc::Sender<IngestRequest>),
+    /// Replica `.0`'s stream opened (its hello sent at `.2`), closed, or answered.
+    Connected(usize, mpsc::Sender<IngestRequest>, u64),
     Ack(usize, IngestAck, u64),
     Disconnected(usize, String),
     /// A registered process ended (and how, when the kernel said).
@@ -483,7 +484,7 @@ impl From<crate::uplink::Link> for Event {
     fn from(l: crate::uplink::Link) -> Event {
         use crate::uplink::Link;
         match l {
-            Link::Connected(r, tx) => Event::Connected(r, tx),
+            Link::Connected(r, tx, hello) => Event::Connected(r, tx, hello),
             Link::Ack(r, a, t) => Event::Ack(r, a, t),
             Link::Disconnected(r, why) => Event::Disconnected(r, why),
         }
@@ -571,6 +572,8 @@ struct Link {
     disconnected_since: Option<Instant>,
     /// This agent's clock against that collector's.
     clock: ClockEstimate,
+    /// When the current stream's hello left (realtime ns), until its acknowledgement came.
+    hello_sent_ns: Option<u64>,
     /// Batches sent to it and not yet answered.
     unacked: usize,
 }
@@ -679,8 +682,9 @@ impl Pump {
     async fn event(&mut self, e: Event) {
         match e {
             Event::Registered(r) => self.register(*r),
-            Event::Connected(r, tx) => {
+            Event::Connected(r, tx, hello_ns) => {
                 let l = &mut self.links[r];
+                l.hello_sent_ns = Some(hello_ns);
                 if let Some(since) = l.disconnected_since.take() {
                     tracing::info!(
                         "connected to the collector {} (after {:.1} s without)",
@@ -1415,6 +1419,16 @@ impl Pump {
         if ack.rates_update {
             // Not an acknowledgement: the sampling rates of this node's communicators.
             self.set_rates(&ack.rates);
+            return;
+        }
+        if ack.batch_id == 0 {
+            // The hello's acknowledgement: the first clock sample, so that even the stream's
+            // first batch (a short job's only one) carries the node's alignment.
+            if let Some(t1) = self.links[r].hello_sent_ns.take() {
+                self.links[r]
+                    .clock
+                    .sample(t1, ack.collector_recv_ns, ack.collector_send_ns, t4);
+            }
             return;
         }
         let Some((out, t1, sent_to)) = self.pending.remove(&ack.batch_id) else {

@@ -15,8 +15,9 @@ use crate::daemon::{now_real, stop_requested, stopped};
 /// What a stream to replica `.0` did.
 #[derive(Debug)]
 pub enum Link {
-    /// It opened (the hello sent): requests go through this sender until it ends.
-    Connected(usize, mpsc::Sender<IngestRequest>),
+    /// It opened (the hello sent, at `.2`, realtime ns): requests go through this sender until
+    /// it ends.
+    Connected(usize, mpsc::Sender<IngestRequest>, u64),
     /// The collector answered a request (and when the answer came, realtime ns).
     Ack(usize, IngestAck, u64),
     /// It ended, or could not be opened: why.
@@ -124,9 +125,10 @@ pub async fn run<E: From<Link> + Send + 'static>(
             .max_decoding_message_size(16 << 20)
             .max_encoding_message_size(64 << 20);
             let (tx, rx) = mpsc::channel::<IngestRequest>(1024);
+            let hello_ns = now_real();
             tx.send(IngestRequest {
                 batch_id: 0,
-                agent_send_ns: now_real(),
+                agent_send_ns: hello_ns,
                 payload: Some(Payload::Hello(AgentHello {
                     node: node.clone(),
                     agent_version: env!("CARGO_PKG_VERSION").into(),
@@ -154,9 +156,9 @@ pub async fn run<E: From<Link> + Send + 'static>(
                         format!("the collector refused the stream: {why}")
                     }
                 })?;
-            Ok::<_, String>((tx, resp.into_inner()))
+            Ok::<_, String>((tx, resp.into_inner(), hello_ns))
         };
-        let (tx, mut acks) = match attempt.await {
+        let (tx, mut acks, hello_ns) = match attempt.await {
             Ok(x) => x,
             Err(e) => {
                 // Each distinct failure once (it retries every few seconds): a refusal of the
@@ -182,7 +184,7 @@ pub async fn run<E: From<Link> + Send + 'static>(
         backoff = Duration::from_millis(100);
         logged.clear();
         if events
-            .send(E::from(Link::Connected(replica, tx)))
+            .send(E::from(Link::Connected(replica, tx, hello_ns)))
             .await
             .is_err()
         {

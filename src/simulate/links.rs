@@ -113,7 +113,7 @@ impl State {
 
     fn on_link(&mut self, l: Link, rates: &mpsc::UnboundedSender<RatesMsg>) {
         match l {
-            Link::Connected(n, tx) => {
+            Link::Connected(n, tx, _) => {
                 let node = &mut self.nodes[n];
                 if node.connected_once {
                     self.totals.reconnects += 1;

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use commscope_tests::prometheus::Prometheus;
-use commscope_tests::services::{Services, run_with_agent};
+use commscope_tests::services::{Services, http_get, metric, run_with_agent};
 use commscope_tests::{Flavour, assert_ok, build, launch, load_job, wait};
 use commscope_wire::grpc::query_client::QueryClient;
 use commscope_wire::grpc::{GetJobRequest, ListJobsRequest, WatchRequest};
@@ -255,7 +255,7 @@ fn prometheus_scrapes_the_collector_and_the_agent() {
         query("commscope_agent_collector_connected{node=\"node-p\"}"),
         Some(1.0)
     );
-    // The node's clock alignment arrives with the batch after the agent's first estimate.
+    // The node's clock alignment comes with every batch: the agent has it from the hello's answer.
     let err = wait("the node's clock error", Duration::from_secs(30), || {
         query("commscope_node_clock_error_seconds{node=\"node-p\"}")
     });
@@ -264,6 +264,49 @@ fn prometheus_scrapes_the_collector_and_the_agent() {
         "sum(commscope_collective_duration_seconds_count{job_id=\"prom-job\",op=\"allreduce\"})",
     );
     assert_eq!(hist, Some(400.0));
+}
+
+/// The agent knows its clock against the collector's from the hello's answer, before it sends
+/// any record: a short job whose records all go in the stream's first batches (sent together,
+/// before any acknowledgement) still carries the node's alignment.
+#[test]
+fn the_nodes_clock_is_known_from_the_hello_and_a_short_job_carries_it() {
+    let svc = Services::start("node-c", &[], &[]);
+    let (_, body) = wait(
+        "the agent's clock estimate, with no record sent",
+        Duration::from_secs(10),
+        || {
+            let (code, body) = http_get(svc.agent_http, "/metrics");
+            (code == 200 && body.contains("commscope_agent_clock_error_seconds{"))
+                .then_some((code, body))
+        },
+    );
+    assert_eq!(
+        metric(svc.agent_http, "commscope_agent_batches_sent_total"),
+        0.0,
+        "{body}"
+    );
+    let err = metric(svc.agent_http, "commscope_agent_clock_error_seconds");
+    assert!(err > 0.0 && err < 0.05, "clock error on loopback: {err} s");
+    let basic = build(Flavour::OpenMpi, "basic");
+    let out = run_with_agent(
+        &svc.socket,
+        "short-job",
+        &launch(Flavour::OpenMpi, 2, &basic, &["1"]),
+        &[],
+    );
+    assert_ok(&out, "job");
+    let j = svc.wait_job_ended("short-job", Duration::from_secs(60));
+    let procs = j["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 2, "{j:#}");
+    for p in procs {
+        let err = p["clock_error_ns"].as_u64();
+        assert!(
+            err.is_some_and(|e| e < 50_000_000),
+            "rank {} without the node's clock (error {err:?} ns): {p:#}",
+            p["rank"]
+        );
+    }
 }
 
 #[test]
