@@ -59,6 +59,8 @@ struct Node {
     why: Option<String>,
     /// Its collector takes a node's records in one message (its hello's answer said so).
     node_records: bool,
+    /// Its stream was closed from this side at the end, and has not ended yet.
+    closing: bool,
 }
 
 struct State {
@@ -68,6 +70,8 @@ struct State {
     totals: Totals,
     /// Streams that ended (the first few are logged).
     disconnects: u64,
+    /// The run is over: streams are closed as they open.
+    closing: bool,
 }
 
 impl State {
@@ -115,6 +119,11 @@ impl State {
         match l {
             Link::Connected(n, tx, _) => {
                 let node = &mut self.nodes[n];
+                if self.closing {
+                    // Opened again as the run ends: closed at once (the sender dropped).
+                    node.closing = true;
+                    return;
+                }
                 if node.connected_once {
                     self.totals.reconnects += 1;
                 }
@@ -167,6 +176,7 @@ impl State {
             }
             Link::Disconnected(n, why) => {
                 let node = &mut self.nodes[n];
+                node.closing = false;
                 if node.tx.take().is_some() {
                     self.disconnects += 1;
                     if self.disconnects <= LOGGED_DISCONNECTS {
@@ -178,6 +188,9 @@ impl State {
         }
     }
 }
+
+/// How long the streams closed at the end may take to end.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every simulated node's stream.
 pub struct Links {
@@ -215,6 +228,7 @@ impl Links {
             held_bytes: 0,
             totals: Totals::default(),
             disconnects: 0,
+            closing: false,
         }));
         let st = state.clone();
         tokio::spawn(async move {
@@ -312,8 +326,10 @@ impl Links {
     }
 
     /// Waits until every record batch is acknowledged — through collector restarts, giving up
-    /// only once `stall` passes without an acknowledgement; then closes the streams. Returns
-    /// the totals (`unacked`: batches never acknowledged).
+    /// only once `stall` passes without an acknowledgement; then closes the streams as an agent
+    /// that leaves would, each ending its requests and waiting (2 s at most) for the collector
+    /// to end its answers: a stream cut off instead reads as an error there. Returns the totals
+    /// (`unacked`: batches never acknowledged).
     pub async fn finish(self, stall: Duration) -> Totals {
         let mut last = (Instant::now(), 0u64);
         loop {
@@ -332,6 +348,17 @@ impl Links {
             }
             self.flush();
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        {
+            let mut s = lock(&self.state);
+            s.closing = true;
+            for node in &mut s.nodes {
+                node.closing = node.tx.take().is_some();
+            }
+        }
+        let t = Instant::now();
+        while t.elapsed() < CLOSE_WAIT && lock(&self.state).nodes.iter().any(|n| n.closing) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.stop.send(true);
         let s = lock(&self.state);

@@ -99,6 +99,18 @@ fn only_the_hang(svc: &Services, job: &str, when: &str) -> serde_json::Value {
     f.clone()
 }
 
+/// The collector's log lines of streams that ended with an error: none, when the simulated
+/// agents leave as real ones do, closing their streams.
+fn stream_errors(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| {
+            l.contains("no stream from")
+                && !l.contains("(its stream ended)")
+                && !l.contains("their streams ended)")
+        })
+        .collect()
+}
+
 #[test]
 fn a_hang_stays_named_when_its_agents_leave_and_through_a_collector_restart() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
@@ -118,6 +130,9 @@ fn a_hang_stays_named_when_its_agents_leave_and_through_a_collector_restart() {
     // is said of the job.
     std::thread::sleep(Duration::from_secs(3));
     let f = only_the_hang(&svc, job, "after the agents left");
+    let log = svc.collector().log();
+    assert_eq!(stream_errors(&log), Vec::<&str>::new());
+    assert!(log.contains("(its stream ended)"), "{log}");
     assert_eq!(f["evidence"]["contact"]["held"], true, "{f:#}");
     assert!(
         f["evidence"]["contact"]["out_of_contact"]
@@ -199,6 +214,8 @@ fn a_collector_restarted_under_a_running_job_raises_no_false_finding() {
         show(&found)
     );
     assert!(!found.is_empty(), "the straggler is named\n{out}");
+    // Its 128 streams to the restarted collector end as the run does, each closed.
+    assert_eq!(stream_errors(&svc.collector().log()), Vec::<&str>::new());
     assert!(
         !out.contains("EXTRA"),
         "simulate saw no other finding:\n{out}"
