@@ -204,6 +204,20 @@ async fn the_query_service_lists_details_and_streams_jobs() {
     assert_eq!(missing.code(), tonic::Code::NotFound);
 }
 
+/// Runs the `basic` program (Open MPI, `ranks` ranks, `iters` all-reduces each) through the
+/// services' agent as `job`; the job's detail once the collector has it ended.
+fn run_basic(svc: &Services, job: &str, ranks: u32, iters: &str) -> serde_json::Value {
+    let basic = build(Flavour::OpenMpi, "basic");
+    let out = run_with_agent(
+        &svc.socket,
+        job,
+        &launch(Flavour::OpenMpi, ranks, &basic, &[iters]),
+        &[],
+    );
+    assert_ok(&out, "job");
+    svc.wait_job_ended(job, Duration::from_secs(60))
+}
+
 /// Real Prometheus (the Debian package), started on loopback, scrapes the collector and the
 /// agent; the stored series agree with what the job did.
 #[test]
@@ -216,15 +230,7 @@ fn prometheus_scrapes_the_collector_and_the_agent() {
         &[],
     );
 
-    let basic = build(Flavour::OpenMpi, "basic");
-    let out = run_with_agent(
-        &svc.socket,
-        "prom-job",
-        &launch(Flavour::OpenMpi, 4, &basic, &["100"]),
-        &[],
-    );
-    assert_ok(&out, "job");
-    let api = svc.wait_job_ended("prom-job", Duration::from_secs(60));
+    let api = run_basic(&svc, "prom-job", 4, "100");
     let records = api["records"].as_u64().expect("records");
     let query = |q: &str| prom.sum(q);
     // Wait until Prometheus has scraped the final values.
@@ -288,15 +294,7 @@ fn the_nodes_clock_is_known_from_the_hello_and_a_short_job_carries_it() {
     );
     let err = metric(svc.agent_http, "commscope_agent_clock_error_seconds");
     assert!(err > 0.0 && err < 0.05, "clock error on loopback: {err} s");
-    let basic = build(Flavour::OpenMpi, "basic");
-    let out = run_with_agent(
-        &svc.socket,
-        "short-job",
-        &launch(Flavour::OpenMpi, 2, &basic, &["1"]),
-        &[],
-    );
-    assert_ok(&out, "job");
-    let j = svc.wait_job_ended("short-job", Duration::from_secs(60));
+    let j = run_basic(&svc, "short-job", 2, "1");
     let procs = j["processes"].as_array().expect("processes");
     assert_eq!(procs.len(), 2, "{j:#}");
     for p in procs {
