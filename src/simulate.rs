@@ -204,7 +204,12 @@ fn run_in_virtual_time(a: &SimulateArgs, mut spec: Spec) -> Result<ExitCode> {
         }
         for f in &hidden {
             let t = f.token();
-            if f.is_slow() {
+            if matches!(f, Fault::Degraded { .. }) {
+                println!(
+                    "{t}: not expected (it acted in fewer than {MIN_SLOW_STEPS} steps, or for less than the {:.0} s a degraded collective must last to be reported, before the job stopped)",
+                    commscope_analyzer::stream::Tuning::default().degraded_sustain_s
+                );
+            } else if f.is_slow() {
                 println!(
                     "{t}: not expected (it acted in fewer than {MIN_SLOW_STEPS} steps before the job stopped)"
                 );

@@ -52,6 +52,10 @@ pub struct Tuning {
     /// Degraded below this fraction of the baseline; recovered above `recover_ratio`.
     pub degraded_ratio: f64,
     pub recover_ratio: f64,
+    /// A degraded collective is reported once it has been degraded this long (s) and over at
+    /// least `window` instances since: bursts of CPU contention on a node, another job's
+    /// traffic for a moment, halve a collective's bandwidth for a second.
+    pub degraded_sustain_s: f64,
     /// Smallest message whose bandwidth is judged.
     pub degraded_min_bytes: u64,
     /// Instances waiting for their members, at most (oldest dropped and counted).
@@ -70,6 +74,7 @@ impl Default for Tuning {
             window: 5,
             degraded_ratio: 0.5,
             recover_ratio: 0.75,
+            degraded_sustain_s: 5.0,
             degraded_min_bytes: 256 << 10,
             max_pending: 65_536,
         }

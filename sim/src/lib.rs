@@ -1391,9 +1391,9 @@ impl Sim {
         self.state.iter().all(|s| *s == RankState::Running)
     }
 
-    /// Steps a slow fault acted in: from its start to the last step every rank completed;
-    /// `None` for other faults.
-    fn slow_steps(&self, f: &Fault) -> Option<u64> {
+    /// How long a slow fault acted: steps from its start to the last step every rank
+    /// completed, and the seconds those steps took; `None` for other faults.
+    fn slow_acted(&self, f: &Fault) -> Option<(u64, f64)> {
         if !f.is_slow() {
             return None;
         }
@@ -1403,19 +1403,45 @@ impl Sim {
         } else {
             self.step
         };
-        Some(done.saturating_sub(f.start(self.spec.onset_step)))
+        let start = f.start(self.spec.onset_step);
+        let steps = done.saturating_sub(start);
+        let at = |step: u64| {
+            self.step_began
+                .get(step as usize)
+                .copied()
+                .unwrap_or_else(|| self.now())
+        };
+        let secs = at(done).saturating_sub(at(start)) as f64 / 1e9;
+        Some((steps, if steps == 0 { 0.0 } else { secs }))
     }
 
-    /// Slow faults that acted in [`MIN_SLOW_STEPS`] steps but fewer than [`SURE_SLOW_STEPS`]:
-    /// they may or may not be told from noise.
+    /// Whether a slow fault acted long enough to be seen: `Some(true)` surely, `Some(false)`
+    /// maybe (it may or may not be told from noise), `None` not; `Some(true)` for other
+    /// faults. A slow fault needs [`SURE_SLOW_STEPS`] steps; a degradation also needs the
+    /// degraded-collective detector's sustain time and [`DEGRADED_MARGIN_S`] more (a burst of
+    /// contention is not a slow transport).
+    fn seen(&self, f: &Fault) -> Option<bool> {
+        let Some((steps, secs)) = self.slow_acted(f) else {
+            return Some(true);
+        };
+        let sustain = commscope_analyzer::stream::Tuning::default().degraded_sustain_s;
+        let (sure_s, min_s) = match f {
+            Fault::Degraded { .. } => (sustain + DEGRADED_MARGIN_S, sustain),
+            _ => (0.0, 0.0),
+        };
+        if steps < MIN_SLOW_STEPS || secs < min_s {
+            None
+        } else {
+            Some(steps >= SURE_SLOW_STEPS && secs >= sure_s)
+        }
+    }
+
+    /// Slow faults that acted, but only briefly: they may or may not be told from noise.
     pub fn borderline_faults(&self) -> Vec<Fault> {
         self.spec
             .faults
             .iter()
-            .filter(|f| {
-                self.slow_steps(f)
-                    .is_some_and(|n| (MIN_SLOW_STEPS..SURE_SLOW_STEPS).contains(&n))
-            })
+            .filter(|f| self.seen(f) == Some(false))
             .cloned()
             .collect()
     }
@@ -1427,7 +1453,7 @@ impl Sim {
             .faults
             .iter()
             .zip(&self.struck)
-            .filter(|(f, _)| self.slow_steps(f).is_none_or(|n| n >= SURE_SLOW_STEPS))
+            .filter(|(f, _)| self.seen(f) == Some(true))
             .filter(|(f, s)| match f {
                 // A stopped rank nobody came to wait for hangs nothing.
                 Fault::Hang { rank, .. } => **s && self.waited_on[*rank as usize],
@@ -1565,8 +1591,13 @@ pub const PORT_MBPS: u64 = 400_000;
 /// A slow fault that acted in fewer steps than this before the job stopped (or ended) was
 /// not there long enough to be seen: it is not expected.
 pub const MIN_SLOW_STEPS: u64 = 4;
-/// From this many steps on it is expected; in between it may or may not be found.
-pub const SURE_SLOW_STEPS: u64 = 5;
+/// From this many steps on it is expected; in between it may or may not be found (slow-rank
+/// weighs how steady its evidence is: a straggler's first few steps mix its late instances
+/// with the ones its waiting peers pass on time).
+pub const SURE_SLOW_STEPS: u64 = 6;
+/// A degradation that held this much longer than the detector's sustain time is expected
+/// (the window of instances, and the collector's evaluation once a second).
+pub const DEGRADED_MARGIN_S: f64 = 2.0;
 
 /// What a simulated job's faults did: those that took effect, and those that may or may not
 /// be seen (a slow fault that acted only briefly).

@@ -97,12 +97,31 @@ fn every_fault_token_is_localized_exactly() {
         "stall:11",
         "teardown:30:10",
         "freeze:45:12",
-        "flaky:9:3",
+        // Slow every other step: a rank slow one step in three at 1.5x costs the others
+        // about 6 % of the time, too close to the 5 % threshold for evidence that uneven.
+        "flaky:9:2",
     ]
     .into_iter()
     .enumerate()
     {
-        exact(&[token], job(64, 0, 0, 100 + i as u64));
+        let spec = job(64, 0, 0, 100 + i as u64);
+        let spec = if token == "degraded" {
+            long_steps(spec)
+        } else {
+            spec
+        };
+        exact(&[token], spec);
+    }
+}
+
+/// The job with training-sized steps (200 ms of compute per micro-batch) for 12 s after the
+/// onset: a degraded collective is reported once it lasted 5 s (a burst of contention is no
+/// slow transport).
+fn long_steps(spec: Spec) -> Spec {
+    Spec {
+        compute_ms: 200.0,
+        steps: spec.onset_step + 30,
+        ..spec
     }
 }
 
@@ -163,7 +182,7 @@ fn a_transport_slow_everywhere_from_the_first_step_is_found() {
     // Every cross-node transfer 4x slower from step 0: no healthy start, no healthy peer; the
     // nodes' line rate is the reference. Also tensor parallelism across nodes only.
     for (ranks, tp, pp) in [(64, 0, 0), (16, 16, 1), (40, 2, 1), (256, 8, 4)] {
-        exact_as_struck(&["degraded:0"], job(ranks, tp, pp, 3));
+        exact(&["degraded:0"], long_steps(job(ranks, tp, pp, 3)));
     }
 }
 

@@ -9,7 +9,9 @@
 //! found while its peers are not; or, for a collective across nodes, half of its members' share
 //! of their nodes' network line rate ([`LINE_HEALTHY`]), so a transport degraded everywhere from
 //! the first step is found too (below a quarter of that share) — and no member is a slow rank
-//! and no link of it is slow (those findings explain it). It recovers above `recover_ratio`.
+//! and no link of it is slow (those findings explain it). It is reported once it has stayed
+//! degraded for `degraded_sustain_s` and over `window` instances since (a burst of contention
+//! is not a slow transport), and recovers above `recover_ratio`.
 //! All degraded collectives of a job are one finding (one slow transport).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -34,6 +36,8 @@ struct Perf {
     /// Median of `recent`.
     current: f64,
     degraded_since: Option<f64>,
+    /// Instances completed since `degraded_since`.
+    degraded_instances: usize,
     /// An instance completed since the last evaluation: a finding opens on fresh evidence
     /// only (a hung job's last window, once what explained it resolved, is not).
     fresh: bool,
@@ -108,6 +112,9 @@ impl Degraded {
         }
         perf.bytes = bytes;
         perf.fresh = true;
+        if perf.degraded_since.is_some() {
+            perf.degraded_instances += 1;
+        }
         perf.recent.push_back(busbw);
         if perf.recent.len() > window {
             perf.recent.pop_front();
@@ -179,6 +186,7 @@ impl Degraded {
             match perf.degraded_since {
                 None if cur < t.degraded_ratio * reference && !explained && perf.fresh => {
                     perf.degraded_since = Some(now_s);
+                    perf.degraded_instances = 0;
                 }
                 Some(_) if cur >= t.recover_ratio * reference || explained => {
                     perf.degraded_since = None;
@@ -186,7 +194,11 @@ impl Degraded {
                 _ => {}
             }
             perf.fresh = false;
-            if perf.degraded_since.is_some() {
+            if perf
+                .degraded_since
+                .is_some_and(|since| now_s - since >= t.degraded_sustain_s)
+                && perf.degraded_instances >= t.window
+            {
                 degraded.push((perf, reference, from));
             }
         }
@@ -300,8 +312,35 @@ mod tests {
         run_on(d, slow, None)
     }
 
-    /// With nodes of 4 ranks whose ports sum to `mbps` (when known).
+    /// Evaluates at 10 s, then — when something is degraded — again after the sustain time
+    /// with `window` more instances like the last one: what is reported once it held.
     fn run_on(d: &mut Degraded, slow: &[i32], mbps: Option<u64>) -> Vec<Finding> {
+        let t = Tuning::default();
+        let first = eval(d, slow, mbps, 10.0);
+        assert!(first.is_empty(), "reported before it held: {first:#?}");
+        let held: Vec<u64> = d
+            .perf
+            .iter()
+            .filter(|(_, p)| p.degraded_since.is_some())
+            .map(|(k, _)| k.0)
+            .collect();
+        if held.is_empty() {
+            return first;
+        }
+        for c in held {
+            let last = *d
+                .perf
+                .values()
+                .find(|p| p.comm == c)
+                .and_then(|p| p.recent.back())
+                .expect("an instance");
+            feed(d, c, last, t.window);
+        }
+        eval(d, slow, mbps, 10.0 + t.degraded_sustain_s)
+    }
+
+    /// One evaluation at `now_s`, with nodes of 4 ranks whose ports sum to `mbps` (when known).
+    fn eval(d: &mut Degraded, slow: &[i32], mbps: Option<u64>, now_s: f64) -> Vec<Finding> {
         let slow: BTreeSet<i32> = slow.iter().copied().collect();
         let mut out = vec![];
         let e = Explained {
@@ -312,7 +351,7 @@ mod tests {
         d.findings(
             "j",
             &Tuning::default(),
-            10.0,
+            now_s,
             &e,
             &Nodes {
                 node_of: &|r| Some(format!("n{}", r / 4)),
@@ -409,6 +448,28 @@ mod tests {
         );
         feed(&mut d, 1, 39.0 * GB, 10);
         assert!(run(&mut d, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_dip_shorter_than_the_sustain_time_is_no_finding() {
+        // Half the bandwidth for 3 s (a burst of contention), then back: nothing.
+        let mut d = Degraded::default();
+        feed(&mut d, 1, 40.0 * GB, 10);
+        feed(&mut d, 1, 10.0 * GB, 10);
+        assert!(eval(&mut d, &[], None, 10.0).is_empty());
+        feed(&mut d, 1, 10.0 * GB, 30);
+        assert!(eval(&mut d, &[], None, 13.0).is_empty());
+        feed(&mut d, 1, 40.0 * GB, 5);
+        assert!(eval(&mut d, &[], None, 16.0).is_empty());
+        // Held for the sustain time but over fewer instances than a window: not yet.
+        feed(&mut d, 1, 10.0 * GB, 5);
+        assert!(eval(&mut d, &[], None, 20.0).is_empty());
+        feed(&mut d, 1, 10.0 * GB, 2);
+        assert!(eval(&mut d, &[], None, 30.0).is_empty());
+        feed(&mut d, 1, 10.0 * GB, 3);
+        let f = eval(&mut d, &[], None, 31.0);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].opened_at, 20_000_000_000, "degraded since it began");
     }
 
     #[test]

@@ -52,9 +52,9 @@ pub const QUIET_INSTANCES: f64 = 3.0;
 /// A rank whose recent share is under this fraction of `min_share` is calm: a slow episode
 /// starts after it (see [`RankSt::episode_share`]).
 pub const CALM_FRACTION: f64 = 0.25;
-/// Where a rank's calls are sampled, its share must stand this many standard errors of the
-/// sampling above the threshold to open (see [`RankSt::sampling_error`]).
-pub const SAMPLING_Z: f64 = 1.5;
+/// A rank's share must stand this many standard errors above the thresholds to open (see
+/// [`RankSt::share_error`]).
+pub const NOISE_Z: f64 = 1.5;
 
 /// One member's part in an instance, measured on its own clock.
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,6 +108,11 @@ struct RankSt {
     /// The variance that sampling adds to `blame_s` (s², decayed with twice the rate): zero
     /// where every instance is seen.
     sampling_var_s2: f64,
+    /// Σ w·own² over judged instances (s², decayed like `blame_s`), and Σ w decayed with twice
+    /// the rate: with `judged` and `blame_s`, the spread of one instance's blame and how many
+    /// instances the decayed sum rests on (see [`RankSt::share_error`]).
+    sq_s2: f64,
+    judged_k2: f64,
     late: f64,
     judged: f64,
     at_s: f64,
@@ -131,6 +136,11 @@ struct RankSt {
 #[derive(Debug, Default)]
 struct Episode {
     since_s: Option<f64>,
+    /// Judged instances since (decayed, and decayed with twice the rate) and their `Σ w·own²`
+    /// (see [`RankSt::episode_error`]).
+    judged: f64,
+    judged_k2: f64,
+    sq_s2: f64,
     blame_s: f64,
     max_obs_s: f64,
     max2_obs_s: f64,
@@ -147,6 +157,11 @@ impl RankSt {
             self.max_obs_s *= k;
             self.max2_obs_s *= k;
             self.sampling_var_s2 *= k * k;
+            self.sq_s2 *= k;
+            self.judged_k2 *= k * k;
+            self.episode.judged *= k;
+            self.episode.judged_k2 *= k * k;
+            self.episode.sq_s2 *= k;
             self.episode.blame_s *= k;
             self.episode.max_obs_s *= k;
             self.episode.max2_obs_s *= k;
@@ -193,15 +208,42 @@ impl RankSt {
         (blame - outliers).max(0.0) * self.decay_factor(now, tau) / covered(from, now, tau)
     }
 
-    /// The standard error that sampling adds to [`RankSt::share`]. An instance kept with
-    /// probability `1/w` and counted `w` times has a blame of `s = w·own`; the sum of such
-    /// has the variance `Σ own²·w·(w − 1)`, estimated by `Σ s²·(1 − 1/w)` over the instances
-    /// kept. In a healthy job whose ranks all share a few percent, the few instances of a
-    /// 5 s window at 1 in 8 put a rank over the threshold now and then; this keeps it there
-    /// only when the evidence is many times the noise of the sampling.
-    fn sampling_error(&self, now: f64, tau: f64) -> f64 {
+    /// What [`RankSt::share`] (or, `episode`, [`RankSt::episode_share`]) rests on, at `now`.
+    fn tally(&self, now: f64, tau: f64, episode: bool) -> Tally {
         let k = self.decay_factor(now, tau);
-        self.sampling_var_s2.max(0.0).sqrt() * k / covered(self.first_s, now, tau)
+        let e = &self.episode;
+        let (judged, judged_k2, blame, sq, sampling, from) = if episode {
+            (e.judged, e.judged_k2, e.blame_s, e.sq_s2, 0.0, e.since_s)
+        } else {
+            let r = self;
+            (
+                r.judged,
+                r.judged_k2,
+                r.blame_s,
+                r.sq_s2,
+                r.sampling_var_s2,
+                r.first_s,
+            )
+        };
+        Tally {
+            judged: judged * k,
+            judged_k2: judged_k2 * k * k,
+            blame: blame * k,
+            sq: sq * k,
+            sampling: sampling * k * k,
+            covered: covered(from, now, tau),
+        }
+    }
+
+    /// The standard error of [`RankSt::share`] (see [`Tally::error`]).
+    fn share_error(&self, now: f64, tau: f64) -> f64 {
+        Tally::error(&[self.tally(now, tau, false)])
+    }
+
+    /// The same for [`RankSt::episode_share`], over the episode's instances: a straggler's
+    /// blame is steady since its onset, not over the calm instances before it.
+    fn episode_error(&self, now: f64, tau: f64) -> f64 {
+        Tally::error(&[self.tally(now, tau, true)])
     }
 
     /// The share of wall time others have waited for this rank since it was last calm — the
@@ -259,12 +301,60 @@ impl RankSt {
         self.max_obs_s = 0.0;
         self.max2_obs_s = 0.0;
         self.sampling_var_s2 = 0.0;
+        self.sq_s2 = 0.0;
         self.late = 0.0;
         self.first_s = Some(now);
         self.episode = Episode::default();
         for v in self.per_comm.values_mut() {
             v.0 = 0.0;
         }
+    }
+}
+
+/// A rank's decayed blame statistics at one moment, for its standard error.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Judged instances (Σ w, decayed), and decayed with twice the rate.
+    judged: f64,
+    judged_k2: f64,
+    /// Σ w·own (s) and Σ w·own² (s²), decayed.
+    blame: f64,
+    sq: f64,
+    /// The variance sampling adds (s²).
+    sampling: f64,
+    /// The time the decayed sums cover (s).
+    covered: f64,
+}
+
+impl Tally {
+    /// The standard error of the summed share of one or more ranks (a node's): how far the
+    /// blame of the instances it rests on could have put ranks with no cause of their own.
+    /// Two parts:
+    /// - the variance of one instance's blame times the (decayed) number of instances: in a
+    ///   healthy job every rank is last now and then, and over a 5 s window of long steps
+    ///   (hundreds of ms) one of them is last often enough by chance to cross the threshold,
+    ///   while a straggler is late by about as much every time (a narrow variance). For a
+    ///   node, its ranks' blame is summed per instance: they take turns being last, so each
+    ///   one's blame is as uneven as a healthy rank's while the node's is steady (the cross
+    ///   terms are left out: mostly one rank of a node is the last one);
+    /// - sampling: an instance kept with probability `1/w` and counted `w` times has a blame
+    ///   of `s = w·own`; the sum of such has the variance `Σ own²·w·(w − 1)`, estimated by
+    ///   `Σ s²·(1 − 1/w)` over the instances kept (zero where every instance is seen).
+    fn error(ranks: &[Tally]) -> f64 {
+        if ranks.is_empty() {
+            return 0.0;
+        }
+        let n = ranks.len() as f64;
+        let sum = |f: fn(&Tally) -> f64| ranks.iter().map(f).sum::<f64>();
+        let judged = sum(|t| t.judged) / n;
+        let per_instance = if judged > 0.0 {
+            let m = sum(|t| t.blame) / judged;
+            (sum(|t| t.sq) / judged - m * m).max(0.0)
+        } else {
+            0.0
+        };
+        let var = per_instance * sum(|t| t.judged_k2) / n + sum(|t| t.sampling);
+        var.max(0.0).sqrt() / (sum(|t| t.covered) / n)
     }
 }
 
@@ -446,6 +536,9 @@ impl SlowRanks {
             r.calm_check(now, t.min_share);
             r.first_s.get_or_insert(now);
             r.judged += w;
+            r.judged_k2 += w;
+            r.episode.judged += w;
+            r.episode.judged_k2 += w;
             r.recent_judged += w;
             if r.per_comm.len() >= 64 && !r.per_comm.contains_key(&comm) {
                 r.per_comm.retain(|_, v| v.1 >= 0.5);
@@ -469,9 +562,11 @@ impl SlowRanks {
             r.blame_s += s;
             r.recent_s += s;
             r.sampling_var_s2 += s * s * (1.0 - 1.0 / w);
+            r.sq_s2 += s * s / w;
             keep_largest(&mut r.max_obs_s, &mut r.max2_obs_s, s);
             let e = &mut r.episode;
             e.blame_s += s;
+            e.sq_s2 += s * s / w;
             keep_largest(&mut e.max_obs_s, &mut e.max2_obs_s, s);
             r.late += 1.0;
             r.total_blame_s += s;
@@ -578,25 +673,29 @@ impl SlowRanks {
             .collect();
         shares.sort_by_key(|s| s.0);
         // What a rank is judged on to open: its share, or while its 5 s average is still
-        // building up (past half the threshold), its share since it was last calm.
-        let firing_of: HashMap<i32, f64> = shares
-            .iter()
-            .map(|&(r, s, _)| {
-                // Not for a rank whose calls are sampled: an instance there weighs for many, and
-                // over an episode of a few seconds the noise of a few of them named healthy
-                // ranks (a fresh seed at 1 in 8: 10 healthy jobs of 200 with a finding, 6
-                // without the episode share).
-                let episode = if s >= t.min_share / 2.0 {
-                    self.ranks
-                        .get(&r)
-                        .filter(|st| !st.sampled)
-                        .map_or(0.0, |st| st.episode_share(now, t.tau_s))
-                } else {
-                    0.0
-                };
-                (r, s.max(episode))
-            })
-            .collect();
+        // building up (past half the threshold), its share since it was last calm — each as
+        // measured (`firing_of`, the figure quoted) and less `NOISE_Z` standard errors
+        // (`sure_of`, what must pass the thresholds).
+        let mut firing_of: HashMap<i32, f64> = HashMap::new();
+        let mut sure_of: HashMap<i32, f64> = HashMap::new();
+        for &(r, s, _) in &shares {
+            let Some(st) = self.ranks.get(&r) else {
+                continue;
+            };
+            let mut firing = s;
+            let mut sure = s - NOISE_Z * st.share_error(now, t.tau_s);
+            // Not for a rank whose calls are sampled: an instance there weighs for many, and
+            // over an episode of a few seconds the noise of a few of them named healthy
+            // ranks (a fresh seed at 1 in 8: 10 healthy jobs of 200 with a finding, 6
+            // without the episode share).
+            if s >= t.min_share / 2.0 && !st.sampled {
+                let e = st.episode_share(now, t.tau_s);
+                firing = firing.max(e);
+                sure = sure.max(e - NOISE_Z * st.episode_error(now, t.tau_s));
+            }
+            firing_of.insert(r, firing);
+            sure_of.insert(r, sure);
+        }
         // The reference is the lower quartile, not the median: with half the job slow (a slow
         // node of a 2-node job) the median rank is itself slow.
         let mut all: Vec<f64> = shares.iter().map(|s| s.1).collect();
@@ -607,16 +706,9 @@ impl SlowRanks {
         // (its 5 s average lags), the noise around it is already told apart.
         let top = shares.iter().map(|s| s.1).fold(0.0, f64::max);
         let top_recent = recent_of.values().copied().fold(0.0, f64::max);
-        // Where calls are sampled, the share less its sampling noise must pass.
-        let noise_of: HashMap<i32, f64> = self
-            .ranks
-            .iter()
-            .filter(|(_, st)| st.sampled)
-            .map(|(r, st)| (*r, SAMPLING_Z * st.sampling_error(now, t.tau_s)))
-            .collect();
         let high = |r: i32, s: f64, late: f64| {
+            let sure = sure_of.get(&r).copied().unwrap_or(0.0);
             let s = firing_of.get(&r).copied().unwrap_or(s);
-            let sure = s - noise_of.get(&r).copied().unwrap_or(0.0);
             sure >= t.min_share
                 && sure >= t.dominance * reference
                 && late >= t.min_late
@@ -627,14 +719,33 @@ impl SlowRanks {
             !quiet.contains(&r) && s >= t.min_share / 2.0 && s >= t.dominance * reference / 2.0
         };
         let share_of: HashMap<i32, f64> = shares.iter().map(|s| (s.0, s.1)).collect();
+        // A node's ranks take turns being last: each one's share, and more so its recent
+        // share, swings while the node's mean holds. A node's finding stays while that mean
+        // stays above the lower threshold.
+        let node_low = |ranks: &[i32]| {
+            let n = ranks.len().max(1) as f64;
+            let share = ranks.iter().filter_map(|r| share_of.get(r)).sum::<f64>() / n;
+            let recent: Vec<f64> = ranks
+                .iter()
+                .filter_map(|r| recent_of.get(r))
+                .copied()
+                .collect();
+            let recent_quiet = !recent.is_empty() && {
+                let m = recent.iter().sum::<f64>() / recent.len() as f64;
+                m < t.min_share / 2.0 || m < t.dominance * recent_reference / 2.0
+            };
+            !recent_quiet && share >= t.min_share / 2.0 && share >= t.dominance * reference / 2.0
+        };
         // Keep the open ones that stay above the lower threshold.
         let mut open: Vec<SlowOpen> = Vec::new();
         let mut taken: BTreeSet<i32> = BTreeSet::new();
         for o in std::mem::take(&mut self.open) {
-            if o.ranks
+            let stays = o
+                .ranks
                 .iter()
                 .any(|r| low(*r, share_of.get(r).copied().unwrap_or(0.0)))
-            {
+                || (o.node.is_some() && node_low(&o.ranks));
+            if stays {
                 taken.extend(o.ranks.iter().copied());
                 open.push(o);
             } else {
@@ -660,6 +771,49 @@ impl SlowRanks {
                 e.1 |= high(*r, *s, *late) && !taken.contains(r);
             }
         }
+        // A slow node's ranks take turns being last, so each one's blame is as uneven as a
+        // healthy rank's while the node's is steady: the node is judged as one, on its ranks'
+        // mean share less the noise of their blame summed per instance.
+        let node_high = |lows: &[i32]| {
+            let n = lows.len() as f64;
+            let sts: Vec<&RankSt> = lows.iter().filter_map(|r| self.ranks.get(r)).collect();
+            // Its 5 s average, or — none of its ranks sampled — its rate since its ranks
+            // were last calm.
+            let pooled = |episode: bool| {
+                let rate: f64 = sts
+                    .iter()
+                    .map(|st| {
+                        if episode {
+                            st.episode_share(now, t.tau_s)
+                        } else {
+                            st.share(now, t.tau_s)
+                        }
+                    })
+                    .sum();
+                let tallies: Vec<Tally> = sts
+                    .iter()
+                    .map(|st| st.tally(now, t.tau_s, episode))
+                    .collect();
+                (rate, Tally::error(&tallies))
+            };
+            let (mut firing, mut se) = pooled(false);
+            if sts.iter().all(|st| !st.sampled) {
+                let (e, e_se) = pooled(true);
+                if e - NOISE_Z * e_se > firing - NOISE_Z * se {
+                    (firing, se) = (e, e_se);
+                }
+            }
+            let late: f64 = lows
+                .iter()
+                .filter_map(|r| shares.iter().find(|x| x.0 == *r))
+                .map(|x| x.2)
+                .sum();
+            let sure = (firing - NOISE_Z * se) / n;
+            sure >= t.min_share
+                && sure >= t.dominance * reference
+                && late >= t.min_late
+                && 3.0 * firing / n >= top
+        };
         for (node, (lows, any_high)) in by_node {
             let on_node = node_members.get(&node).map_or(0, Vec::len);
             // A slow node is slow against other nodes: a job on one node has ranks only.
@@ -667,6 +821,7 @@ impl SlowRanks {
                 && node_members.len() >= 2
                 && lows.len() >= 2
                 && 2 * lows.len() >= on_node;
+            let any_high = any_high || (is_node && node_high(&lows));
             if !is_node {
                 for r in lows {
                     let (s, late) = shares

@@ -6,7 +6,8 @@
 //! findings count as errors.
 //!
 //! `bench-accuracy [--seed S] [--scenarios N] [--healthy N] [--threads T] [--max-ranks R]
-//! [--sample-modulus K] [--only I]`. Tune on one seed range; report on another (docs/diagnosis.md
+//! [--sample-modulus K] [--step-ms LO-HI] [--only I]`. `--step-ms` draws each job's compute per
+//! step from LO–HI ms (default 5–20; training steps are 100 ms to seconds). Tune on one seed range; report on another (docs/diagnosis.md
 //! gives both).
 
 use std::sync::Mutex;
@@ -110,6 +111,7 @@ fn scenarios(
     seed: u64,
     max_ranks: u64,
     modulus: u32,
+    step_ms: (f64, f64),
 ) -> Vec<Scenario> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
@@ -238,10 +240,22 @@ fn scenarios(
             jitter: 0.01 + 0.03 * rng.unit(),
             skew: 0.01 * rng.unit(),
             exit_spread_ns: 5_000 + rng.below(55_000),
-            compute_ms: 5.0 + 15.0 * rng.unit(),
+            compute_ms: step_ms.0 + (step_ms.1 - step_ms.0) * rng.unit(),
             sample_modulus: modulus,
             ..Default::default()
         };
+        let mut spec = spec;
+        if class.starts_with("degraded") {
+            // A slow transport is reported once it held for the detector's sustain time (a
+            // burst of contention is not one): these jobs run training-sized steps, at least
+            // 100–300 ms of compute, for at least 10 s after the onset.
+            let (lo, hi) = (step_ms.0.max(100.0), step_ms.1.max(300.0));
+            let u = (spec.compute_ms - step_ms.0) / (step_ms.1 - step_ms.0).max(1e-9);
+            spec.compute_ms = lo + (hi - lo) * u;
+            spec.steps = spec
+                .steps
+                .max(spec.onset_step + (10_000.0 / spec.compute_ms).ceil() as u64);
+        }
         out.push(Scenario {
             class: class.to_owned(),
             spec,
@@ -341,7 +355,16 @@ fn main() {
     let max_ranks = arg(&args, "--max-ranks", 1024);
     let modulus = arg(&args, "--sample-modulus", 1).clamp(1, 1 << 16) as u32;
     let modulus = commscope_wire::sampling::modulus_floor(modulus);
-    let mut all = scenarios(n_fault, n_healthy, seed, max_ranks, modulus);
+    let step_ms = match args.iter().position(|a| a == "--step-ms") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?)))
+            .filter(|(a, b)| *a > 0.0 && b >= a)
+            .unwrap_or_else(|| panic!("--step-ms takes LO-HI in ms, e.g. 100-300")),
+        None => (5.0, 20.0),
+    };
+    let mut all = scenarios(n_fault, n_healthy, seed, max_ranks, modulus, step_ms);
     if args.iter().any(|a| a == "--only") {
         // One scenario, with its findings in full (for looking into a miss).
         let i = arg(&args, "--only", 0) as usize;
@@ -361,7 +384,9 @@ fn main() {
         return;
     }
     println!(
-        "accuracy benchmark: seed {seed}: {n_fault} fault scenarios + {n_healthy} healthy, 16–{max_ranks} ranks, {threads} threads{}",
+        "accuracy benchmark: seed {seed}: {n_fault} fault scenarios + {n_healthy} healthy, 16–{max_ranks} ranks, {}–{} ms of compute per step, {threads} threads{}",
+        step_ms.0,
+        step_ms.1,
         if modulus > 1 {
             format!(", consistent sampling 1 in {modulus}")
         } else {
