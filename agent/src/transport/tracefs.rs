@@ -26,12 +26,19 @@ pub fn root() -> Result<PathBuf, String> {
             std::ptr::null(),
         )
     };
-    if rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir() {
+    let err = std::io::Error::last_os_error();
+    // Mounted now, by this call or by another one at the same moment (whose mount made this
+    // one fail with EBUSY).
+    if Path::new("/sys/kernel/tracing/events").is_dir() {
         return Ok(PathBuf::from("/sys/kernel/tracing"));
     }
     Err(format!(
         "tracefs is not mounted and could not be mounted at /sys/kernel/tracing ({})",
-        std::io::Error::last_os_error()
+        if rc == 0 {
+            "mounted, but it has no events directory".to_owned()
+        } else {
+            err.to_string()
+        }
     ))
 }
 
