@@ -304,7 +304,16 @@ fn run(s: &Scenario) -> Outcome {
             findings
                 .iter()
                 .filter(|f| want.iter().any(|e| e.matches(f.kind, &f.ranks)))
-                .map(|f| f.opened_at.saturating_sub(onset) as f64 / 1e9)
+                .map(|f| {
+                    // A degraded collective's `opened_at` is when it began; it is reported
+                    // once it lasted the sustain time.
+                    let held = if f.kind == commscope_analyzer::Kind::DegradedCollective {
+                        commscope_analyzer::stream::Tuning::default().degraded_sustain_s
+                    } else {
+                        0.0
+                    };
+                    f.opened_at.saturating_sub(onset) as f64 / 1e9 + held
+                })
                 .min_by(f64::total_cmp)
         });
     Outcome {
