@@ -803,10 +803,11 @@ impl SlowRanks {
                     (firing, se) = (e, e_se);
                 }
             }
+            // `shares` is sorted by rank.
             let late: f64 = lows
                 .iter()
-                .filter_map(|r| shares.iter().find(|x| x.0 == *r))
-                .map(|x| x.2)
+                .filter_map(|r| shares.binary_search_by_key(r, |x| x.0).ok())
+                .map(|i| shares[i].2)
                 .sum();
             let sure = (firing - NOISE_Z * se) / n;
             sure >= t.min_share
